@@ -1,0 +1,1 @@
+"""aiostream-ckpt: Flink-style asynchronous barrier snapshots on asyncio."""

@@ -1,0 +1,87 @@
+"""Injected time.
+
+The coordinator, restart strategies, TTL and timers read time through a
+:class:`Clock` so tests drive time forward instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall-clock and monotonic time, and a way to wait on them."""
+
+    def time(self) -> float:
+        """Wall-clock seconds since the epoch (for timestamps shown to people)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Monotonic seconds (for intervals, timeouts, pauses)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Suspend until ``seconds`` of this clock's monotonic time have passed."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class ManualClock:
+    """A clock that moves only when a test calls :meth:`advance`.
+
+    >>> clock = ManualClock(start=100.0)
+    >>> clock.monotonic()
+    100.0
+    >>> clock.advance(2.5)
+    >>> clock.monotonic()
+    102.5
+    """
+
+    def __init__(self, start: float = 0.0, wall_offset: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._wall_offset = wall_offset
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def time(self) -> float:
+        return self._wall_offset + self._now
+
+    def monotonic(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), fut))
+        await fut
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleeper whose deadline has passed."""
+        self._now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, fut = heapq.heappop(self._sleepers)
+            if not fut.done():
+                fut.set_result(None)
+
+    @property
+    def sleepers(self) -> int:
+        """How many coroutines are waiting on this clock."""
+        return sum(1 for _, _, f in self._sleepers if not f.done())

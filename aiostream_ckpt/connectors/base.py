@@ -1,0 +1,107 @@
+"""Source and sink seams.
+
+Sources are *replayable*: a reader reports its position (per split) when the
+barrier is injected, and a restarted reader resumes from it. Sinks take part in
+two-phase commit: pre-commit at the barrier, commit on checkpoint-complete.
+Both are created per parallel instance from a factory object that lives in the
+job graph, so the same job description can be run again after a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiostream_ckpt.clock import Clock, SystemClock
+
+#: Called by readers for records they cannot turn into events; the runtime
+#: routes them to the dead-letter output (or fails the job when fail-fast).
+DeadLetterFn = Callable[[bytes | str, str, dict[str, Any]], None]
+
+
+def _raise_dead_letter(raw: bytes | str, reason: str, origin: dict[str, Any]) -> None:
+    from aiostream_ckpt.errors import RecordError
+
+    raise RecordError(f"malformed record at {origin}: {reason}")
+
+
+@dataclass(slots=True)
+class ConnectorContext:
+    """What a reader or writer instance knows about its place in the job."""
+
+    job_name: str
+    operator_uid: str
+    subtask_index: int
+    parallelism: int
+    attempt: int = 0
+    clock: Clock = field(default_factory=SystemClock)
+    dead_letter: DeadLetterFn = _raise_dead_letter
+
+
+class SourceReader(Protocol):
+    """One parallel instance of a source.
+
+    Contract: every record returned by :meth:`read_batch` before
+    :meth:`snapshot_position` is called is covered by that position; a reader
+    restarted with it emits exactly the records after them.
+    """
+
+    async def start(self, restored: dict[str, Any] | None) -> None:
+        """Open the reader. ``restored`` is the union of all old instances' positions
+        (split id -> position); the reader keeps the splits it is assigned."""
+        ...
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        """Up to ``max_records`` events; ``[]`` when none is ready now; ``None`` at end of input."""
+        ...
+
+    def snapshot_position(self) -> dict[str, Any]:
+        """JSON-able position of every split this reader owns."""
+        ...
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Source(Protocol):
+    name: str
+    #: True when the input ends (files, generator); unbounded sources never return None.
+    bounded: bool
+
+    def create_reader(self, ctx: ConnectorContext) -> SourceReader: ...
+
+
+class SinkWriter(Protocol):
+    """One parallel instance of a sink, in two-phase commit.
+
+    - :meth:`write` adds records to the open transaction.
+    - :meth:`prepare_commit` runs at the barrier of checkpoint n: flush, close the
+      open transaction as *pre-committed*, open the next one, and return the
+      writer state that goes into checkpoint n. That state lists every
+      pre-committed, not yet committed transaction (a checkpoint that was aborted
+      leaves its transaction to be committed with the next one).
+    - :meth:`commit` runs when checkpoint n is complete: commit every
+      pre-committed transaction up to n. Must be idempotent.
+    - :meth:`recover` runs before anything else after a restart, with the writer
+      state of the restored checkpoint (``None`` on a fresh start): commit what it
+      lists (that checkpoint is complete) and abort every other transaction this
+      instance may have left behind.
+    """
+
+    async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None: ...
+
+    async def write(self, batch: list[Any]) -> None: ...
+
+    async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]: ...
+
+    async def commit(self, checkpoint_id: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Sink(Protocol):
+    name: str
+
+    def create_writer(self, ctx: ConnectorContext) -> SinkWriter: ...

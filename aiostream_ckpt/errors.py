@@ -1,0 +1,62 @@
+"""One root exception for the package, with a subclass per area.
+
+Every error says whether retrying can help (``retriable``), the way aiokafka's
+errors do, so the restart strategy can tell a broker hiccup from a bad config.
+"""
+
+from __future__ import annotations
+
+
+class AiostreamError(Exception):
+    """Root of every error raised by aiostream-ckpt."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigError(AiostreamError):
+    """A configuration value is missing, malformed or out of range."""
+
+
+class AppLoadError(AiostreamError):
+    """The app module could not be imported or does not build a job."""
+
+
+class JobGraphError(AiostreamError):
+    """The job built by the app is not valid (duplicate uid, no sink, ...)."""
+
+
+class CheckpointError(AiostreamError):
+    """A checkpoint could not be taken, stored or read."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Checkpoint metadata or a state file failed its checksum or could not be parsed."""
+
+
+class StateError(AiostreamError):
+    """Keyed or operator state could not be read, written or restored."""
+
+
+class StateMigrationError(StateError):
+    """Restored state does not match the job (unknown operator uid, key group range, serde)."""
+
+
+class ConnectorError(AiostreamError):
+    """A source or sink failed; ``retriable`` tells whether a restart may help."""
+
+
+class RecordError(AiostreamError):
+    """One input record could not be processed (malformed, undeserializable)."""
+
+
+class JobFailedError(AiostreamError):
+    """The job failed for good: the restart strategy is exhausted or the error is fatal."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message, retriable=False)
+        self.cause = cause
