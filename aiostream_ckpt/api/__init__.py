@@ -1,0 +1,36 @@
+"""The public API: build jobs on a :class:`StreamEnvironment`."""
+
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.api.functions import (
+    Collector,
+    Context,
+    KeyedProcessFunction,
+    ProcessFunction,
+    RuntimeContext,
+)
+from aiostream_ckpt.api.stream import KeyedStream, Stream
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    TtlUpdateType,
+    ValueStateDescriptor,
+)
+
+__all__ = [
+    "Collector",
+    "Context",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "ListStateDescriptor",
+    "MapStateDescriptor",
+    "ProcessFunction",
+    "ReducingStateDescriptor",
+    "RuntimeContext",
+    "StateTtlConfig",
+    "Stream",
+    "StreamEnvironment",
+    "TtlUpdateType",
+    "ValueStateDescriptor",
+]

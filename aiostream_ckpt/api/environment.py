@@ -1,0 +1,141 @@
+"""StreamEnvironment: where an app builds its job."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiostream_ckpt.api.stream import Stream
+from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
+from aiostream_ckpt.connectors.base import Source
+from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.runtime.config import JobConfig
+
+T = TypeVar("T")
+_UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+
+
+class StreamEnvironment:
+    """Collects the transformations of one job, and runs it.
+
+    ``params`` are the app's own settings (the ``[app]`` table of the config,
+    ``--set app.key=value``), like Flink's ParameterTool.
+    """
+
+    def __init__(
+        self,
+        job_name: str = "job",
+        *,
+        config: JobConfig | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        self.job_name = job_name
+        self.config = config if config is not None else JobConfig()
+        self.params: dict[str, Any] = dict(params or {})
+        self._transformations: list[Transformation] = []
+        self._uids: set[str] = set()
+        self._name_counts: dict[str, int] = {}
+
+    @property
+    def transformations(self) -> list[Transformation]:
+        return list(self._transformations)
+
+    def from_source(
+        self,
+        source: Source,
+        *,
+        uid: str | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[Any]:
+        """Start a stream at a replayable source."""
+        node = self._add_transformation(
+            TransformKind.SOURCE,
+            name or source.name,
+            fn=source,
+            uid=uid,
+            parallelism=parallelism,
+            inputs=[],
+        )
+        return Stream(self, node)
+
+    def from_collection(self, items: Iterable[T], *, uid: str | None = None) -> Stream[T]:
+        """A bounded source over an in-memory collection (tests, examples)."""
+        from aiostream_ckpt.connectors.collection import CollectionSource
+
+        return self.from_source(CollectionSource(list(items)), uid=uid, parallelism=1)
+
+    def _add_transformation(
+        self,
+        kind: TransformKind,
+        name: str,
+        *,
+        fn: Any = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+        partitioning: Partitioning = Partitioning.FORWARD,
+        key_selector: Callable[[Any], Any] | None = None,
+        inputs: list[Transformation],
+    ) -> Transformation:
+        explicit = uid is not None
+        if uid is None:
+            n = self._name_counts.get(name, 0) + 1
+            self._name_counts[name] = n
+            uid = name if n == 1 else f"{name}-{n}"
+            while uid in self._uids:
+                n += 1
+                uid = f"{name}-{n}"
+        if not _UID_RE.match(uid):
+            raise JobGraphError(
+                f"invalid uid {uid!r}: letters, digits, '_', '.', '-' only, at most 100 chars"
+            )
+        if uid in self._uids:
+            raise JobGraphError(f"duplicate operator uid {uid!r}")
+        p = parallelism if parallelism is not None else self.config.parallelism
+        if p < 1 or p > self.config.max_parallelism:
+            raise JobGraphError(
+                f"operator {uid!r}: parallelism {p} outside 1..{self.config.max_parallelism}"
+            )
+        for inp in inputs:
+            if inp.kind is TransformKind.SINK:
+                raise JobGraphError(f"operator {uid!r} cannot read from sink {inp.uid!r}")
+        node = Transformation(
+            id=len(self._transformations),
+            kind=kind,
+            name=name,
+            uid=uid,
+            parallelism=p,
+            inputs=list(inputs),
+            fn=fn,
+            partitioning=partitioning,
+            key_selector=key_selector,
+            uid_explicit=explicit,
+        )
+        self._uids.add(uid)
+        self._transformations.append(node)
+        return node
+
+    def execute(self) -> None:
+        """Run the job to the end of its input (or until stopped), with recovery."""
+        from aiostream_ckpt.runtime.job import run_job
+
+        run_job(self)
+
+    def execute_and_collect(self, stream: Stream[Any]) -> list[Any]:
+        """Run the job with an in-memory sink on ``stream`` and return what it emitted.
+
+        Uses a temporary checkpoint directory; meant for tests and examples.
+        """
+        from aiostream_ckpt.connectors.collection import CollectSink
+        from aiostream_ckpt.runtime.job import run_job
+
+        sink = CollectSink()
+        stream.sink_to(sink, uid=f"collect-{len(self._transformations)}", parallelism=1)
+        with tempfile.TemporaryDirectory(prefix="aiostream-collect-") as tmp:
+            if self.config.checkpoint.directory is None:
+                self.config = self.config.with_checkpoint_dir(Path(tmp) / "checkpoints")
+            run_job(self)
+        return sink.results

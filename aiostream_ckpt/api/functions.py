@@ -1,0 +1,125 @@
+"""Process functions: the user code that runs inside operators.
+
+Snapshot/restore contract: a keyed process function keeps everything it must
+remember in keyed state obtained from :meth:`RuntimeContext.get_state` in
+:meth:`KeyedProcessFunction.open`. That state is part of every checkpoint and
+is restored before ``open`` returns after a failure, matched by the operator's
+uid. Plain attributes of the function object are *not* checkpointed: after a
+restart the function is built afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+
+class Collector(Generic[OUT]):
+    """Where a function emits records: ``out.collect(record)``.
+
+    ``collect`` is rebound to the output batch's ``append`` for every batch, so
+    emitting costs one list append.
+    """
+
+    __slots__ = ("collect",)
+
+    def __init__(self) -> None:
+        self.collect: Callable[[OUT], None] = _no_output
+
+
+def _no_output(record: Any) -> None:
+    raise RuntimeError("collect() called outside of record processing")
+
+
+class RuntimeContext:
+    """What an operator instance knows about itself; hands out keyed state."""
+
+    def __init__(
+        self,
+        *,
+        operator_uid: str,
+        subtask_index: int,
+        parallelism: int,
+        params: dict[str, Any],
+        backend: KeyedStateBackend | None,
+    ) -> None:
+        self.operator_uid = operator_uid
+        self.subtask_index = subtask_index
+        self.parallelism = parallelism
+        self.params = params
+        self._backend = backend
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """Keyed state for ``descriptor``, scoped to the current key."""
+        if self._backend is None:
+            raise TypeError(
+                f"operator {self.operator_uid!r} is not keyed: keyed state needs key_by() first"
+            )
+        return self._backend.create_state(descriptor)
+
+    def get_value_state(self, descriptor: ValueStateDescriptor[Any]) -> Any:
+        return self.get_state(descriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> Any:
+        return self.get_state(descriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor[Any, Any]) -> Any:
+        return self.get_state(descriptor)
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[Any]) -> Any:
+        return self.get_state(descriptor)
+
+
+class Context:
+    """Per-record context of a keyed process function."""
+
+    __slots__ = ("_key_context",)
+
+    def __init__(self, key_context: KeyContext) -> None:
+        self._key_context = key_context
+
+    @property
+    def current_key(self) -> Any:
+        return self._key_context.key
+
+
+class ProcessFunction(Generic[IN, OUT]):
+    """Low-level per-record function on a non-keyed stream (no keyed state)."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        """Called once per instance before the first record."""
+
+    def process_element(self, value: IN, ctx: Context, out: Collector[OUT]) -> None:
+        """Handle one record; emit any number of records with ``out.collect``."""
+        raise TypeError(f"{type(self).__name__} must override process_element")
+
+    def close(self) -> None:
+        """Called when the instance stops (also on failure)."""
+
+
+class KeyedProcessFunction(ProcessFunction[IN, OUT]):
+    """Per-record function on a keyed stream, with keyed state.
+
+    Example: a running count per key.
+
+    >>> from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+    >>> class CountPerKey(KeyedProcessFunction):
+    ...     def open(self, ctx):
+    ...         self.count = ctx.get_state(ValueStateDescriptor("count", default=0))
+    ...     def process_element(self, value, ctx, out):
+    ...         n = self.count.value() + 1
+    ...         self.count.update(n)
+    ...         out.collect((ctx.current_key, n))
+    """

@@ -1,0 +1,231 @@
+"""The typed, fluent stream API.
+
+A :class:`Stream` is a handle on a node of the logical graph; every call adds
+a transformation and returns a new handle. Nothing runs until the job is
+executed. Stateful operators should be given an explicit ``uid``: checkpoints
+and savepoints match state to operators by uid. Without one, a uid is derived
+from the operator's name and its position among same-named operators
+(``count``, ``count-2``...), which changes if the app inserts an operator of
+the same name before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from aiostream_ckpt.api.functions import KeyedProcessFunction, ProcessFunction
+from aiostream_ckpt.api.transformations import (
+    Partitioning,
+    Transformation,
+    TransformKind,
+)
+from aiostream_ckpt.connectors.base import Sink
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.api.environment import StreamEnvironment
+
+T = TypeVar("T")
+R = TypeVar("R")
+K = TypeVar("K")
+
+
+class Stream(Generic[T]):
+    """A stream of records of type ``T``.
+
+    >>> from aiostream_ckpt.api.environment import StreamEnvironment
+    >>> env = StreamEnvironment("doc")
+    >>> s = env.from_collection([1, 2, 3, 4]).map(lambda x: x * 10).filter(lambda x: x > 10)
+    >>> env.execute_and_collect(s)
+    [20, 30, 40]
+    """
+
+    def __init__(self, env: StreamEnvironment, node: Transformation) -> None:
+        self._env = env
+        self._node = node
+
+    @property
+    def transformation(self) -> Transformation:
+        return self._node
+
+    def _add(
+        self,
+        kind: TransformKind,
+        name: str,
+        *,
+        fn: Any = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+        partitioning: Partitioning = Partitioning.FORWARD,
+        key_selector: Callable[[Any], Any] | None = None,
+        inputs: list[Transformation] | None = None,
+    ) -> Transformation:
+        return self._env._add_transformation(
+            kind,
+            name,
+            fn=fn,
+            uid=uid,
+            parallelism=parallelism,
+            partitioning=partitioning,
+            key_selector=key_selector,
+            inputs=inputs if inputs is not None else [self._node],
+        )
+
+    def map(
+        self,
+        fn: Callable[[T], R],
+        *,
+        name: str = "map",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Apply ``fn`` to every record."""
+        return Stream(
+            self._env, self._add(TransformKind.MAP, name, fn=fn, uid=uid, parallelism=parallelism)
+        )
+
+    def flat_map(
+        self,
+        fn: Callable[[T], Iterable[R]],
+        *,
+        name: str = "flat_map",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Replace every record by the records ``fn`` returns (zero or more)."""
+        node = self._add(TransformKind.FLAT_MAP, name, fn=fn, uid=uid, parallelism=parallelism)
+        return Stream(self._env, node)
+
+    def filter(
+        self,
+        fn: Callable[[T], bool],
+        *,
+        name: str = "filter",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[T]:
+        """Keep the records for which ``fn`` is true."""
+        node = self._add(TransformKind.FILTER, name, fn=fn, uid=uid, parallelism=parallelism)
+        return Stream(self._env, node)
+
+    def process(
+        self,
+        function: ProcessFunction[T, R],
+        *,
+        name: str = "process",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Run a :class:`ProcessFunction` on every record (no keyed state)."""
+        node = self._add(
+            TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism
+        )
+        return Stream(self._env, node)
+
+    def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
+        """Partition by key: records with equal keys go to the same instance and state."""
+        return KeyedStream(self._env, self._node, key_selector)
+
+    def rebalance(self) -> Stream[T]:
+        """Spread batches round-robin over the next operator's instances."""
+        return _Repartitioned(self._env, self._node, Partitioning.REBALANCE)
+
+    def broadcast(self) -> Stream[T]:
+        """Send every record to every instance of the next operator."""
+        return _Repartitioned(self._env, self._node, Partitioning.BROADCAST)
+
+    def union(self, *others: Stream[T]) -> Stream[T]:
+        """Merge streams of the same type (no order between them)."""
+        inputs = [self._node, *(o._node for o in others)]
+        node = self._env._add_transformation(
+            TransformKind.UNION, "union", inputs=inputs, partitioning=Partitioning.FORWARD
+        )
+        return Stream(self._env, node)
+
+    def sink_to(
+        self,
+        sink: Sink,
+        *,
+        name: str | None = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Transformation:
+        """Write the stream to ``sink`` (two-phase commit when the sink supports it)."""
+        return self._add(
+            TransformKind.SINK,
+            name or sink.name,
+            fn=sink,
+            uid=uid,
+            parallelism=parallelism,
+        )
+
+    def print(self, *, name: str = "stdout") -> Transformation:  # noqa: A003 - mirrors Flink's print()
+        """Print records as JSON lines (for development)."""
+        from aiostream_ckpt.connectors.stdout import StdoutSink
+
+        return self.sink_to(StdoutSink(name=name))
+
+    # Subclasses override how the next operator is connected.
+    def _partitioning(self) -> tuple[Partitioning, Callable[[Any], Any] | None]:
+        return Partitioning.FORWARD, None
+
+
+class _Repartitioned(Stream[T]):
+    """A stream whose next operator is connected with a given partitioning."""
+
+    def __init__(self, env: StreamEnvironment, node: Transformation, how: Partitioning) -> None:
+        super().__init__(env, node)
+        self._how = how
+
+    def _add(self, kind: TransformKind, name: str, **kw: Any) -> Transformation:
+        kw["partitioning"] = self._how
+        return super()._add(kind, name, **kw)
+
+
+class KeyedStream(Stream[T], Generic[T, K]):
+    """A stream partitioned by key; the next operator may use keyed state."""
+
+    def __init__(
+        self, env: StreamEnvironment, node: Transformation, key_selector: Callable[[T], K]
+    ) -> None:
+        super().__init__(env, node)
+        self._key_selector = key_selector
+
+    def _add(self, kind: TransformKind, name: str, **kw: Any) -> Transformation:
+        kw["partitioning"] = Partitioning.HASH
+        kw["key_selector"] = self._key_selector
+        return super()._add(kind, name, **kw)
+
+    def process(  # type: ignore[override]
+        self,
+        function: KeyedProcessFunction[T, R],
+        *,
+        name: str = "process",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Run a :class:`KeyedProcessFunction` with keyed state on every record."""
+        node = self._add(
+            TransformKind.KEYED_PROCESS, name, fn=function, uid=uid, parallelism=parallelism
+        )
+        return Stream(self._env, node)
+
+    def reduce(
+        self,
+        fn: Callable[[T, T], T],
+        *,
+        name: str = "reduce",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[T]:
+        """Fold records per key with ``fn``; emits the updated value for every record.
+
+        >>> from aiostream_ckpt.api.environment import StreamEnvironment
+        >>> env = StreamEnvironment("doc")
+        >>> s = env.from_collection([("a", 1), ("b", 5), ("a", 2)])
+        >>> r = s.key_by(lambda t: t[0]).reduce(lambda x, y: (x[0], x[1] + y[1]), uid="sum")
+        >>> env.execute_and_collect(r)
+        [('a', 1), ('b', 5), ('a', 3)]
+        """
+        node = self._add(TransformKind.REDUCE, name, fn=fn, uid=uid, parallelism=parallelism)
+        return Stream(self._env, node)

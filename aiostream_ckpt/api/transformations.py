@@ -1,0 +1,54 @@
+"""The logical graph: one :class:`Transformation` per API call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class TransformKind(Enum):
+    SOURCE = "source"
+    MAP = "map"
+    FLAT_MAP = "flat_map"
+    FILTER = "filter"
+    PROCESS = "process"
+    KEYED_PROCESS = "keyed_process"
+    REDUCE = "reduce"
+    UNION = "union"
+    SINK = "sink"
+
+    @property
+    def is_stateful(self) -> bool:
+        return self in (TransformKind.KEYED_PROCESS, TransformKind.REDUCE, TransformKind.SOURCE,
+                        TransformKind.SINK)
+
+
+class Partitioning(Enum):
+    """How records travel from an operator's inputs to its instances."""
+
+    FORWARD = "forward"
+    HASH = "hash"
+    REBALANCE = "rebalance"
+    BROADCAST = "broadcast"
+
+
+@dataclass(eq=False)
+class Transformation:
+    """A node of the logical graph; ``fn`` is the map function, process function,
+    source or sink it runs."""
+
+    id: int
+    kind: TransformKind
+    name: str
+    uid: str
+    parallelism: int
+    inputs: list[Transformation] = field(default_factory=list)
+    fn: Any = None
+    partitioning: Partitioning = Partitioning.FORWARD
+    key_selector: Callable[[Any], Any] | None = None
+    uid_explicit: bool = False
+
+    def __repr__(self) -> str:
+        return f"<{self.kind.value} {self.uid!r} p={self.parallelism}>"

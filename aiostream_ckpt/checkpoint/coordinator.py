@@ -1,0 +1,403 @@
+"""The CheckpointCoordinator: triggers barriers, collects acks, completes checkpoints.
+
+Checkpoint n is *complete* only once every task has acknowledged it and its
+metadata is durable on disk; only then are tasks told, and only then do sinks
+commit. Knobs follow Flink: interval, timeout, max concurrent, min pause,
+tolerable consecutive failures, retained checkpoints. A failed or expired
+checkpoint is discarded with its files and the job goes on, unless too many
+fail in a row: then :attr:`failure` is set and the job fails over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiostream_ckpt.checkpoint.metadata import (
+    METADATA_FILE,
+    AbortReason,
+    CheckpointStatus,
+    CompletedCheckpoint,
+    PendingCheckpoint,
+    TaskAck,
+    encode_metadata,
+)
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, write_atomically
+from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.errors import CheckpointError
+from aiostream_ckpt.runtime.config import CheckpointConfig
+from aiostream_ckpt.runtime.elements import CheckpointBarrier, CheckpointKind
+from aiostream_ckpt.state.backend import SnapshotTarget
+
+log = logging.getLogger(__name__)
+
+
+class TriggerTarget(Protocol):
+    """A source task: injects barrier n into its outputs when asked."""
+
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None: ...
+
+
+class CheckpointListener(Protocol):
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
+
+
+class CheckpointCoordinator:
+    """One per job run. Start it with ``async with`` or :meth:`start`/:meth:`stop`."""
+
+    def __init__(
+        self,
+        *,
+        job_name: str,
+        config: CheckpointConfig,
+        storage: CheckpointStorage,
+        clock: Clock,
+        executor: Executor,
+        max_parallelism: int,
+        first_checkpoint_id: int,
+    ) -> None:
+        self.job_name = job_name
+        self.config = config
+        self.storage = storage
+        self._clock = clock
+        self._executor = executor
+        self._max_parallelism = max_parallelism
+        self._next_id = first_checkpoint_id
+        self._tasks: list[str] = []
+        self._sources: dict[str, TriggerTarget] = {}
+        self._listeners: list[CheckpointListener] = []
+        self._finished_sources: set[str] = set()
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._savepoint_dirs: dict[int, Path] = {}
+        self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
+        self._consecutive_failures = 0
+        self._last_completion = -float("inf")
+        self._slot_free = asyncio.Event()
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._periodic: asyncio.Task[None] | None = None
+        self._started = False
+        self._final_pending = False
+        self.latest_completed: CompletedCheckpoint | None = None
+        #: Set when the job must fail over (too many checkpoint failures, storage dead).
+        self.failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        #: Set when a checkpoint taken after every source finished has completed.
+        self.finished: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.history: list[dict[str, Any]] = []
+        self.on_history: Callable[[dict[str, Any]], None] | None = None
+
+    # -- wiring ---------------------------------------------------------------------
+
+    def register_task(self, task_id: str, listener: CheckpointListener) -> None:
+        self._tasks.append(task_id)
+        self._listeners.append(listener)
+
+    def register_source(self, task_id: str, source: TriggerTarget) -> None:
+        self._sources[task_id] = source
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.config.interval > 0:
+            self._periodic = asyncio.create_task(self._run_periodic(), name="checkpoint-timer")
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        tasks = [t for t in (self._periodic, *self._bg) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for cid in list(self._pending):
+            self._abort(cid, AbortReason.JOB_STOPPING, count=False)
+
+    async def __aenter__(self) -> CheckpointCoordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._bg.add(task)
+        task.add_done_callback(self._bg_done)
+
+    def _bg_done(self, task: asyncio.Task[Any]) -> None:
+        self._bg.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failure.done():
+            self.failure.set_result(exc)
+
+    # -- triggering -----------------------------------------------------------------
+
+    async def _run_periodic(self) -> None:
+        interval = self.config.interval
+        next_at = self._clock.monotonic() + interval
+        while not self._final_pending:
+            await self._clock.sleep(next_at - self._clock.monotonic())
+            while self._regular_pending() >= self.config.max_concurrent:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+            earliest = self._last_completion + self.config.min_pause
+            if self._clock.monotonic() < earliest:
+                await self._clock.sleep(earliest - self._clock.monotonic())
+            if self._final_pending:
+                return
+            self.trigger()
+            next_at = max(self._clock.monotonic(), next_at + interval)
+
+    def _regular_pending(self) -> int:
+        return sum(1 for p in self._pending.values() if not p.is_savepoint)
+
+    def trigger(
+        self, *, savepoint_dir: Path | None = None, final: bool = False
+    ) -> asyncio.Future[CompletedCheckpoint]:
+        """Inject barrier n at every source now; the future resolves when n completes."""
+        cid = self._next_id
+        self._next_id += 1
+        is_savepoint = savepoint_dir is not None
+        pending = PendingCheckpoint(
+            checkpoint_id=cid,
+            is_savepoint=is_savepoint,
+            trigger_wall_time=self._clock.time(),
+            trigger_monotonic=self._clock.monotonic(),
+            tasks_to_ack=set(self._tasks),
+            is_final=final,
+        )
+        self._pending[cid] = pending
+        if savepoint_dir is not None:
+            self._savepoint_dirs[cid] = savepoint_dir
+        fut: asyncio.Future[CompletedCheckpoint] = asyncio.get_running_loop().create_future()
+        self._waiters[cid] = fut
+        kind = CheckpointKind.SAVEPOINT if is_savepoint else CheckpointKind.CHECKPOINT
+        barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
+        log.debug("triggering %s %d", kind.value, cid)
+        self._spawn(self._expire_after(cid), f"checkpoint-{cid}-timeout")
+        for source in self._sources.values():
+            source.trigger_checkpoint(barrier)
+        return fut
+
+    def source_finished(self, task_id: str) -> None:
+        """A bounded source reached its end; once all have, take the final checkpoint."""
+        self._finished_sources.add(task_id)
+        if self._finished_sources >= set(self._sources) and not self._final_pending:
+            self._final_pending = True
+            self.trigger(final=True)
+
+    # -- targets, acks, declines ----------------------------------------------------
+
+    def snapshot_target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
+        sp = self._savepoint_dirs.get(checkpoint_id)
+        if sp is None:
+            return self.storage.target(checkpoint_id, uid, subtask)
+        exclusive = sp / f"{uid}-{subtask}"
+        exclusive.mkdir(parents=True, exist_ok=True)
+        return SnapshotTarget(checkpoint_id, sp, exclusive, sp, is_savepoint=True)
+
+    def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
+        pending = self._pending.get(checkpoint_id)
+        if pending is None or pending.status is not CheckpointStatus.PENDING:
+            return  # late ack of an aborted checkpoint: its files are already discarded
+        if ack.task_id not in pending.tasks_to_ack:
+            return
+        pending.tasks_to_ack.discard(ack.task_id)
+        pending.acks[ack.task_id] = ack
+        if pending.fully_acknowledged:
+            self._spawn(self._complete(pending), f"checkpoint-{checkpoint_id}-complete")
+
+    def decline(self, checkpoint_id: int, task_id: str, reason: BaseException) -> None:
+        if checkpoint_id in self._pending:
+            log.warning("checkpoint %d declined by %s: %s", checkpoint_id, task_id, reason)
+            self._abort(checkpoint_id, AbortReason.DECLINED, detail=str(reason))
+
+    async def _expire_after(self, checkpoint_id: int) -> None:
+        await self._clock.sleep(self.config.timeout)
+        pending = self._pending.get(checkpoint_id)
+        if pending is not None and pending.status is CheckpointStatus.PENDING:
+            missing = ", ".join(sorted(pending.tasks_to_ack)) or "(metadata write)"
+            log.warning(
+                "checkpoint %d expired after %.1fs; not acknowledged by %s",
+                checkpoint_id,
+                self.config.timeout,
+                missing,
+            )
+            self._abort(checkpoint_id, AbortReason.EXPIRED, detail=f"waiting for {missing}")
+
+    # -- completion -----------------------------------------------------------------
+
+    async def _complete(self, pending: PendingCheckpoint) -> None:
+        cid = pending.checkpoint_id
+        sp = self._savepoint_dirs.get(cid)
+        directory = sp if sp is not None else self.storage.checkpoint_dir(cid)
+        completed = self._build_completed(pending, directory)
+        loop = asyncio.get_running_loop()
+        try:
+            if sp is not None:
+                await loop.run_in_executor(
+                    self._executor,
+                    write_atomically,
+                    sp / METADATA_FILE,
+                    encode_metadata(completed.to_json()),
+                )
+            else:
+                await loop.run_in_executor(self._executor, self.storage.write_completed, completed)
+        except CheckpointError as exc:
+            log.error("checkpoint %d: %s", cid, exc)
+            self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc))
+            return
+        if pending.status is not CheckpointStatus.PENDING:
+            return  # expired while the metadata was being written; discarded already
+        pending.transition(CheckpointStatus.COMPLETED)
+        del self._pending[cid]
+        self._slot_free.set()
+        self._consecutive_failures = 0
+        self._last_completion = self._clock.monotonic()
+        self._record(completed, "completed")
+        log.info(
+            "%s %d completed in %.0f ms (%d bytes)",
+            "savepoint" if sp else "checkpoint",
+            cid,
+            completed.duration_seconds * 1000,
+            completed.size_bytes,
+        )
+        waiter = self._waiters.pop(cid, None)
+        if sp is None:
+            self.latest_completed = completed
+            for older in [c for c in self._pending if c < cid and not self._pending[c].is_savepoint]:
+                self._abort(older, AbortReason.SUBSUMED, count=False)
+            for listener in self._listeners:
+                listener.notify_checkpoint_complete(cid)
+            await loop.run_in_executor(
+                self._executor, self.storage.apply_retention, self.config.retained
+            )
+        if waiter is not None and not waiter.done():
+            waiter.set_result(completed)
+        if pending.is_final and not self.finished.done():
+            self.finished.set_result(cid)
+
+    def _build_completed(self, pending: PendingCheckpoint, directory: Path) -> CompletedCheckpoint:
+        operators: dict[str, dict[str, Any]] = {}
+        tasks: dict[str, dict[str, float]] = {}
+        size = 0
+        for ack in pending.acks.values():
+            size += ack.size_bytes
+            tasks[ack.task_id] = {
+                "sync_ms": ack.sync_seconds * 1000,
+                "async_ms": ack.async_seconds * 1000,
+                "alignment_ms": ack.alignment_seconds * 1000,
+                "size_bytes": ack.size_bytes,
+            }
+            for uid, st in ack.states.items():
+                op = operators.setdefault(uid, {"parallelism": st["parallelism"], "subtasks": {}})
+                op["subtasks"][str(st["subtask"])] = {
+                    "keyed": st.get("keyed"),
+                    "operator": st.get("operator"),
+                }
+        now = self._clock.monotonic()
+        return CompletedCheckpoint(
+            checkpoint_id=pending.checkpoint_id,
+            is_savepoint=pending.is_savepoint,
+            is_final=pending.is_final,
+            job_name=self.job_name,
+            trigger_time=pending.trigger_wall_time,
+            completion_time=self._clock.time(),
+            duration_seconds=now - pending.trigger_monotonic,
+            max_parallelism=self._max_parallelism,
+            operators=operators,
+            tasks=tasks,
+            size_bytes=size,
+            directory=directory,
+            root=directory if pending.is_savepoint else directory.parent,
+        )
+
+    # -- aborts ---------------------------------------------------------------------
+
+    def _abort(
+        self, checkpoint_id: int, reason: AbortReason, *, detail: str = "", count: bool = True
+    ) -> None:
+        pending = self._pending.pop(checkpoint_id, None)
+        if pending is None:
+            return
+        pending.transition(CheckpointStatus.ABORTED)
+        self._slot_free.set()
+        if not pending.is_savepoint:
+            self.storage.discard(checkpoint_id)
+        self._record_abort(pending, reason, detail)
+        for listener in self._listeners:
+            listener.notify_checkpoint_aborted(checkpoint_id)
+        waiter = self._waiters.pop(checkpoint_id, None)
+        err = CheckpointError(f"checkpoint {checkpoint_id} aborted: {reason.value} {detail}".strip())
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(err)
+            waiter.exception()  # mark retrieved: nobody may be waiting on a periodic one
+        if pending.is_final and self._started:
+            self._final_pending = False
+            self._spawn(self._retrigger_final(), "final-checkpoint-retry")
+        if count and not pending.is_savepoint:
+            self._consecutive_failures += 1
+            if self._consecutive_failures > self.config.tolerable_failures:
+                self._fail(
+                    CheckpointError(
+                        f"{self._consecutive_failures} consecutive checkpoint failures exceed "
+                        f"tolerable_failures={self.config.tolerable_failures}; last: {err}"
+                    )
+                )
+
+    async def _retrigger_final(self) -> None:
+        await self._clock.sleep(max(self.config.min_pause, 0.05))
+        if not self._final_pending:
+            self._final_pending = True
+            self.trigger(final=True)
+
+    # -- history --------------------------------------------------------------------
+
+    def _record(self, completed: CompletedCheckpoint, status: str) -> None:
+        entry = {
+            "id": completed.checkpoint_id,
+            "status": status,
+            "savepoint": completed.is_savepoint,
+            "trigger_time": completed.trigger_time,
+            "duration_ms": completed.duration_seconds * 1000,
+            "size_bytes": completed.size_bytes,
+            "sync_ms_max": max((t["sync_ms"] for t in completed.tasks.values()), default=0.0),
+            "async_ms_max": max((t["async_ms"] for t in completed.tasks.values()), default=0.0),
+            "alignment_ms_max": max(
+                (t["alignment_ms"] for t in completed.tasks.values()), default=0.0
+            ),
+        }
+        self._append_history(entry)
+
+    def _record_abort(self, pending: PendingCheckpoint, reason: AbortReason, detail: str) -> None:
+        self._append_history(
+            {
+                "id": pending.checkpoint_id,
+                "status": "aborted",
+                "savepoint": pending.is_savepoint,
+                "trigger_time": pending.trigger_wall_time,
+                "reason": reason.value,
+                "detail": detail,
+            }
+        )
+
+    def _append_history(self, entry: dict[str, Any]) -> None:
+        self.history.append(entry)
+        del self.history[:-1000]
+        if self.on_history is not None:
+            self.on_history(entry)
+
+    @property
+    def pending_ids(self) -> Sequence[int]:
+        return sorted(self._pending)

@@ -1,0 +1,173 @@
+"""Pending and completed checkpoints, and their on-disk metadata.
+
+A checkpoint moves PENDING → COMPLETED (every task acked and the metadata is
+durable) or PENDING → ABORTED (declined, expired, subsumed, job stopping).
+Only a COMPLETED checkpoint may be restored or have its transactions committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
+
+METADATA_FILE = "_metadata"
+METADATA_VERSION = 1
+
+
+class CheckpointStatus(Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+    def can_become(self, other: CheckpointStatus) -> bool:
+        return self is CheckpointStatus.PENDING and other is not CheckpointStatus.PENDING
+
+
+class AbortReason(Enum):
+    DECLINED = "declined by a task"
+    EXPIRED = "expired before every task acknowledged"
+    SUBSUMED = "subsumed by a newer completed checkpoint"
+    JOB_STOPPING = "job is stopping or failing over"
+    STORAGE_FAILED = "metadata could not be written"
+
+
+@dataclass(slots=True)
+class TaskAck:
+    """One task's acknowledgement: the state of every operator in its chain."""
+
+    task_id: str
+    #: operator uid -> {"subtask": i, "parallelism": p, "keyed": handle|None, "operator": json|None}
+    states: dict[str, dict[str, Any]]
+    sync_seconds: float
+    async_seconds: float
+    alignment_seconds: float
+    size_bytes: int
+
+
+@dataclass
+class PendingCheckpoint:
+    checkpoint_id: int
+    is_savepoint: bool
+    trigger_wall_time: float
+    trigger_monotonic: float
+    tasks_to_ack: set[str]
+    acks: dict[str, TaskAck] = field(default_factory=dict)
+    status: CheckpointStatus = CheckpointStatus.PENDING
+    #: True when triggered after every source finished: completing it ends the job.
+    is_final: bool = False
+
+    def transition(self, new: CheckpointStatus) -> None:
+        if not self.status.can_become(new):
+            raise CheckpointError(
+                f"checkpoint {self.checkpoint_id} cannot go from {self.status.value} "
+                f"to {new.value}"
+            )
+        self.status = new
+
+    @property
+    def fully_acknowledged(self) -> bool:
+        return not self.tasks_to_ack
+
+
+@dataclass
+class CompletedCheckpoint:
+    """A durable checkpoint; ``root`` is the directory its state files are relative to."""
+
+    checkpoint_id: int
+    is_savepoint: bool
+    job_name: str
+    trigger_time: float
+    completion_time: float
+    duration_seconds: float
+    max_parallelism: int
+    operators: dict[str, dict[str, Any]]
+    tasks: dict[str, dict[str, float]]
+    size_bytes: int
+    directory: Path
+    root: Path
+    is_final: bool = False
+
+    def subtask_states(self, uid: str) -> dict[int, dict[str, Any]]:
+        op = self.operators.get(uid)
+        if op is None:
+            return {}
+        return {int(k): v for k, v in op["subtasks"].items()}
+
+    def referenced_files(self) -> set[str]:
+        files: set[str] = set()
+        for op in self.operators.values():
+            for st in op["subtasks"].values():
+                handle = st.get("keyed")
+                if handle:
+                    files.update(handle.get("files", ()))
+        return files
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": METADATA_VERSION,
+            "checkpoint_id": self.checkpoint_id,
+            "is_savepoint": self.is_savepoint,
+            "is_final": self.is_final,
+            "job_name": self.job_name,
+            "trigger_time": self.trigger_time,
+            "completion_time": self.completion_time,
+            "duration_seconds": self.duration_seconds,
+            "max_parallelism": self.max_parallelism,
+            "operators": self.operators,
+            "tasks": self.tasks,
+            "size_bytes": self.size_bytes,
+            "root": "." if self.root == self.directory else "..",
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], directory: Path) -> CompletedCheckpoint:
+        if data.get("version") != METADATA_VERSION:
+            raise CorruptCheckpointError(
+                f"{directory}: unsupported metadata version {data.get('version')!r}"
+            )
+        try:
+            return cls(
+                checkpoint_id=int(data["checkpoint_id"]),
+                is_savepoint=bool(data["is_savepoint"]),
+                is_final=bool(data.get("is_final", False)),
+                job_name=str(data["job_name"]),
+                trigger_time=float(data["trigger_time"]),
+                completion_time=float(data["completion_time"]),
+                duration_seconds=float(data["duration_seconds"]),
+                max_parallelism=int(data["max_parallelism"]),
+                operators=dict(data["operators"]),
+                tasks=dict(data["tasks"]),
+                size_bytes=int(data["size_bytes"]),
+                directory=directory,
+                root=directory if data["root"] == "." else directory.parent,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{directory}: malformed metadata ({exc!r})") from exc
+
+
+def encode_metadata(body: dict[str, Any]) -> bytes:
+    """Body JSON, newline, then ``sha256:<hex>`` of the body: a torn or flipped file is caught."""
+    raw = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    return raw + b"\nsha256:" + hashlib.sha256(raw).hexdigest().encode() + b"\n"
+
+
+def decode_metadata(data: bytes, where: Path) -> dict[str, Any]:
+    raw, sep, trailer = data.rstrip(b"\n").rpartition(b"\n")
+    if not sep or not trailer.startswith(b"sha256:"):
+        raise CorruptCheckpointError(f"{where}: metadata has no checksum (truncated?)")
+    if hashlib.sha256(raw).hexdigest().encode() != trailer[len(b"sha256:") :]:
+        raise CorruptCheckpointError(f"{where}: metadata checksum mismatch")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptCheckpointError(f"{where}: metadata is not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise CorruptCheckpointError(f"{where}: metadata is not an object")
+    return body

@@ -1,0 +1,163 @@
+"""Checkpoint storage on a local (or mounted) filesystem.
+
+Layout::
+
+    <dir>/chk-0000000042/_metadata           durable last: its presence = completed
+    <dir>/chk-0000000042/<uid>-<subtask>/   files of this checkpoint only
+    <dir>/shared/                           files later checkpoints build on (incremental)
+
+Metadata is written to a temp file, fsynced, renamed, and the directory
+fsynced: a crash leaves either no metadata or a whole one, and the checksum
+catches the rest. Savepoints are self-contained directories elsewhere and are
+never touched by retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from aiostream_ckpt.checkpoint.metadata import (
+    METADATA_FILE,
+    CompletedCheckpoint,
+    decode_metadata,
+    encode_metadata,
+)
+from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
+from aiostream_ckpt.state.backend import SnapshotTarget
+
+log = logging.getLogger(__name__)
+_CHK_RE = re.compile(r"^chk-(\d{10})$")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}", retriable=True) from exc
+
+
+def read_checkpoint(directory: Path) -> CompletedCheckpoint:
+    """Read and verify the metadata of a checkpoint or savepoint directory."""
+    path = directory / METADATA_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise CorruptCheckpointError(f"{directory}: no {METADATA_FILE} (not completed)") from exc
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{path}: unreadable ({exc.strerror})") from exc
+    return CompletedCheckpoint.from_json(decode_metadata(data, path), directory)
+
+
+class CheckpointStorage:
+    """The checkpoint directory of one job."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.shared_dir = root / "shared"
+        try:
+            self.shared_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create checkpoint directory {root}: {exc}") from exc
+
+    def checkpoint_dir(self, checkpoint_id: int) -> Path:
+        return self.root / f"chk-{checkpoint_id:010d}"
+
+    def _ids_on_disk(self) -> list[int]:
+        ids = []
+        for p in self.root.iterdir():
+            m = _CHK_RE.match(p.name)
+            if m and p.is_dir():
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def next_checkpoint_id(self) -> int:
+        """Ids grow across restarts, so a new checkpoint never reuses an old directory."""
+        ids = self._ids_on_disk()
+        return (ids[-1] + 1) if ids else 1
+
+    def target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
+        exclusive = self.checkpoint_dir(checkpoint_id) / f"{uid}-{subtask}"
+        exclusive.mkdir(parents=True, exist_ok=True)
+        return SnapshotTarget(checkpoint_id, self.root, exclusive, self.shared_dir)
+
+    def write_completed(self, completed: CompletedCheckpoint) -> None:
+        completed.directory.mkdir(parents=True, exist_ok=True)
+        write_atomically(completed.directory / METADATA_FILE, encode_metadata(completed.to_json()))
+
+    def completed_newest_first(self) -> Iterator[int]:
+        for cid in reversed(self._ids_on_disk()):
+            if (self.checkpoint_dir(cid) / METADATA_FILE).exists():
+                yield cid
+
+    def latest_valid(self) -> CompletedCheckpoint | None:
+        """The newest completed checkpoint whose metadata verifies; older ones on corruption."""
+        for cid in self.completed_newest_first():
+            try:
+                return read_checkpoint(self.checkpoint_dir(cid))
+            except CorruptCheckpointError as exc:
+                log.error("checkpoint %d is corrupt (%s); falling back to an older one", cid, exc)
+        return None
+
+    def discard(self, checkpoint_id: int) -> None:
+        shutil.rmtree(self.checkpoint_dir(checkpoint_id), ignore_errors=True)
+
+    def discard_incomplete(self) -> None:
+        """Remove directories of checkpoints that never got their metadata (crash leftovers)."""
+        for cid in self._ids_on_disk():
+            d = self.checkpoint_dir(cid)
+            if not (d / METADATA_FILE).exists():
+                shutil.rmtree(d, ignore_errors=True)
+
+    def apply_retention(self, retained: int) -> None:
+        """Keep the newest ``retained`` completed checkpoints and the shared files they use.
+
+        A shared file no retained checkpoint references is deleted only if it is
+        older than the newest checkpoint's trigger: younger ones may belong to a
+        checkpoint still in flight.
+        """
+        completed = list(self.completed_newest_first())
+        keep = completed[:retained]
+        for cid in completed[retained:]:
+            self.discard(cid)
+        referenced: set[str] = set()
+        cutoff = 0.0
+        for cid in keep:
+            try:
+                chk = read_checkpoint(self.checkpoint_dir(cid))
+            except CorruptCheckpointError:
+                return  # do not garbage-collect on a state we cannot fully read
+            referenced |= chk.referenced_files()
+            cutoff = max(cutoff, chk.trigger_time)
+        for f in self.shared_dir.iterdir():
+            rel = f.relative_to(self.root).as_posix()
+            try:
+                young = f.stat().st_mtime >= cutoff
+            except FileNotFoundError:
+                continue
+            if rel in referenced or young:
+                continue
+            if f.is_dir():
+                shutil.rmtree(f, ignore_errors=True)
+            else:
+                f.unlink(missing_ok=True)

@@ -1,0 +1,398 @@
+"""Two-phase commit over staged files in one directory.
+
+A writer's open transaction is a hidden in-progress file. At the barrier of
+checkpoint n it is fsynced and renamed to a hidden *pending* file (pre-commit);
+when checkpoint n completes, every pending file up to n is renamed to its final,
+visible name (commit). ``rename`` is atomic on POSIX, so a reader of the
+directory sees a checkpoint's output entirely or not at all, and a crash at any
+point leaves files that :meth:`StagedFileWriter.recover` can sort into "commit"
+(listed in the restored state: their checkpoint completed) and "abort" (the rest).
+
+Names (``prefix`` defaults to ``part``; writers sharing a directory need
+distinct prefixes)::
+
+    .part-0003-a0-1.inprogress        open transaction of subtask 3 (attempt 0)
+    .part-0003-0000000007.pending     pre-committed at checkpoint 7
+    part-0000000007-0003.jsonl        committed; sorts in commit order
+
+Hidden names keep staged data out of Spark's and the validator's view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from aiostream_ckpt.errors import ConnectorError
+
+log = logging.getLogger(__name__)
+
+Serializer = Callable[[Any], bytes]
+
+_BUFFER_SIZE = 1 << 20
+_SERIALIZE_SLICE = 512
+
+
+class TxnState(enum.Enum):
+    """Lifecycle of one staged file (one transaction)."""
+
+    IN_PROGRESS = "in-progress"
+    PENDING = "pending"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+#: Allowed transitions; anything else is a bug in the writer, not an I/O error.
+_TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
+    TxnState.IN_PROGRESS: frozenset({TxnState.PENDING, TxnState.ABORTED}),
+    TxnState.PENDING: frozenset({TxnState.COMMITTED, TxnState.ABORTED}),
+    TxnState.COMMITTED: frozenset(),
+    TxnState.ABORTED: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class _Txn:
+    staged: str
+    final: str
+    checkpoint_id: int
+    state: TxnState
+
+    def advance(self, new: TxnState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise AssertionError(f"transaction {self.staged}: {self.state.value} -> {new.value}")
+        self.state = new
+
+
+@dataclass(frozen=True, slots=True)
+class _Naming:
+    """File names of one prefix, and the parsers that recognise them."""
+
+    prefix: str
+
+    def inprogress(self, subtask: int, attempt: int, seq: int) -> str:
+        return f".{self.prefix}-{subtask:04d}-a{attempt}-{seq}.inprogress"
+
+    def pending(self, subtask: int, checkpoint_id: int) -> str:
+        return f".{self.prefix}-{subtask:04d}-{checkpoint_id:010d}.pending"
+
+    def final(self, subtask: int, checkpoint_id: int) -> str:
+        return f"{self.prefix}-{checkpoint_id:010d}-{subtask:04d}.jsonl"
+
+    def staged_subtask(self, name: str) -> int | None:
+        """Subtask of a staged (in-progress or pending) file, None for other names."""
+        m = re.fullmatch(rf"\.{re.escape(self.prefix)}-(\d+)-.+\.(?:inprogress|pending)", name)
+        return int(m.group(1)) if m else None
+
+    def committed(self, name: str) -> tuple[int, int] | None:
+        """(checkpoint id, subtask) of a committed file, None for other names."""
+        m = re.fullmatch(rf"{re.escape(self.prefix)}-(\d+)-(\d+)\.jsonl", name)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def serialize_lines(records: list[Any], dumps: Serializer = orjson.dumps) -> bytes:
+    """JSON lines of ``records``, each ending in a newline.
+
+    Serialised in slices: with glibc's default heap trimming, keeping thousands
+    of freshly allocated ``bytes`` alive at once was measured 10x slower than
+    joining slices of a few hundred.
+    """
+    join = b"\n".join
+    if len(records) <= _SERIALIZE_SLICE:
+        return join(map(dumps, records)) + b"\n"
+    n = _SERIALIZE_SLICE
+    return join([join(map(dumps, records[i : i + n])) for i in range(0, len(records), n)]) + b"\n"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _commit_file(directory: Path, staged: str, final: str) -> None:
+    """Rename staged -> final; already committed is fine, neither file is data loss."""
+    try:
+        os.rename(directory / staged, directory / final)
+    except FileNotFoundError:
+        if not (directory / final).exists():
+            raise ConnectorError(
+                f"pre-committed file {directory / staged} is missing and was never "
+                f"committed as {final}: its records are lost",
+                retriable=False,
+            ) from None
+
+
+def committed_files(directory: str | Path, *, prefix: str = "part") -> list[Path]:
+    """List the committed files of ``directory`` in commit order (checkpoint, subtask)."""
+    naming = _Naming(prefix)
+    found: list[tuple[int, int, Path]] = []
+    with os.scandir(directory) as it:
+        for entry in it:
+            parsed = naming.committed(entry.name)
+            if parsed is not None:
+                found.append((parsed[0], parsed[1], Path(entry.path)))
+    found.sort()
+    return [p for _, _, p in found]
+
+
+def read_committed_output(directory: str | Path, *, prefix: str = "part") -> Iterator[Any]:
+    """Yield the records of committed files in commit order, ignoring staged files.
+
+    This is what a downstream consumer of the sink is allowed to see.
+    """
+    for path in committed_files(directory, prefix=prefix):
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    yield orjson.loads(line)
+
+
+def merge_writer_states(states: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """Union of several old writers' states, for restoring at another parallelism.
+
+    Committing is idempotent, so every new writer may be given the union.
+    """
+    seen: dict[str, list[str]] = {}
+    for state in states:
+        for staged, final in (state or {}).get("pending", []):
+            seen.setdefault(staged, [staged, final])
+    return {"pending": list(seen.values())}
+
+
+class StagedFileWriter:
+    """One subtask's transactions over staged files; see the module docstring.
+
+    Implements :class:`~aiostream_ckpt.connectors.base.SinkWriter` for records
+    that ``serializer`` turns into one line of bytes (no newline).
+    ``parallelism``, when given, lets subtask 0 also clean up after subtasks that
+    no longer exist (restore at a lower parallelism); their pending files are
+    committed only if the restored state lists them (see :func:`merge_writer_states`).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        subtask: int,
+        parallelism: int | None = None,
+        attempt: int = 0,
+        prefix: str = "part",
+        serializer: Serializer = orjson.dumps,
+        buffer_size: int = _BUFFER_SIZE,
+    ) -> None:
+        self.directory = Path(directory)
+        self.subtask = subtask
+        self._parallelism = parallelism
+        self._attempt = attempt
+        self._naming = _Naming(prefix)
+        self._dumps = serializer
+        self._buffer_size = buffer_size
+        self._seq = 0
+        self._file: IO[bytes] | None = None
+        self._open: _Txn | None = None
+        self._pending: list[_Txn] = []
+        self._recovered = False
+        self._closed = False
+        self.records_written = 0
+
+    # -- recovery ---------------------------------------------------------
+
+    async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
+        """Commit what ``restored`` lists, abort every other transaction we own."""
+        await asyncio.to_thread(self._recover_sync, restored, checkpoint_id)
+        self._recovered = True
+
+    def _owns(self, subtask: int) -> bool:
+        if subtask == self.subtask:
+            return True
+        p = self._parallelism
+        return self.subtask == 0 and p is not None and subtask >= p
+
+    def _recover_sync(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        listed = [(str(s), str(f)) for s, f in (restored or {}).get("pending", [])]
+        for staged, final in listed:
+            _commit_file(d, staged, final)
+        keep = {s for s, _ in listed}
+        aborted: list[str] = []
+        newer: list[str] = []
+        foreign_committed: list[str] = []
+        with os.scandir(d) as it:
+            names = [e.name for e in it]
+        for name in names:
+            sub = self._naming.staged_subtask(name)
+            if sub is not None:
+                if self._owns(sub) and name not in keep:
+                    aborted.append(name)
+                continue
+            parsed = self._naming.committed(name)
+            if parsed is None:
+                continue
+            cid, sub = parsed
+            if checkpoint_id is None:
+                foreign_committed.append(name)
+            elif cid > checkpoint_id and self._owns(sub):
+                newer.append(name)
+        if checkpoint_id is None and restored is None and foreign_committed:
+            raise ConnectorError(
+                f"output directory already has committed output from a previous run: {d}; "
+                "use a new directory or remove it",
+                retriable=False,
+            )
+        for name in aborted:
+            (d / name).unlink(missing_ok=True)
+        if aborted:
+            log.info("%s: discarded %d staged file(s) of unfinished checkpoints", d, len(aborted))
+        if newer:
+            log.warning(
+                "%s: removing committed output of checkpoints after %s, whose records "
+                "will be replayed: %s",
+                d,
+                checkpoint_id,
+                ", ".join(sorted(newer)),
+            )
+            for name in newer:
+                (d / name).unlink(missing_ok=True)
+        if listed or aborted or newer:
+            _fsync_dir(d)
+
+    # -- the open transaction ----------------------------------------------
+
+    def _check_usable(self) -> None:
+        if not self._recovered:
+            raise ConnectorError(f"{self.directory}: writer used before recover()")
+        if self._closed:
+            raise ConnectorError(f"{self.directory}: writer used after close()")
+
+    def _open_txn(self) -> IO[bytes]:
+        self._check_usable()
+        self._seq += 1
+        name = self._naming.inprogress(self.subtask, self._attempt, self._seq)
+        f = open(self.directory / name, "wb", buffering=self._buffer_size)  # noqa: SIM115
+        self._open = _Txn(name, "", -1, TxnState.IN_PROGRESS)
+        self._file = f
+        return f
+
+    def write_sync(self, batch: list[Any]) -> None:
+        """Append records to the open transaction (blocking, buffered local I/O)."""
+        if not batch:
+            return
+        f = self._file or self._open_txn()
+        f.write(serialize_lines(batch, self._dumps))
+        self.records_written += len(batch)
+
+    async def write(self, batch: list[Any]) -> None:
+        self.write_sync(batch)
+
+    # -- two-phase commit ---------------------------------------------------
+
+    async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        """Pre-commit the open transaction as checkpoint ``checkpoint_id``'s; return the state."""
+        self._check_usable()
+        if self._pending and self._pending[-1].checkpoint_id >= checkpoint_id:
+            raise ConnectorError(
+                f"{self.directory}: prepare_commit({checkpoint_id}) after "
+                f"prepare_commit({self._pending[-1].checkpoint_id})"
+            )
+        f, txn = self._file, self._open
+        # Detach before awaiting: records written meanwhile open the next transaction.
+        self._file = self._open = None
+        if f is not None and txn is not None:
+            txn.final = self._naming.final(self.subtask, checkpoint_id)
+            txn.checkpoint_id = checkpoint_id
+            pending = self._naming.pending(self.subtask, checkpoint_id)
+            await asyncio.to_thread(self._seal, f, txn.staged, pending, txn.final)
+            txn.staged = pending
+            txn.advance(TxnState.PENDING)
+            self._pending.append(txn)
+        return self.state()
+
+    def _seal(self, f: IO[bytes], inprogress: str, pending: str, final: str) -> None:
+        d = self.directory
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        if (d / final).exists():
+            raise ConnectorError(
+                f"{d / final} already exists: committed output of a checkpoint this job "
+                "did not restore from",
+                retriable=False,
+            )
+        os.rename(d / inprogress, d / pending)
+        _fsync_dir(d)
+
+    def state(self) -> dict[str, Any]:
+        """Writer state for a checkpoint: every pre-committed, uncommitted file."""
+        return {"pending": [[t.staged, t.final] for t in self._pending]}
+
+    async def commit(self, checkpoint_id: int) -> None:
+        """Commit every pre-committed file up to ``checkpoint_id``; idempotent."""
+        due = [t for t in self._pending if t.checkpoint_id <= checkpoint_id]
+        if not due:
+            return
+        # They stay listed in ``state()`` until renamed: a checkpoint taken meanwhile
+        # must still name them, or a failed rename would turn into an abort.
+        await asyncio.to_thread(self._commit_sync, due)
+        for t in due:
+            if t.state is TxnState.PENDING:  # a concurrent duplicate commit may have won
+                t.advance(TxnState.COMMITTED)
+        self._pending = [t for t in self._pending if t.state is TxnState.PENDING]
+
+    def _commit_sync(self, due: list[_Txn]) -> None:
+        for t in due:
+            _commit_file(self.directory, t.staged, t.final)
+        _fsync_dir(self.directory)
+
+    async def close(self) -> None:
+        """Close the open file without committing; recovery discards what it holds."""
+        self._closed = True
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+
+class DeadLetterWriter(StagedFileWriter):
+    """Exactly-once output of records a reader could not turn into events.
+
+    The runtime passes :meth:`add` as the reader's
+    :data:`~aiostream_ckpt.connectors.base.DeadLetterFn` and drives this writer
+    through the same recover / prepare_commit / commit cycle as the sink, at the
+    source's barrier. Because entries are committed only with the checkpoint
+    whose source position covers them, a malformed line that is replayed after
+    a failure is reported once.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        subtask: int,
+        *,
+        parallelism: int | None = None,
+        attempt: int = 0,
+        prefix: str = "dead-letter",
+    ) -> None:
+        super().__init__(
+            directory, subtask=subtask, parallelism=parallelism, attempt=attempt, prefix=prefix
+        )
+        self.count = 0
+
+    def add(self, raw: bytes | str, reason: str, origin: dict[str, Any]) -> None:
+        """Record one dead letter in the open transaction (synchronous, buffered)."""
+        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        self.write_sync([{"reason": reason, "origin": origin, "raw": text}])
+        self.count += 1

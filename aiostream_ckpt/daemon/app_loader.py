@@ -1,0 +1,57 @@
+"""Loading an app module and building its job.
+
+An app is a Python module (``apps.pv_count``) or file (``apps/pv_count.py``)
+with a function ``build(env: StreamEnvironment) -> None`` that adds sources,
+operators and sinks to ``env``. Import errors become one-line
+:class:`AppLoadError`s naming the module and the cause.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.errors import AiostreamError, AppLoadError
+
+
+def import_app(spec: str) -> ModuleType:
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec)
+            if not path.is_file():
+                raise AppLoadError(f"app file not found: {spec}")
+            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise AppLoadError(f"cannot load app file {spec}")
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[path.stem] = module
+            mod_spec.loader.exec_module(module)
+            return module
+        if str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        return importlib.import_module(spec)
+    except AppLoadError:
+        raise
+    except Exception as exc:  # any import-time error is the app's, reported in one line
+        raise AppLoadError(
+            f"cannot import app module {spec!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def build_app(spec: str, env: StreamEnvironment) -> None:
+    module = import_app(spec)
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise AppLoadError(f"app module {spec!r} has no build(env) function")
+    try:
+        build(env)
+    except AiostreamError:
+        raise
+    except Exception as exc:
+        raise AppLoadError(
+            f"app module {spec!r}: build(env) failed: {type(exc).__name__}: {exc}"
+        ) from exc

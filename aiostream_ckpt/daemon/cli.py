@@ -1,0 +1,171 @@
+"""The ``aiostream-ckpt`` command line.
+
+Exit codes: 0 the job finished (or was stopped cleanly), 1 the job failed,
+2 a usage, config or app error (one line on stderr naming the cause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.errors import AiostreamError, JobFailedError
+
+log = logging.getLogger("aiostream_ckpt")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aiostream-ckpt",
+        description="Run stream apps with Flink-style checkpoints and exactly-once output.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an app module (resumes from its checkpoints)")
+    run.add_argument("module", help="app module (apps.pv_count) or file (apps/pv_count.py)")
+    run.add_argument("--config", type=Path, help="TOML config file")
+    run.add_argument(
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (highest precedence); repeatable",
+    )
+    run.add_argument("--from-savepoint", type=Path, help="restore from this savepoint")
+    run.add_argument("--allow-non-restored-state", action="store_true")
+    run.add_argument(
+        "--progress", type=float, default=0.0, metavar="SECONDS",
+        help="print a progress line to stderr every SECONDS",
+    )
+
+    ck = sub.add_parser("checkpoints", help="list or inspect checkpoints")
+    ck_sub = ck.add_subparsers(dest="action", required=True)
+    ls = ck_sub.add_parser("list")
+    ls.add_argument("directory", type=Path)
+    ins = ck_sub.add_parser("inspect")
+    ins.add_argument("directory", type=Path)
+    ins.add_argument("id", type=int, nargs="?")
+
+    sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
+    sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
+    sub.add_parser("demo", help="the page-view-count demo under kill -9", add_help=False)
+    return p
+
+
+def _run(args: argparse.Namespace) -> int:
+    from aiostream_ckpt.api.environment import StreamEnvironment
+    from aiostream_ckpt.daemon.app_loader import build_app
+    from aiostream_ckpt.daemon.config import load_config
+    from aiostream_ckpt.daemon.logs import setup_logging
+    from aiostream_ckpt.runtime.job import JobRunner, JobStatus
+
+    sets = list(args.sets)
+    if args.from_savepoint is not None:
+        sets.append(f"job.restore_from={args.from_savepoint}")
+    if args.allow_non_restored_state:
+        sets.append("job.allow_non_restored_state=true")
+    loaded = load_config(args.config, env=os.environ, sets=sets)
+    setup_logging(loaded.log_format, loaded.log_level)
+    name = loaded.job_name or args.module.rsplit(".", 1)[-1].removesuffix(".py")
+    env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
+    build_app(args.module, env)
+
+    async def main() -> int:
+        runner = JobRunner(env)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.cancel)
+        progress = None
+        if args.progress > 0:
+            progress = asyncio.create_task(_progress(runner, args.progress))
+        try:
+            result = await runner.run()
+        finally:
+            if progress is not None:
+                progress.cancel()
+                await asyncio.gather(progress, return_exceptions=True)
+        log.info(
+            "job %r %s (%d restarts, last checkpoint %s)",
+            name, result.status.value, result.restarts, result.last_checkpoint,
+        )
+        print(
+            orjson.dumps(
+                {"status": result.status.value, "restarts": result.restarts,
+                 "last_checkpoint": result.last_checkpoint}
+            ).decode(),
+            file=sys.stderr,
+        )
+        return 0 if result.status in (JobStatus.FINISHED, JobStatus.CANCELED) else 1
+
+    import uvloop
+
+    return int(uvloop.run(main()))
+
+
+async def _progress(runner: Any, every: float) -> None:
+    last_n, last_t = 0, time.monotonic()
+    while True:
+        await asyncio.sleep(every)
+        run = runner.run_state
+        n, t = run.source_records(), time.monotonic()
+        rate = (n - last_n) / (t - last_t) if n >= last_n else 0.0
+        last_n, last_t = n, t
+        print(
+            f"progress: events={n} rate={rate:,.0f}/s checkpoint={run.last_checkpoint()} "
+            f"attempt={run.attempt}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    from aiostream_ckpt.daemon.inspection import inspect_checkpoint, list_checkpoints
+
+    if args.action == "list":
+        print("\n".join(list_checkpoints(args.directory)))
+    else:
+        info = inspect_checkpoint(args.directory, args.id)
+        print(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # subcommands with their own parsers get the rest of the line untouched
+        if argv and argv[0] == "broker":
+            from aiostream_ckpt.connectors.kafka.broker import broker_main
+
+            return broker_main(argv[1:])
+        if argv and argv[0] == "validate":
+            from aiostream_ckpt.validate.cli import validate_main
+
+            return validate_main(argv[1:])
+        if argv and argv[0] == "demo":
+            from aiostream_ckpt.daemon.demo import demo_main
+
+            return demo_main(argv[1:])
+        args = _parser().parse_args(argv)
+        if args.command == "run":
+            return _run(args)
+        if args.command == "checkpoints":
+            return _checkpoints(args)
+    except JobFailedError as exc:
+        print(f"aiostream-ckpt: {exc}", file=sys.stderr)
+        return 1
+    except AiostreamError as exc:
+        print(f"aiostream-ckpt: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Loading the job configuration: defaults < TOML file < ``AIOSTREAM_*`` env < ``--set``.
+
+Keys are dotted (``checkpoint.interval``). In TOML they are tables::
+
+    [job]
+    name = "pv_count"
+    parallelism = 2
+
+    [checkpoint]
+    dir = "/var/lib/aiostream/pv"
+    interval = "1s"
+
+    [app]          # free-form: handed to the app as env.params
+    input = "events.jsonl"
+
+In the environment, ``AIOSTREAM_CHECKPOINT__INTERVAL=500ms`` (double
+underscore between table and key). On the command line,
+``--set checkpoint.interval=500ms``. Durations take ``ms``/``s``/``m``/``h``
+suffixes or plain seconds. An unknown key is an error, so a typo never
+silently leaves a default in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.runtime.config import (
+    CheckpointConfig,
+    CheckpointingMode,
+    ErrorConfig,
+    JobConfig,
+    MalformedPolicy,
+    RestartConfig,
+    RestartStrategyKind,
+    StateConfig,
+)
+
+ENV_PREFIX = "AIOSTREAM_"
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2m"``.
+
+    >>> parse_duration("200ms"), parse_duration("2m"), parse_duration(3)
+    (0.2, 120.0, 3.0)
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    m = _DURATION_RE.match(str(value))
+    if not m:
+        raise ValueError("a duration like 500ms, 1s, 2m or a number of seconds")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    s = str(value).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("true or false")
+
+
+def _parse_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("an integer")
+    if isinstance(value, int):
+        return value
+    return int(str(value).replace("_", ""))
+
+
+def _parse_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a number")
+    return float(value)
+
+
+def _enum(kind: type[Enum]) -> Callable[[Any], Any]:
+    def parse(value: Any) -> Any:
+        try:
+            return kind(str(value).strip().lower().replace("-", "_"))
+        except ValueError:
+            choices = ", ".join(str(m.value) for m in kind)
+            raise ValueError(f"one of {choices}") from None
+
+    return parse
+
+
+def _path(value: Any) -> Path:
+    return Path(str(value)).expanduser()
+
+
+# key -> (section attribute or None for top level, field name, parser)
+_SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
+    "job.parallelism": (None, "parallelism", _parse_int),
+    "job.max_parallelism": (None, "max_parallelism", _parse_int),
+    "job.batch_size": (None, "batch_size", _parse_int),
+    "job.channel_capacity": (None, "channel_capacity", _parse_int),
+    "job.chaining": (None, "chaining", _parse_bool),
+    "job.restore_from": (None, "restore_from", _path),
+    "job.allow_non_restored_state": (None, "allow_non_restored_state", _parse_bool),
+    "checkpoint.dir": ("checkpoint", "directory", _path),
+    "checkpoint.interval": ("checkpoint", "interval", parse_duration),
+    "checkpoint.timeout": ("checkpoint", "timeout", parse_duration),
+    "checkpoint.max_concurrent": ("checkpoint", "max_concurrent", _parse_int),
+    "checkpoint.min_pause": ("checkpoint", "min_pause", parse_duration),
+    "checkpoint.tolerable_failures": ("checkpoint", "tolerable_failures", _parse_int),
+    "checkpoint.retained": ("checkpoint", "retained", _parse_int),
+    "checkpoint.mode": ("checkpoint", "mode", _enum(CheckpointingMode)),
+    "checkpoint.full_every": ("checkpoint", "full_every", _parse_int),
+    "checkpoint.alignment_max_buffered_batches": (
+        "checkpoint",
+        "alignment_max_buffered_batches",
+        _parse_int,
+    ),
+    "state.local_dir": ("state", "local_dir", _path),
+    "state.cache_max_entries": ("state", "cache_max_entries", _parse_int),
+    "state.allow_pickle": ("state", "allow_pickle", _parse_bool),
+    "restart.strategy": ("restart", "strategy", _enum(RestartStrategyKind)),
+    "restart.attempts": ("restart", "attempts", _parse_int),
+    "restart.delay": ("restart", "delay", parse_duration),
+    "restart.max_delay": ("restart", "max_delay", parse_duration),
+    "restart.backoff_multiplier": ("restart", "backoff_multiplier", _parse_float),
+    "restart.reset_after": ("restart", "reset_after", parse_duration),
+    "restart.failure_rate_interval": ("restart", "failure_rate_interval", parse_duration),
+    "errors.on_malformed": ("errors", "on_malformed", _enum(MalformedPolicy)),
+    "errors.dead_letter_dir": ("errors", "dead_letter_dir", _path),
+}
+_OTHER_KEYS = {"job.name": str, "log.format": str, "log.level": str, "progress.interval": str}
+_SECTIONS = {
+    "checkpoint": CheckpointConfig,
+    "state": StateConfig,
+    "restart": RestartConfig,
+    "errors": ErrorConfig,
+}
+
+
+@dataclass
+class LoadedConfig:
+    job: JobConfig
+    params: dict[str, Any] = field(default_factory=dict)
+    job_name: str | None = None
+    log_format: str = "text"
+    log_level: str = "INFO"
+    #: where each key's value came from, for error messages and `--print-config`
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and not key.startswith("app."):
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, dict) and key == "app":
+            out.update(_flatten(v, "app."))
+        else:
+            out[key] = v
+    return out
+
+
+def load_config(
+    toml_path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    sets: Sequence[str] = (),
+    base: JobConfig | None = None,
+) -> LoadedConfig:
+    """Merge the layers and validate; raises :class:`ConfigError` naming key and source."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if toml_path is not None:
+        try:
+            with open(toml_path, "rb") as f:
+                layers.append((str(toml_path), _flatten(tomllib.load(f))))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {toml_path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {toml_path} is not valid TOML: {exc}") from None
+    env_layer: dict[str, Any] = {}
+    for name, value in (env or {}).items():
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            section, _, key = name[len(ENV_PREFIX) :].partition("__")
+            env_layer[f"{section.lower()}.{key.lower()}"] = value
+    layers.append(("environment", env_layer))
+    set_layer: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        set_layer[key.strip()] = value
+    layers.append(("--set", set_layer))
+
+    merged: dict[str, tuple[Any, str]] = {}
+    for origin, layer in layers:
+        for key, value in layer.items():
+            merged[key] = (value, origin)
+    return _build(merged, base or JobConfig())
+
+
+def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    loaded = LoadedConfig(job=base)
+    for key, (raw, origin) in sorted(merged.items()):
+        loaded.sources[key] = origin
+        if key.startswith("app."):
+            loaded.params[key[4:]] = raw
+            continue
+        if key in _OTHER_KEYS:
+            if key == "job.name":
+                loaded.job_name = str(raw)
+            elif key == "log.format":
+                if str(raw) not in ("text", "json"):
+                    raise ConfigError(f"invalid config log.format={raw!r} ({origin}): text or json")
+                loaded.log_format = str(raw)
+            elif key == "log.level":
+                loaded.log_level = str(raw).upper()
+            continue
+        spec = _SCHEMA.get(key)
+        if spec is None:
+            raise ConfigError(f"unknown config key {key!r} (from {origin})")
+        section, name, parse = spec
+        try:
+            value = parse(raw)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid config {key}={raw!r} (from {origin}): must be {exc}") from None
+        if section is None:
+            top[name] = value
+        else:
+            sections[section][name] = value
+    replaced = {
+        name: dataclasses.replace(getattr(base, name), **values)
+        for name, values in sections.items()
+        if values
+    }
+    loaded.job = dataclasses.replace(base, **top, **replaced).validate()
+    return loaded

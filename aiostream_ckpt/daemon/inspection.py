@@ -1,0 +1,91 @@
+"""``aiostream-ckpt checkpoints list|inspect``: what is in a checkpoint directory."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
+from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _operator_sizes(chk: CompletedCheckpoint) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for uid, op in chk.operators.items():
+        total = 0
+        for st in op["subtasks"].values():
+            if st.get("keyed"):
+                total += int(st["keyed"].get("size_bytes", 0))
+            if st.get("operator") is not None:
+                total += len(orjson.dumps(st["operator"]))
+        sizes[uid] = total
+    return sizes
+
+
+def _positions(chk: CompletedCheckpoint) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for op in chk.operators.values():
+        for st in op["subtasks"].values():
+            positions = (st.get("operator") or {}).get("positions")
+            if positions:
+                out.update(positions)
+    return out
+
+
+def list_checkpoints(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        raise CheckpointError(f"not a checkpoint directory: {directory}")
+    storage = CheckpointStorage(directory)
+    lines = [f"{'id':>6}  {'completed (UTC)':19}  {'size':>12}  {'duration':>9}  status"]
+    for cid in storage.completed_newest_first():
+        try:
+            chk = read_checkpoint(storage.checkpoint_dir(cid))
+        except CorruptCheckpointError as exc:
+            lines.append(f"{cid:>6}  {'?':19}  {'?':>12}  {'?':>9}  CORRUPT: {exc}")
+            continue
+        final = " (final)" if chk.is_final else ""
+        lines.append(
+            f"{cid:>6}  {_when(chk.completion_time):19}  {chk.size_bytes:>12,}  "
+            f"{chk.duration_seconds * 1000:>7.0f}ms  completed{final}"
+        )
+    if len(lines) == 1:
+        lines.append("(no completed checkpoints)")
+    return lines
+
+
+def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, Any]:
+    """A JSON-able summary; ``directory`` may be a checkpoint root, chk-N, or a savepoint."""
+    if (directory / "_metadata").exists():
+        chk = read_checkpoint(directory)
+    else:
+        storage = CheckpointStorage(directory)
+        if checkpoint_id is None:
+            latest = storage.latest_valid()
+            if latest is None:
+                raise CheckpointError(f"no valid completed checkpoint in {directory}")
+            chk = latest
+        else:
+            chk = read_checkpoint(storage.checkpoint_dir(checkpoint_id))
+    return {
+        "id": chk.checkpoint_id,
+        "savepoint": chk.is_savepoint,
+        "final": chk.is_final,
+        "job": chk.job_name,
+        "triggered": _when(chk.trigger_time),
+        "completed": _when(chk.completion_time),
+        "duration_ms": round(chk.duration_seconds * 1000, 1),
+        "size_bytes": chk.size_bytes,
+        "max_parallelism": chk.max_parallelism,
+        "operator_state_bytes": _operator_sizes(chk),
+        "operator_parallelism": {uid: op["parallelism"] for uid, op in chk.operators.items()},
+        "source_positions": _positions(chk),
+        "tasks": chk.tasks,
+    }

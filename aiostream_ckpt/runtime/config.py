@@ -1,0 +1,160 @@
+"""Job configuration: every knob, with Flink's names where Flink has one.
+
+The values are validated here, once, so a bad value fails at startup with a
+message naming the key rather than deep inside a running job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.errors import ConfigError
+
+
+class CheckpointingMode(Enum):
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+class RestartStrategyKind(Enum):
+    NONE = "none"
+    FIXED_DELAY = "fixed_delay"
+    EXPONENTIAL_DELAY = "exponential_delay"
+    FAILURE_RATE = "failure_rate"
+
+
+class MalformedPolicy(Enum):
+    DEAD_LETTER = "dead_letter"
+    FAIL = "fail"
+
+
+def _check(cond: bool, key: str, value: Any, must: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config {key}={value!r}: must be {must}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpointing knobs (seconds for durations; ``interval`` 0 disables periodic ones)."""
+
+    directory: Path | None = None
+    interval: float = 1.0
+    timeout: float = 60.0
+    max_concurrent: int = 1
+    min_pause: float = 0.0
+    tolerable_failures: int = 3
+    retained: int = 2
+    mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
+    full_every: int = 10
+    alignment_max_buffered_batches: int = 4096
+
+    def validate(self) -> None:
+        _check(self.interval >= 0, "checkpoint.interval", self.interval, ">= 0")
+        _check(self.timeout > 0, "checkpoint.timeout", self.timeout, "> 0")
+        _check(self.max_concurrent >= 1, "checkpoint.max_concurrent", self.max_concurrent, ">= 1")
+        _check(self.min_pause >= 0, "checkpoint.min_pause", self.min_pause, ">= 0")
+        _check(
+            self.tolerable_failures >= 0,
+            "checkpoint.tolerable_failures",
+            self.tolerable_failures,
+            ">= 0",
+        )
+        _check(self.retained >= 1, "checkpoint.retained", self.retained, ">= 1")
+        _check(self.full_every >= 1, "checkpoint.full_every", self.full_every, ">= 1")
+        _check(
+            self.alignment_max_buffered_batches >= 1,
+            "checkpoint.alignment_max_buffered_batches",
+            self.alignment_max_buffered_batches,
+            ">= 1",
+        )
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    local_dir: Path | None = None
+    cache_max_entries: int = 2_000_000
+    allow_pickle: bool = False
+
+    def validate(self) -> None:
+        _check(
+            self.cache_max_entries >= 1, "state.cache_max_entries", self.cache_max_entries, ">= 1"
+        )
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    """Restart strategy (Flink's fixed-delay, exponential-delay, failure-rate)."""
+
+    strategy: RestartStrategyKind = RestartStrategyKind.FIXED_DELAY
+    attempts: int = 3
+    delay: float = 1.0
+    max_delay: float = 60.0
+    backoff_multiplier: float = 2.0
+    reset_after: float = 300.0
+    failure_rate_interval: float = 60.0
+
+    def validate(self) -> None:
+        _check(self.attempts >= 0, "restart.attempts", self.attempts, ">= 0")
+        _check(self.delay >= 0, "restart.delay", self.delay, ">= 0")
+        _check(self.max_delay >= self.delay, "restart.max_delay", self.max_delay, ">= delay")
+        _check(
+            self.backoff_multiplier >= 1.0,
+            "restart.backoff_multiplier",
+            self.backoff_multiplier,
+            ">= 1",
+        )
+        _check(
+            self.failure_rate_interval > 0,
+            "restart.failure_rate_interval",
+            self.failure_rate_interval,
+            "> 0",
+        )
+
+
+@dataclass(frozen=True)
+class ErrorConfig:
+    """What happens to records that cannot be read (malformed, undeserializable)."""
+
+    on_malformed: MalformedPolicy = MalformedPolicy.DEAD_LETTER
+    dead_letter_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    parallelism: int = 1
+    max_parallelism: int = 128
+    batch_size: int = 2048
+    channel_capacity: int = 8
+    chaining: bool = True
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    errors: ErrorConfig = field(default_factory=ErrorConfig)
+    restore_from: Path | None = None
+    allow_non_restored_state: bool = False
+
+    def validate(self) -> JobConfig:
+        _check(
+            1 <= self.max_parallelism <= 32768, "max_parallelism", self.max_parallelism, "1..32768"
+        )
+        _check(
+            1 <= self.parallelism <= self.max_parallelism,
+            "parallelism",
+            self.parallelism,
+            f"1..max_parallelism ({self.max_parallelism})",
+        )
+        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        _check(self.channel_capacity >= 1, "channel_capacity", self.channel_capacity, ">= 1")
+        self.checkpoint.validate()
+        self.state.validate()
+        self.restart.validate()
+        return self
+
+    def with_checkpoint_dir(self, directory: Path) -> JobConfig:
+        return dataclasses.replace(
+            self, checkpoint=dataclasses.replace(self.checkpoint, directory=directory)
+        )

@@ -1,0 +1,243 @@
+"""From the logical graph to the tasks that run: chains, channels, gates.
+
+Operators are *chained* into one task (as Flink does) when they are connected
+forward at equal parallelism and the upstream has no other consumer; a keyed
+edge between two operators of parallelism 1 is forward too. Each downstream
+task instance gets one input gate; each upstream instance one output gate per
+outgoing edge, holding a writer per channel it feeds.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
+from aiostream_ckpt.barrier.aligned import AlignedBarrierHandler
+from aiostream_ckpt.barrier.handler import BarrierHandler
+from aiostream_ckpt.barrier.unaligned import UnalignedBarrierHandler
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
+from aiostream_ckpt.runtime.config import CheckpointingMode, JobConfig
+from aiostream_ckpt.runtime.operators import (
+    FilterOperator,
+    FlatMapOperator,
+    KeyedProcessOperator,
+    MapOperator,
+    ProcessOperator,
+    ReduceOperator,
+    StreamOperator,
+)
+from aiostream_ckpt.runtime.partitioners import (
+    BroadcastGate,
+    ForwardGate,
+    KeyGroupGate,
+    OutputGate,
+    RebalanceGate,
+)
+from aiostream_ckpt.runtime.task import ChainSpec
+from aiostream_ckpt.state.backend import KeyedStateBackendFactory
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+
+
+@dataclass
+class Edge:
+    source: Transformation
+    target: Transformation
+    partitioning: Partitioning
+    key_selector: Callable[[Any], Any] | None
+
+
+@dataclass
+class Chain:
+    nodes: list[Transformation]
+    inputs: list[Edge] = field(default_factory=list)
+    outputs: list[Edge] = field(default_factory=list)
+
+    @property
+    def head(self) -> Transformation:
+        return self.nodes[0]
+
+    @property
+    def parallelism(self) -> int:
+        return self.head.parallelism
+
+
+def _resolve_inputs(node: Transformation) -> list[Transformation]:
+    """Inputs with unions expanded (a union is not a task, only wiring)."""
+    out: list[Transformation] = []
+    for inp in node.inputs:
+        out.extend(_resolve_inputs(inp) if inp.kind is TransformKind.UNION else [inp])
+    return out
+
+
+def plan_chains(transformations: list[Transformation], config: JobConfig) -> list[Chain]:
+    """Group the logical graph into chains, in topological order."""
+    nodes = [t for t in transformations if t.kind is not TransformKind.UNION]
+    if not any(t.kind is TransformKind.SINK for t in nodes):
+        raise JobGraphError("the job has no sink: add sink_to(...) (or print()) to a stream")
+    edges: list[Edge] = []
+    for t in nodes:
+        for inp in _resolve_inputs(t):
+            how = t.partitioning
+            if how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
+                how = Partitioning.REBALANCE
+            edges.append(Edge(inp, t, how, t.key_selector))
+    consumers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
+    producers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
+    for e in edges:
+        consumers[e.source.id].append(e)
+        producers[e.target.id].append(e)
+
+    def chainable(e: Edge) -> bool:
+        if not config.chaining or e.source.kind is TransformKind.SINK:
+            return False
+        if len(producers[e.target.id]) != 1 or len(consumers[e.source.id]) != 1:
+            return False
+        if e.source.parallelism != e.target.parallelism:
+            return False
+        return e.partitioning is Partitioning.FORWARD or (
+            e.partitioning is Partitioning.HASH and e.target.parallelism == 1
+        )
+
+    chain_of: dict[int, Chain] = {}
+    chains: list[Chain] = []
+    for t in nodes:
+        ins = producers[t.id]
+        if t.kind is TransformKind.SOURCE and ins:
+            raise JobGraphError(f"source {t.uid!r} cannot have inputs")
+        if t.kind is not TransformKind.SOURCE and not ins:
+            raise JobGraphError(f"operator {t.uid!r} has no input")
+        if len(ins) == 1 and chainable(ins[0]):
+            chain = chain_of[ins[0].source.id]
+            chain.nodes.append(t)
+        else:
+            chain = Chain([t])
+            chains.append(chain)
+            chain.inputs.extend(ins)
+        chain_of[t.id] = chain
+    for e in edges:
+        src_chain, dst_chain = chain_of[e.source.id], chain_of[e.target.id]
+        if src_chain is not dst_chain:
+            src_chain.outputs.append(e)
+    return chains
+
+
+def _make_operator(t: Transformation) -> StreamOperator:
+    kind = t.kind
+    if kind is TransformKind.MAP:
+        return MapOperator(t.uid, t.fn)
+    if kind is TransformKind.FILTER:
+        return FilterOperator(t.uid, t.fn)
+    if kind is TransformKind.FLAT_MAP:
+        return FlatMapOperator(t.uid, t.fn)
+    if kind is TransformKind.PROCESS:
+        return ProcessOperator(t.uid, copy.deepcopy(t.fn))
+    if kind is TransformKind.KEYED_PROCESS:
+        assert t.key_selector is not None
+        return KeyedProcessOperator(t.uid, copy.deepcopy(t.fn), t.key_selector)
+    if kind is TransformKind.REDUCE:
+        assert t.key_selector is not None
+        return ReduceOperator(t.uid, t.fn, t.key_selector)
+    raise JobGraphError(f"no operator for {kind.value}")
+
+
+def _barrier_handler(config: JobConfig, channels: int, monotonic: Callable[[], float]) -> BarrierHandler:
+    if config.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE:
+        return UnalignedBarrierHandler(channels, monotonic)
+    return AlignedBarrierHandler(
+        channels, monotonic, config.checkpoint.alignment_max_buffered_batches
+    )
+
+
+def _channels_per_edge(e: Edge, upstream_p: int) -> int:
+    return 1 if e.partitioning is Partitioning.FORWARD else upstream_p
+
+
+def build_chain_specs(
+    chains: list[Chain],
+    *,
+    config: JobConfig,
+    job_name: str,
+    attempt: int,
+    backend_factory: KeyedStateBackendFactory,
+    local_dir: Path,
+    dead_letter_factory: Callable[[str, int], Any] | None,
+    connector_context: Callable[[str, int, int, Any], ConnectorContext],
+    monotonic: Callable[[], float],
+) -> list[ChainSpec]:
+    """Instantiate every chain ``parallelism`` times and wire the channels."""
+    specs: dict[tuple[int, int], ChainSpec] = {}
+    writers: dict[tuple[int, int, int], list[ChannelWriter]] = {}
+    for ci, chain in enumerate(chains):
+        p = chain.parallelism
+        for sub in range(p):
+            spec = ChainSpec(
+                task_id=f"{chain.head.uid}-{sub}", subtask=sub, parallelism=p, operators=[]
+            )
+            for t in chain.nodes:
+                if t.kind is TransformKind.SOURCE:
+                    spec.head_uid = t.uid
+                    if dead_letter_factory is not None:
+                        spec.dead_letter = dead_letter_factory(t.uid, sub)
+                    dl = spec.dead_letter.add if spec.dead_letter is not None else None
+                    spec.reader = t.fn.create_reader(connector_context(t.uid, sub, p, dl))
+                elif t.kind is TransformKind.SINK:
+                    spec.sink_uid = t.uid
+                    spec.writer = t.fn.create_writer(connector_context(t.uid, sub, p, None))
+                else:
+                    op = _make_operator(t)
+                    if op.keyed:
+                        op.backend = backend_factory(
+                            operator_uid=t.uid,
+                            subtask_index=sub,
+                            key_group_range=KeyGroupRange.for_operator(
+                                sub, p, config.max_parallelism
+                            ),
+                            max_parallelism=config.max_parallelism,
+                            local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
+                        )
+                    spec.operators.append(op)
+            if chain.inputs:
+                n = sum(_channels_per_edge(e, e.source.parallelism) for e in chain.inputs)
+                spec.input_gate = InputGate(n, config.channel_capacity)
+                spec.barrier_handler = _barrier_handler(config, n, monotonic)
+            specs[(ci, sub)] = spec
+    # channel indexes: per downstream instance, edges in order, upstream instances in order
+    for ci, chain in enumerate(chains):
+        for sub in range(chain.parallelism):
+            gate = specs[(ci, sub)].input_gate
+            base = 0
+            for e in chain.inputs:
+                src_ci = next(i for i, c in enumerate(chains) if e.source in c.nodes)
+                up_p = chains[src_ci].parallelism
+                for up in range(up_p):
+                    if e.partitioning is Partitioning.FORWARD:
+                        if up != sub:
+                            continue
+                        idx = base
+                    else:
+                        idx = base + up
+                    assert gate is not None
+                    writers.setdefault((src_ci, up, id(e)), []).append(gate.writer(idx))
+                base += _channels_per_edge(e, up_p)
+    for (ci, sub), spec in specs.items():
+        for e in chains[ci].outputs:
+            spec.outputs.append(_make_gate(e, writers[(ci, sub, id(e))], config))
+    return [specs[k] for k in sorted(specs)]
+
+
+def _make_gate(e: Edge, writers: list[ChannelWriter], config: JobConfig) -> OutputGate:
+    how = e.partitioning
+    if how is Partitioning.FORWARD:
+        return ForwardGate(writers)
+    if how is Partitioning.HASH:
+        assert e.key_selector is not None
+        return KeyGroupGate(writers, e.key_selector, config.max_parallelism)
+    if how is Partitioning.BROADCAST:
+        return BroadcastGate(writers)
+    return RebalanceGate(writers)

@@ -1,0 +1,322 @@
+"""Running a job: attempts, failover, recovery from the latest checkpoint.
+
+One *attempt* builds every task afresh, restores them from the newest valid
+completed checkpoint (or the savepoint given at start), and runs them with a
+:class:`CheckpointCoordinator`. When a task fails, all tasks are cancelled and
+the restart strategy decides when (or whether) the next attempt starts. A
+process killed with SIGKILL recovers the same way when started again on the
+same checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
+from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.errors import (
+    AiostreamError,
+    ConfigError,
+    CorruptCheckpointError,
+    JobFailedError,
+    StateMigrationError,
+)
+from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
+from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
+from aiostream_ckpt.runtime.restart import restart_strategy
+from aiostream_ckpt.runtime.task import StreamTask
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.api.environment import StreamEnvironment
+
+log = logging.getLogger(__name__)
+
+
+class JobStatus(Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FINISHED = "finished"
+    CANCELED = "canceled"
+    FAILED = "failed"
+
+
+@dataclass
+class JobResult:
+    status: JobStatus
+    restarts: int
+    last_checkpoint: int | None
+    failure: BaseException | None = None
+
+
+@dataclass
+class JobRun:
+    """Live view of a running job for progress lines, REST and tests."""
+
+    status: JobStatus = JobStatus.CREATED
+    attempt: int = 0
+    restarts: int = 0
+    tasks: list[StreamTask] = field(default_factory=list)
+    coordinator: CheckpointCoordinator | None = None
+
+    def source_records(self) -> int:
+        return sum(t.metrics.records_in for t in self.tasks if t.spec.reader is not None)
+
+    def last_checkpoint(self) -> int | None:
+        c = self.coordinator
+        return c.latest_completed.checkpoint_id if c and c.latest_completed else None
+
+
+def _default_backend_factory(config: JobConfig, clock: Clock) -> Any:
+    from aiostream_ckpt.state.lmdb.backend import LmdbStateBackendFactory
+
+    return LmdbStateBackendFactory(
+        cache_max_entries=config.state.cache_max_entries,
+        full_checkpoint_every=config.checkpoint.full_every,
+        allow_pickle=config.state.allow_pickle,
+        clock=clock,
+    )
+
+
+class JobRunner:
+    """Runs one job until it finishes, is cancelled, or fails for good."""
+
+    def __init__(
+        self,
+        env: StreamEnvironment,
+        *,
+        clock: Clock | None = None,
+        on_started: Callable[[JobRun], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.config = env.config.validate()
+        if self.config.checkpoint.directory is None:
+            raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
+        self.clock = clock or SystemClock()
+        self.storage = CheckpointStorage(self.config.checkpoint.directory)
+        self.run_state = JobRun()
+        self._on_started = on_started
+        self._bad_checkpoints: set[int] = set()
+        self._cancel = asyncio.Event()
+
+    def cancel(self) -> None:
+        """Stop the job (e.g. on SIGTERM); the checkpoints stay for a later resume."""
+        self._cancel.set()
+
+    # -- restore point ----------------------------------------------------------------
+
+    def _restore_point(self) -> CompletedCheckpoint | None:
+        for cid in self.storage.completed_newest_first():
+            if cid in self._bad_checkpoints:
+                continue
+            try:
+                return read_checkpoint(self.storage.checkpoint_dir(cid))
+            except CorruptCheckpointError as exc:
+                log.error("checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc)
+                self._bad_checkpoints.add(cid)
+        if self.config.restore_from is not None:
+            return read_checkpoint(self.config.restore_from)
+        return None
+
+    def _check_state_matches(self, restored: CompletedCheckpoint) -> None:
+        uids = {t.uid for t in self.env.transformations}
+        unknown = sorted(set(restored.operators) - uids)
+        if unknown and not self.config.allow_non_restored_state:
+            raise StateMigrationError(
+                f"checkpoint {restored.checkpoint_id} has state for operators not in the job: "
+                f"{', '.join(unknown)} (allow_non_restored_state to drop it)"
+            )
+
+    # -- running ----------------------------------------------------------------------
+
+    async def run(self) -> JobResult:
+        strategy = restart_strategy(self.config.restart, self.clock)
+        chains = plan_chains(self.env.transformations, self.config)
+        run = self.run_state
+        while True:
+            restored = self._restore_point()
+            if restored is not None:
+                self._check_state_matches(restored)
+                log.info(
+                    "restoring from %s %d",
+                    "savepoint" if restored.is_savepoint else "checkpoint",
+                    restored.checkpoint_id,
+                )
+            run.status = JobStatus.RUNNING
+            try:
+                finished = await self._run_attempt(chains, restored, run.attempt)
+            except CorruptCheckpointError as exc:
+                if restored is None or restored.is_savepoint:
+                    raise JobFailedError(f"cannot restore: {exc}", exc) from exc
+                log.error(
+                    "checkpoint %d cannot be restored (%s); falling back to the previous one",
+                    restored.checkpoint_id,
+                    exc,
+                )
+                self._bad_checkpoints.add(restored.checkpoint_id)
+                continue
+            except Exception as exc:
+                delay = strategy.next_delay(exc)
+                if delay is None:
+                    run.status = JobStatus.FAILED
+                    if isinstance(exc, AiostreamError) and not isinstance(exc, JobFailedError):
+                        reason = f"{type(exc).__name__}: {exc}"
+                    else:
+                        reason = f"{type(exc).__name__}: {exc}"
+                    raise JobFailedError(
+                        f"job {self.env.job_name!r} failed ({strategy.describe()} exhausted "
+                        f"after {strategy.restarts} restarts): {reason}",
+                        exc,
+                    ) from exc
+                run.status = JobStatus.RESTARTING
+                run.restarts = strategy.restarts
+                log.warning(
+                    "job %r failed (%s: %s); restart %d in %.1fs",
+                    self.env.job_name,
+                    type(exc).__name__,
+                    exc,
+                    strategy.restarts,
+                    delay,
+                    exc_info=log.isEnabledFor(logging.DEBUG),
+                )
+                await self.clock.sleep(delay)
+                run.attempt += 1
+                continue
+            run.status = JobStatus.FINISHED if finished else JobStatus.CANCELED
+            last = self.storage.latest_valid()
+            return JobResult(
+                run.status, strategy.restarts, last.checkpoint_id if last else None
+            )
+
+    async def _run_attempt(
+        self, chains: Any, restored: CompletedCheckpoint | None, attempt: int
+    ) -> bool:
+        """One attempt; True when the job reached its end, False when cancelled."""
+        config = self.config
+        self.storage.discard_incomplete()
+        local_root = config.state.local_dir or Path(tempfile.gettempdir())
+        local_root.mkdir(parents=True, exist_ok=True)
+        local_dir = Path(tempfile.mkdtemp(prefix="aiostream-state-", dir=local_root))
+        executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
+        coordinator = CheckpointCoordinator(
+            job_name=self.env.job_name,
+            config=config.checkpoint,
+            storage=self.storage,
+            clock=self.clock,
+            executor=executor,
+            max_parallelism=config.max_parallelism,
+            first_checkpoint_id=self.storage.next_checkpoint_id(),
+        )
+        if restored is not None and not restored.is_savepoint:
+            coordinator.latest_completed = restored
+        tasks: list[StreamTask] = []
+        try:
+            specs = build_chain_specs(
+                chains,
+                config=config,
+                job_name=self.env.job_name,
+                attempt=attempt,
+                backend_factory=_default_backend_factory(config, self.clock),
+                local_dir=local_dir,
+                dead_letter_factory=self._dead_letter_factory(),
+                connector_context=self._connector_context(attempt),
+                monotonic=self.clock.monotonic,
+            )
+            tasks = [
+                StreamTask(
+                    spec,
+                    coordinator=coordinator,
+                    executor=executor,
+                    clock=self.clock,
+                    batch_size=config.batch_size,
+                    params=self.env.params,
+                    restored=restored,
+                )
+                for spec in specs
+            ]
+            self.run_state.tasks = tasks
+            self.run_state.coordinator = coordinator
+            if self._on_started is not None:
+                self._on_started(self.run_state)
+            return await self._supervise(coordinator, tasks)
+        finally:
+            executor.shutdown(wait=True, cancel_futures=True)
+            shutil.rmtree(local_dir, ignore_errors=True)
+
+    async def _supervise(self, coordinator: CheckpointCoordinator, tasks: list[StreamTask]) -> bool:
+        async with coordinator:
+            running = [asyncio.create_task(t.run(), name=t.task_id) for t in tasks]
+            cancel_wait = asyncio.ensure_future(self._cancel.wait())
+            watch = {*running, coordinator.failure, cancel_wait}
+            try:
+                while True:
+                    done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+                    if coordinator.failure in done:
+                        raise coordinator.failure.result()
+                    if cancel_wait in done:
+                        return False
+                    for t in done:
+                        watch.discard(t)
+                        if t.exception() is not None:
+                            raise t.exception()  # type: ignore[misc]
+                    if not any(t in watch for t in running):
+                        return True
+            finally:
+                cancel_wait.cancel()
+                for t in running:
+                    t.cancel()
+                await asyncio.gather(*running, cancel_wait, return_exceptions=True)
+
+    def _dead_letter_factory(self) -> Callable[[str, int], Any] | None:
+        errors = self.config.errors
+        if errors.on_malformed is MalformedPolicy.FAIL:
+            return None
+        directory = errors.dead_letter_dir
+        if directory is None:
+            assert self.config.checkpoint.directory is not None
+            directory = self.config.checkpoint.directory / "dead-letter"
+        from aiostream_ckpt.connectors.files import DeadLetterWriter
+
+        def factory(uid: str, subtask: int) -> Any:
+            return DeadLetterWriter(directory / uid, subtask)
+
+        return factory
+
+    def _connector_context(self, attempt: int) -> Callable[[str, int, int, Any], ConnectorContext]:
+        def make(uid: str, subtask: int, parallelism: int, dead_letter: Any) -> ConnectorContext:
+            ctx = ConnectorContext(
+                job_name=self.env.job_name,
+                operator_uid=uid,
+                subtask_index=subtask,
+                parallelism=parallelism,
+                attempt=attempt,
+                clock=self.clock,
+            )
+            if dead_letter is not None:
+                ctx.dead_letter = dead_letter
+            return ctx
+
+        return make
+
+
+def run_job(env: StreamEnvironment, *, clock: Clock | None = None) -> JobResult:
+    """Run ``env``'s job to completion on uvloop (blocking)."""
+    import uvloop
+
+    async def main() -> JobResult:
+        return await JobRunner(env, clock=clock).run()
+
+    result: JobResult = uvloop.run(main())
+    return result

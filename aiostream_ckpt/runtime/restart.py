@@ -1,0 +1,146 @@
+"""Restart strategies, as in Flink: fixed delay, exponential delay, failure rate.
+
+A strategy answers one question after each failure: wait how long before the
+next attempt, or give up. Errors that a restart cannot fix (a bad config, an
+app that does not import, state that does not match the job) are never
+retried.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+
+from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.errors import AppLoadError, ConfigError, JobGraphError, StateMigrationError
+from aiostream_ckpt.runtime.config import RestartConfig, RestartStrategyKind
+
+NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
+    ConfigError,
+    AppLoadError,
+    JobGraphError,
+    StateMigrationError,
+)
+
+
+class RestartStrategy(ABC):
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.restarts = 0
+
+    def next_delay(self, failure: BaseException) -> float | None:
+        """Seconds to wait before restarting, or ``None`` to fail the job."""
+        if isinstance(failure, NOT_RESTARTABLE):
+            return None
+        delay = self._next_delay()
+        if delay is not None:
+            self.restarts += 1
+        return delay
+
+    @abstractmethod
+    def _next_delay(self) -> float | None: ...
+
+    @abstractmethod
+    def describe(self) -> str: ...
+
+
+class NoRestart(RestartStrategy):
+    def _next_delay(self) -> float | None:
+        return None
+
+    def describe(self) -> str:
+        return "no restarts"
+
+
+class FixedDelayRestart(RestartStrategy):
+    def __init__(self, clock: Clock, attempts: int, delay: float) -> None:
+        super().__init__(clock)
+        self.attempts = attempts
+        self.delay = delay
+
+    def _next_delay(self) -> float | None:
+        return self.delay if self.restarts < self.attempts else None
+
+    def describe(self) -> str:
+        return f"fixed-delay: {self.attempts} attempts, {self.delay}s apart"
+
+
+class ExponentialDelayRestart(RestartStrategy):
+    """Delay doubles (``multiplier``) up to ``max_delay``; resets after a quiet period."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        attempts: int,
+        initial: float,
+        max_delay: float,
+        multiplier: float,
+        reset_after: float,
+    ) -> None:
+        super().__init__(clock)
+        self.attempts = attempts
+        self.initial = initial
+        self.max_delay = max_delay
+        self.multiplier = multiplier
+        self.reset_after = reset_after
+        self._current = initial
+        self._last_failure: float | None = None
+        self._in_streak = 0
+
+    def _next_delay(self) -> float | None:
+        now = self._clock.monotonic()
+        if self._last_failure is not None and now - self._last_failure > self.reset_after:
+            self._current = self.initial
+            self._in_streak = 0
+        self._last_failure = now
+        if self._in_streak >= self.attempts:
+            return None
+        delay = self._current
+        self._current = min(self.max_delay, self._current * self.multiplier)
+        self._in_streak += 1
+        return delay
+
+    def describe(self) -> str:
+        return (
+            f"exponential-delay: {self.initial}s x{self.multiplier} up to {self.max_delay}s, "
+            f"{self.attempts} attempts"
+        )
+
+
+class FailureRateRestart(RestartStrategy):
+    """Give up when more than ``max_failures`` happen within ``interval`` seconds."""
+
+    def __init__(self, clock: Clock, max_failures: int, interval: float, delay: float) -> None:
+        super().__init__(clock)
+        self.max_failures = max_failures
+        self.interval = interval
+        self.delay = delay
+        self._failures: deque[float] = deque()
+
+    def _next_delay(self) -> float | None:
+        now = self._clock.monotonic()
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self.interval:
+            self._failures.popleft()
+        return self.delay if len(self._failures) <= self.max_failures else None
+
+    def describe(self) -> str:
+        return f"failure-rate: at most {self.max_failures} failures per {self.interval}s"
+
+
+def restart_strategy(config: RestartConfig, clock: Clock) -> RestartStrategy:
+    kind = config.strategy
+    if kind is RestartStrategyKind.NONE:
+        return NoRestart(clock)
+    if kind is RestartStrategyKind.FIXED_DELAY:
+        return FixedDelayRestart(clock, config.attempts, config.delay)
+    if kind is RestartStrategyKind.EXPONENTIAL_DELAY:
+        return ExponentialDelayRestart(
+            clock,
+            config.attempts,
+            config.delay,
+            config.max_delay,
+            config.backoff_multiplier,
+            config.reset_after,
+        )
+    return FailureRateRestart(clock, config.attempts, config.failure_rate_interval, config.delay)

@@ -1,0 +1,502 @@
+"""A task: one parallel instance of a chain of operators, run as one asyncio task.
+
+A chain is headed by a source reader or fed by an input gate, runs its
+operators batch by batch, and ends in output gates or a sink writer. The task
+owns the checkpoint protocol for its chain:
+
+- at barrier n (aligned when there are several inputs): take the synchronous
+  snapshot of every operator (source position, keyed state, sink pre-commit),
+  forward the barrier, then finish the snapshot in a worker thread and ack;
+- on checkpoint-complete n: commit the sink's transactions, tell the backends;
+- at end of input: finish the operators, forward end-of-input, and stay alive
+  until a checkpoint taken after the end completes, so the last output is
+  committed too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.barrier.handler import BarrierHandler
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint, TaskAck
+from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.connectors.base import SinkWriter, SourceReader
+from aiostream_ckpt.errors import AiostreamError, CheckpointError
+from aiostream_ckpt.runtime.channels import InputGate
+from aiostream_ckpt.runtime.elements import (
+    END_OF_INPUT,
+    CheckpointBarrier,
+    CheckpointKind,
+    EndOfInput,
+    Watermark,
+)
+from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.partitioners import OutputGate
+from aiostream_ckpt.state.backend import AsyncSnapshotPart
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_KEY = "dead_letter"
+
+
+class TaskState(Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    ENDED = "ended"  # input over, waiting for the checkpoint that commits the last output
+    FINISHED = "finished"
+    FAILED = "failed"
+
+    def can_become(self, other: TaskState) -> bool:
+        return other in _TASK_TRANSITIONS[self]
+
+
+_TASK_TRANSITIONS = {
+    TaskState.CREATED: {TaskState.RUNNING, TaskState.FAILED},
+    TaskState.RUNNING: {TaskState.ENDED, TaskState.FAILED},
+    TaskState.ENDED: {TaskState.FINISHED, TaskState.FAILED},
+    TaskState.FINISHED: set(),
+    TaskState.FAILED: set(),
+}
+
+
+@dataclass
+class TaskMetrics:
+    records_in: int = 0
+    records_out: int = 0
+    batches_in: int = 0
+    last_checkpoint_sync_ms: float = 0.0
+    last_alignment_ms: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChainSpec:
+    """What a task runs; built by the job graph."""
+
+    task_id: str
+    subtask: int
+    parallelism: int
+    operators: list[StreamOperator]
+    head_uid: str | None = None
+    reader: SourceReader | None = None
+    sink_uid: str | None = None
+    writer: SinkWriter | None = None
+    dead_letter: Any = None  # a DeadLetterWriter when the head is a source
+    input_gate: InputGate | None = None
+    barrier_handler: BarrierHandler | None = None
+    outputs: list[OutputGate] = field(default_factory=list)
+
+
+class StreamTask:
+    """Runs one :class:`ChainSpec` under the checkpoint protocol."""
+
+    def __init__(
+        self,
+        spec: ChainSpec,
+        *,
+        coordinator: CheckpointCoordinator,
+        executor: Executor,
+        clock: Clock,
+        batch_size: int,
+        params: dict[str, Any],
+        restored: CompletedCheckpoint | None,
+    ) -> None:
+        self.spec = spec
+        self.task_id = spec.task_id
+        self._coord = coordinator
+        self._executor = executor
+        self._clock = clock
+        self._batch_size = batch_size
+        self._params = params
+        self._restored = restored
+        self.state = TaskState.CREATED
+        self.metrics = TaskMetrics()
+        self._lock = asyncio.Lock()
+        self._triggers: deque[CheckpointBarrier] = deque()
+        self._trigger_event = asyncio.Event()
+        self._notifications: asyncio.Queue[tuple[bool, int]] = asyncio.Queue()
+        self._replay: deque[tuple[int, Any]] = deque()
+        self._ended_channels: set[int] = set()
+        self._end_checkpoint: int | None = None
+        self._done = asyncio.Event()
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._last_watermark = -(2**63)
+        coordinator.register_task(self.task_id, self)
+        if spec.reader is not None:
+            coordinator.register_source(self.task_id, self)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def _transition(self, new: TaskState) -> None:
+        if not self.state.can_become(new):
+            raise AiostreamError(f"task {self.task_id}: cannot go from {self.state} to {new}")
+        self.state = new
+
+    async def run(self) -> None:
+        """Open, process until the end (or cancellation), close. Raises on failure."""
+        self._transition(TaskState.RUNNING)
+        notifier = asyncio.create_task(self._run_notifier(), name=f"{self.task_id}-notify")
+        try:
+            await self._open()
+            main = (
+                self._run_source() if self.spec.reader is not None else self._run_input()
+            )
+            work = asyncio.ensure_future(main)
+            done, _ = await asyncio.wait(
+                {work, self._bg_error}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self._bg_error in done:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                raise self._bg_error.result()
+            work.result()
+            self._transition(TaskState.FINISHED)
+        except BaseException:
+            self.state = TaskState.FAILED
+            raise
+        finally:
+            notifier.cancel()
+            for t in list(self._bg):
+                t.cancel()
+            await asyncio.gather(notifier, *self._bg, return_exceptions=True)
+            await self._close()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._bg.add(task)
+        task.add_done_callback(self._bg_done)
+
+    def _bg_done(self, task: asyncio.Task[Any]) -> None:
+        self._bg.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not self._bg_error.done():
+            self._bg_error.set_result(exc)
+
+    async def _open(self) -> None:
+        spec = self.spec
+        restored = self._restored
+        if spec.reader is not None:
+            positions: dict[str, Any] | None = None
+            if restored is not None and spec.head_uid is not None:
+                positions = {}
+                for st in restored.subtask_states(spec.head_uid).values():
+                    positions.update((st.get("operator") or {}).get("positions", {}))
+            await spec.reader.start(positions)
+            if spec.dead_letter is not None:
+                await spec.dead_letter.recover(
+                    self._own_operator_state(spec.head_uid, DEAD_LETTER_KEY),
+                    restored.checkpoint_id if restored else None,
+                )
+        for op in spec.operators:
+            if op.backend is not None and restored is not None:
+                handles = [
+                    st["keyed"]
+                    for st in restored.subtask_states(op.uid).values()
+                    if st.get("keyed")
+                ]
+                if handles:
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._executor, op.backend.restore, restored.root, handles
+                    )
+            op.open(
+                RuntimeContext(
+                    operator_uid=op.uid,
+                    subtask_index=spec.subtask,
+                    parallelism=spec.parallelism,
+                    params=self._params,
+                    backend=op.backend,
+                )
+            )
+        if spec.writer is not None:
+            await spec.writer.recover(
+                self._own_operator_state(spec.sink_uid, "writer"),
+                restored.checkpoint_id if restored else None,
+            )
+
+    def _own_operator_state(self, uid: str | None, key: str) -> dict[str, Any] | None:
+        if self._restored is None or uid is None:
+            return None
+        st = self._restored.subtask_states(uid).get(self.spec.subtask)
+        if st is None or st.get("operator") is None:
+            return None
+        value = st["operator"].get(key)
+        return value if isinstance(value, dict) else None
+
+    async def _close(self) -> None:
+        spec = self.spec
+        for op in spec.operators:
+            try:
+                op.close()
+            finally:
+                if op.backend is not None:
+                    op.backend.close()
+        for closer in (spec.reader, spec.writer, spec.dead_letter):
+            if closer is not None:
+                try:
+                    await closer.close()
+                except Exception:  # closing after a failure must not hide the failure
+                    log.exception("task %s: error while closing %r", self.task_id, closer)
+
+    # -- the record path --------------------------------------------------------------
+
+    async def _push(self, batch: list[Any]) -> None:
+        for op in self.spec.operators:
+            batch = op.process_batch(batch)
+            if not batch:
+                return
+        await self._emit(batch)
+
+    async def _emit(self, batch: list[Any]) -> None:
+        self.metrics.records_out += len(batch)
+        writer = self.spec.writer
+        if writer is not None:
+            await writer.write(batch)
+            return
+        for gate in self.spec.outputs:
+            await gate.emit(batch)
+
+    async def _broadcast(self, element: Any) -> None:
+        for gate in self.spec.outputs:
+            await gate.broadcast_control(element)
+
+    # -- source tasks -----------------------------------------------------------------
+
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
+        """Called by the coordinator: inject ``barrier`` before the next batch."""
+        self._triggers.append(barrier)
+        self._trigger_event.set()
+
+    async def _run_source(self) -> None:
+        reader = self.spec.reader
+        assert reader is not None
+        read = reader.read_batch
+        push = self._push
+        size = self._batch_size
+        triggers = self._triggers
+        metrics = self.metrics
+        while True:
+            if triggers:
+                await self._inject_barriers()
+            batch = await read(size)
+            if batch is None:
+                break
+            if batch:
+                metrics.records_in += len(batch)
+                await push(batch)
+            else:
+                await asyncio.sleep(0)
+        await self._end_input()
+        self._coord.source_finished(self.task_id)
+        while not self._done.is_set():
+            if triggers:
+                await self._inject_barriers()
+                continue
+            self._trigger_event.clear()
+            await self._wait_either(self._trigger_event.wait())
+
+    async def _inject_barriers(self) -> None:
+        while self._triggers:
+            await self._checkpoint(self._triggers.popleft(), 0.0)
+
+    async def _wait_either(self, aw: Any) -> Any:
+        """Await ``aw`` unless the task is done first (then ``None``)."""
+        fut = asyncio.ensure_future(aw)
+        done_wait = asyncio.ensure_future(self._done.wait())
+        done, _ = await asyncio.wait({fut, done_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if fut in done:
+            done_wait.cancel()
+            return fut.result()
+        fut.cancel()
+        await asyncio.gather(fut, return_exceptions=True)
+        return None
+
+    # -- input tasks ------------------------------------------------------------------
+
+    async def _run_input(self) -> None:
+        gate = self.spec.input_gate
+        assert gate is not None
+        handler = self.spec.barrier_handler
+        assert handler is not None
+        get = gate.queue.get
+        push = self._push
+        replay = self._replay
+        metrics = self.metrics
+        while not self._done.is_set():
+            if replay:
+                channel, element = replay.popleft()
+            elif self.state is TaskState.ENDED:
+                item = await self._wait_either(get())
+                if item is None:
+                    break
+                channel, element = item
+            else:
+                channel, element = await get()
+            if handler.holding and handler.is_held(channel):
+                handler.hold(channel, element)
+                continue
+            if type(element) is list:
+                metrics.records_in += len(element)
+                metrics.batches_in += 1
+                await push(element)
+            else:
+                await self._on_control(channel, element)
+
+    async def _on_control(self, channel: int, element: Any) -> None:
+        handler = self.spec.barrier_handler
+        assert handler is not None
+        if isinstance(element, CheckpointBarrier):
+            try:
+                decision = handler.on_barrier(channel, element)
+            except CheckpointError as exc:
+                self._coord.decline(element.checkpoint_id, self.task_id, exc)
+                return
+            if decision is None:
+                return
+            if decision.barrier is not None:
+                self.metrics.last_alignment_ms = decision.alignment_seconds * 1000
+                await self._checkpoint(decision.barrier, decision.alignment_seconds)
+            self._replay.extendleft(reversed(decision.released))
+        elif isinstance(element, Watermark):
+            await self._on_watermark(channel, element)
+        elif isinstance(element, EndOfInput):
+            self._ended_channels.add(channel)
+            assert self.spec.input_gate is not None
+            if len(self._ended_channels) == self.spec.input_gate.num_channels:
+                await self._end_input()
+
+    async def _on_watermark(self, channel: int, wm: Watermark) -> None:
+        # Event time (per-channel minimum, timers) is layered on in aiostream_ckpt.time.
+        if wm.timestamp > self._last_watermark:
+            self._last_watermark = wm.timestamp
+            await self._broadcast(wm)
+
+    async def _end_input(self) -> None:
+        batch: list[Any] = []
+        ops = self.spec.operators
+        for i, op in enumerate(ops):
+            # records flushed by op i still go through the operators after it
+            out = op.finish()
+            for later in ops[i + 1 :]:
+                out = later.process_batch(out) if out else out
+            batch.extend(out)
+        if batch:
+            await self._emit(batch)
+        await self._broadcast(END_OF_INPUT)
+        self._transition(TaskState.ENDED)
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    async def _checkpoint(self, barrier: CheckpointBarrier, alignment_seconds: float) -> None:
+        spec = self.spec
+        cid = barrier.checkpoint_id
+        mono = self._clock.monotonic
+        started = mono()
+        states: dict[str, dict[str, Any]] = {}
+        parts: list[tuple[str, AsyncSnapshotPart]] = []
+
+        def put(uid: str, **kw: Any) -> None:
+            states.setdefault(
+                uid, {"subtask": spec.subtask, "parallelism": spec.parallelism}
+            ).update(kw)
+
+        async with self._lock:
+            if spec.reader is not None and spec.head_uid is not None:
+                op_state: dict[str, Any] = {"positions": spec.reader.snapshot_position()}
+                if spec.dead_letter is not None:
+                    op_state[DEAD_LETTER_KEY] = await spec.dead_letter.prepare_commit(cid)
+                put(spec.head_uid, operator=op_state)
+            for op in spec.operators:
+                if op.backend is not None:
+                    target = self._coord.snapshot_target(cid, op.uid, spec.subtask)
+                    parts.append((op.uid, op.backend.snapshot(target)))
+                    put(op.uid)
+            if spec.writer is not None and spec.sink_uid is not None:
+                put(spec.sink_uid, operator={"writer": await spec.writer.prepare_commit(cid)})
+        sync_seconds = mono() - started
+        self.metrics.last_checkpoint_sync_ms = sync_seconds * 1000
+        if self.state is TaskState.ENDED and self._end_checkpoint is None:
+            if barrier.kind is CheckpointKind.CHECKPOINT:
+                self._end_checkpoint = cid
+        await self._broadcast(barrier)
+        self._spawn(
+            self._finish_snapshot(cid, states, parts, sync_seconds, alignment_seconds),
+            f"{self.task_id}-snapshot-{cid}",
+        )
+
+    async def _finish_snapshot(
+        self,
+        cid: int,
+        states: dict[str, dict[str, Any]],
+        parts: list[tuple[str, AsyncSnapshotPart]],
+        sync_seconds: float,
+        alignment_seconds: float,
+    ) -> None:
+        started = self._clock.monotonic()
+        loop = asyncio.get_running_loop()
+        size = 0
+        try:
+            for uid, part in parts:
+                handle = await loop.run_in_executor(self._executor, part)
+                states[uid]["keyed"] = handle
+                size += int(handle.get("size_bytes", 0))
+        except Exception as exc:
+            log.warning("task %s: asynchronous snapshot %d failed: %s", self.task_id, cid, exc)
+            self._coord.decline(cid, self.task_id, exc)
+            return
+        for st in states.values():
+            if st.get("operator") is not None:
+                size += len(orjson.dumps(st["operator"]))
+        self._coord.acknowledge(
+            cid,
+            TaskAck(
+                task_id=self.task_id,
+                states=states,
+                sync_seconds=sync_seconds,
+                async_seconds=self._clock.monotonic() - started,
+                alignment_seconds=alignment_seconds,
+                size_bytes=size,
+            ),
+        )
+
+    # -- notifications ----------------------------------------------------------------
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._notifications.put_nowait((True, checkpoint_id))
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self._notifications.put_nowait((False, checkpoint_id))
+
+    async def _run_notifier(self) -> None:
+        spec = self.spec
+        while True:
+            complete, cid = await self._notifications.get()
+            async with self._lock:
+                for op in spec.operators:
+                    if op.backend is not None:
+                        if complete:
+                            op.backend.notify_checkpoint_complete(cid)
+                        else:
+                            op.backend.notify_checkpoint_aborted(cid)
+                if not complete:
+                    continue
+                if spec.writer is not None:
+                    await spec.writer.commit(cid)
+                if spec.dead_letter is not None:
+                    await spec.dead_letter.commit(cid)
+                if spec.reader is not None:
+                    await spec.reader.notify_checkpoint_complete(cid)
+            if self._end_checkpoint is not None and cid >= self._end_checkpoint:
+                self._done.set()

@@ -1,0 +1,245 @@
+"""Map state: one LMDB entry per (key, map key), cached per key as a dict.
+
+Each map entry is its own LMDB record (``key prefix | map key``) so that a put
+touches one record, not the whole map. The cache holds, per stream key, a dict
+of the map entries seen so far (``_DELETED`` for entries known to be absent)
+and whether that dict is *complete* (holds every stored entry), which
+iteration needs. ``clear()`` becomes a prefix delete at flush time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase
+from aiostream_ckpt.state.serde import (
+    TS_SIZE,
+    decode_key,
+    describe_encode_error,
+    pack_ts,
+    unpack_ts,
+)
+
+if TYPE_CHECKING:
+    import lmdb
+
+
+class MapStateImpl(KeyedStateBase):
+    """A map per key; map keys are serialized like stream keys (orjson)."""
+
+    __slots__ = ("_cleared", "_complete")
+    kind = "map"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._dirty: dict[Any, set[Any]] = {}
+        self._complete: set[Any] = set()
+        self._cleared: set[Any] = set()
+
+    # -- entry hooks (overridden for TTL) -------------------------------------
+    def _wrap(self, value: Any) -> Any:
+        return value
+
+    def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
+        """User value of a cached entry, or ``_DELETED``."""
+        return entry
+
+    def _encode_entry(self, entry: Any) -> bytes | None:
+        return None if entry is _DELETED else self._dumps(entry)
+
+    def cached_live(self, entry: Any) -> bool:
+        raise AssertionError("map state merges keys itself")
+
+    # -- helpers -----------------------------------------------------------------
+    def _map_key_bytes(self, map_key: Any) -> bytes:
+        try:
+            return orjson.dumps(map_key)
+        except TypeError as exc:
+            raise StateError(
+                f"state {self.name!r}: map key {map_key!r} is not serializable: {exc}"
+            ) from exc
+
+    def _map(self, key: Any) -> dict[Any, Any]:
+        cache = self._cache
+        m = cache.get(key)
+        if m is None:
+            m = cache[key] = {}
+            if len(cache) > self._limit:
+                self._host.cache_full(self)
+        return m
+
+    def _entry(self, key: Any, m: dict[Any, Any], map_key: Any) -> Any:
+        entry = m.get(map_key, _MISS)
+        if entry is _MISS:
+            if key in self._complete:
+                entry = _DELETED
+            else:
+                raw = self._host.read_txn().get(self.db_key(key) + self._map_key_bytes(map_key))
+                entry = _DELETED if raw is None else self._decode(raw)
+            m[map_key] = entry
+        return entry
+
+    def _mark(self, key: Any, map_key: Any) -> None:
+        dirty = self._dirty.get(key)
+        if dirty is None:
+            self._dirty[key] = {map_key}
+        else:
+            dirty.add(map_key)
+
+    def _full_map(self, key: Any) -> dict[Any, Any]:
+        m = self._map(key)
+        if key not in self._complete:
+            prefix = self.db_key(key)
+            cur = self._host.read_txn().cursor()
+            if cur.set_range(prefix):
+                n = len(prefix)
+                for db_key, raw in cur:
+                    if not db_key.startswith(prefix):
+                        break
+                    map_key = decode_key(db_key[n:])
+                    if map_key not in m:
+                        m[map_key] = self._decode(raw)
+            self._complete.add(key)
+        return m
+
+    def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
+        m = self._full_map(key)
+        out = []
+        for map_key, entry in list(m.items()):
+            v = self._live(key, m, map_key, entry)
+            if v is not _DELETED:
+                out.append((map_key, v))
+        return out
+
+    # -- MapState protocol -------------------------------------------------------
+    def get(self, map_key: Any, default: Any = None) -> Any:
+        key = self._ctx.key
+        m = self._map(key)
+        v = self._live(key, m, map_key, self._entry(key, m, map_key))
+        return default if v is _DELETED else v
+
+    def put(self, map_key: Any, value: Any) -> None:
+        key = self._ctx.key
+        self._map(key)[map_key] = self._wrap(value)
+        self._mark(key, map_key)
+
+    def contains(self, map_key: Any) -> bool:
+        key = self._ctx.key
+        m = self._map(key)
+        return self._live(key, m, map_key, self._entry(key, m, map_key)) is not _DELETED
+
+    def remove(self, map_key: Any) -> None:
+        key = self._ctx.key
+        self._map(key)[map_key] = _DELETED
+        self._mark(key, map_key)
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self._live_items(self._ctx.key))
+
+    def keys(self) -> Iterator[Any]:
+        return iter([k for k, _ in self._live_items(self._ctx.key)])
+
+    def values(self) -> Iterator[Any]:
+        return iter([v for _, v in self._live_items(self._ctx.key)])
+
+    def is_empty(self) -> bool:
+        return not self._live_items(self._ctx.key)
+
+    def clear(self) -> None:
+        key = self._ctx.key
+        self._map(key).clear()
+        self._complete.add(key)
+        self._cleared.add(key)
+        self._dirty.pop(key, None)
+
+    # -- backend side --------------------------------------------------------------
+    def has_dirty(self) -> bool:
+        return bool(self._dirty or self._cleared)
+
+    def flush(self, txn: lmdb.Transaction[bytes], changed: set[bytes] | None) -> int:
+        n = 0
+        for key in self._cleared:
+            prefix = self.db_key(key)
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                while (db_key := cur.key()).startswith(prefix):
+                    if changed is not None:
+                        changed.add(db_key)
+                    n += 1
+                    if not cur.delete():
+                        break
+        cache = self._cache
+        for key, map_keys in self._dirty.items():
+            base = self.db_key(key)
+            m = cache[key]
+            for map_key in map_keys:
+                db_key = base + self._map_key_bytes(map_key)
+                entry = m[map_key]
+                try:
+                    raw = self._encode_entry(entry)
+                except Exception as exc:
+                    raise describe_encode_error(self.name, (key, map_key), entry, exc) from exc
+                if raw is None:
+                    txn.delete(db_key)
+                else:
+                    txn.put(db_key, raw)
+                if changed is not None:
+                    changed.add(db_key)
+                n += 1
+        return n
+
+    def clear_dirty(self) -> None:
+        self._dirty.clear()
+        self._cleared.clear()
+
+    def evict(self) -> None:
+        cache = self._cache
+        n = len(cache) - max(1, self._limit // 2)
+        if n > 0:
+            complete = self._complete
+            for key in [k for _, k in zip(range(n), cache, strict=False)]:
+                del cache[key]
+                complete.discard(key)
+
+    def live_keys(self, stored: dict[Any, bool]) -> list[Any]:
+        cache = self._cache
+        out = [k for k, live in stored.items() if live and k not in cache]
+        out.extend(k for k in list(cache) if self._live_items(k))
+        return out
+
+
+class TtlMapState(MapStateImpl):
+    """Map state whose entries expire one by one, as Flink's do."""
+
+    __slots__ = ()
+
+    def _wrap(self, value: Any) -> Any:
+        return (value, self._now())
+
+    def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
+        if entry is _DELETED:
+            return _DELETED
+        now = self._now()
+        if now - entry[1] >= self._ttl:
+            m[map_key] = _DELETED
+            self._mark(key, map_key)
+            return _DELETED
+        if self._refresh_on_read:
+            m[map_key] = (entry[0], now)
+            self._mark(key, map_key)
+        return entry[0]
+
+    def _decode(self, raw: bytes) -> Any:
+        return (self._loads(raw[TS_SIZE:]), unpack_ts(raw)[0])
+
+    def _encode_entry(self, entry: Any) -> bytes | None:
+        if entry is _DELETED or self._now() - entry[1] >= self._ttl:
+            return None
+        return pack_ts(entry[1]) + self._dumps(entry[0])
+
+    def store_live(self, raw: bytes) -> bool:
+        return bool(self._now() - unpack_ts(raw)[0] < self._ttl)

@@ -1,0 +1,146 @@
+"""Rebuilding a working LMDB from snapshot handles, possibly of other parallelisms.
+
+Every chain file is checked against its handle's sha256 before anything is
+applied, so a corrupt checkpoint fails restore instead of half-loading. When
+the one handle's key groups all belong to the new instance (same parallelism,
+the common case) the full file is copied as the new ``data.mdb``; otherwise the
+new instance's key-group range is one contiguous LMDB key range in each old
+full file and is copied with a single cursor scan.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import orjson
+
+from aiostream_ckpt.errors import CorruptCheckpointError, StateMigrationError
+from aiostream_ckpt.state.backend import StateHandle
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb.snapshot import read_delta, verify_file
+from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, key_group_of, name_part
+
+SUPPORTED_FORMATS = (1,)
+
+
+@dataclass(slots=True)
+class _Source:
+    base: Path | None  # None when the base was copied wholesale as data.mdb
+    deltas: list[tuple[Path, str]]
+
+
+@dataclass(slots=True)
+class RestorePlan:
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    copy_base: Path | None = None
+    sources: list[_Source] = field(default_factory=list)
+
+
+def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> RestorePlan:
+    """Validate handles and verify their files; decide how each is applied."""
+    result = RestorePlan()
+    relevant: list[tuple[KeyGroupRange, StateHandle]] = []
+    for h in handles:
+        if h.get("backend") != "lmdb" or h.get("format") not in SUPPORTED_FORMATS:
+            raise StateMigrationError(
+                f"not an lmdb state handle of a supported format: backend={h.get('backend')!r} "
+                f"format={h.get('format')!r}"
+            )
+        if h["max_parallelism"] != max_parallelism:
+            raise StateMigrationError(
+                f"snapshot has max_parallelism {h['max_parallelism']}, the job {max_parallelism}; "
+                "key groups cannot be mapped"
+            )
+        for name, meta in h["states"].items():
+            seen = result.states.setdefault(name, dict(meta))
+            if seen != meta:
+                raise StateMigrationError(f"state {name!r} differs between handles: {seen} {meta}")
+        kgr = KeyGroupRange.from_json(h["key_group_range"])
+        if kgr.intersects(own):
+            for other, _ in relevant:
+                if other.intersects(kgr):
+                    raise StateMigrationError(f"handles overlap: key groups {other} and {kgr}")
+            relevant.append((kgr, h))
+    for kgr, h in relevant:
+        chain = h["chain"]
+        if not chain or chain[0]["kind"] != "full" or any(e["kind"] != "delta" for e in chain[1:]):
+            raise CorruptCheckpointError(f"malformed lmdb state chain in handle: {chain!r}")
+        paths = [verify_file(root, e) for e in chain]
+        base: Path | None = paths[0]
+        if len(relevant) == 1 and own.start <= kgr.start and kgr.end <= own.end:
+            result.copy_base, base = paths[0], None
+        deltas = [(p, e["path"]) for p, e in zip(paths[1:], chain[1:], strict=True)]
+        result.sources.append(_Source(base, deltas))
+    return result
+
+
+def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) -> None:
+    """Load the planned bases (range-scanned) and replay their deltas in order."""
+    lo = key_group_bytes(own.start)
+    hi = key_group_bytes(own.end + 1) if own.end + 1 < 1 << 16 else b"\xff\xff\xff"
+    for source in restore_plan.sources:
+        if source.base is not None:
+            src = lmdb.open(str(source.base), subdir=False, readonly=True, lock=False)
+            try:
+                with src.begin() as stxn, env.begin(write=True) as wtxn:
+                    cur = stxn.cursor()
+                    if cur.set_range(lo):
+                        wtxn.cursor().putmulti(_until(cur, hi))
+            except lmdb.Error as exc:
+                raise CorruptCheckpointError(f"state file {source.base.name}: {exc}") from exc
+            finally:
+                src.close()
+        for path, name in source.deltas:
+            with env.begin(write=True) as wtxn:
+                for _op, key, value in read_delta(path, name):
+                    if not own.start <= key_group_of(key) <= own.end:
+                        continue
+                    if value is not None:
+                        wtxn.put(key, value)
+                    else:
+                        wtxn.delete(key)
+
+
+def _until(cur: Any, hi: bytes) -> Any:
+    for key, value in cur:
+        if key >= hi:
+            return
+        yield key, value
+
+
+def convert_pickle_to_json(
+    txn: lmdb.Transaction[bytes],
+    name: str,
+    own: KeyGroupRange,
+    ttl: bool,
+    changed: set[bytes] | None,
+) -> int:
+    """Rewrite a pickled state's values as orjson (only when the backend allows pickle)."""
+    part = name_part(name)
+    head = TS_SIZE if ttl else 0
+    converted: list[tuple[bytes, bytes]] = []
+    cur = txn.cursor()
+    for kg in range(own.start, own.end + 1):
+        prefix = key_group_bytes(kg) + part
+        if not cur.set_range(prefix):
+            break
+        for key, raw in cur:
+            if not key.startswith(prefix):
+                break
+            value = pickle.loads(raw[head:])
+            try:
+                converted.append((key, raw[:head] + orjson.dumps(value)))
+            except TypeError as exc:
+                raise StateMigrationError(
+                    f"state {name!r}: pickled value of type {type(value).__name__} cannot be "
+                    f"converted to json: {exc}"
+                ) from exc
+    for key, raw in converted:
+        txn.put(key, raw)
+        if changed is not None:
+            changed.add(key)
+    return len(converted)

@@ -1,0 +1,119 @@
+"""One local SparkSession per process, sized for validation jobs.
+
+A JVM start costs seconds, so the session is made once and reused; asking for
+another master or for the Kafka source when the running session lacks it stops
+it and starts a new one, because both are fixed when the JVM starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.validate.errors import ValidationConfigError
+
+DEFAULT_MASTER = "local[2]"
+
+_lock = threading.Lock()
+_session: Any = None
+_session_key: tuple[str, bool] | None = None
+
+
+def find_java() -> str:
+    """Return the ``java`` PySpark will run, or raise naming JAVA_HOME and PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home) / "bin" / "java"
+        if java.is_file():
+            return str(java)
+        raise ValidationConfigError(
+            f"JAVA_HOME={home} has no bin/java; point it at a JDK 17+ or unset it "
+            "to use the 'java' on PATH (PySpark needs Java)"
+        )
+    found = shutil.which("java")
+    if found is None:
+        raise ValidationConfigError(
+            "Java not found: JAVA_HOME is unset and there is no 'java' on PATH; "
+            "PySpark needs a JDK 17+"
+        )
+    return found
+
+
+def get_spark(
+    master: str | None = None,
+    *,
+    kafka: bool = False,
+    driver_memory: str = "1g",
+    shuffle_partitions: int = 4,
+) -> Any:
+    """Return the process's SparkSession, starting it if needed.
+
+    ``kafka=True`` puts Spark's Kafka source on the classpath (fetched once,
+    see :mod:`aiostream_ckpt.validate.jars`). A session that already has it
+    is reused for file-only validations too.
+    """
+    global _session, _session_key
+    master = master or DEFAULT_MASTER
+    with _lock:
+        if _session is not None and _session_key is not None:
+            running_master, has_kafka = _session_key
+            if running_master == master and (has_kafka or not kafka):
+                return _session
+            _session.stop()
+            _session = _session_key = None
+        _session = _build(master, kafka, driver_memory, shuffle_partitions)
+        _session_key = (master, kafka)
+        return _session
+
+
+def stop_spark() -> None:
+    """Stop the process's session, if any (tests' teardown; the CLI on exit)."""
+    global _session, _session_key
+    with _lock:
+        if _session is not None:
+            _session.stop()
+        _session = _session_key = None
+
+
+def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int) -> Any:
+    find_java()
+    try:
+        from pyspark import cloudpickle
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise ValidationConfigError(
+            f"pyspark is not installed ({exc}); install aiostream-ckpt[validate]"
+        ) from exc
+    from aiostream_ckpt.validate import parse
+
+    # The UDFs run in Python workers that may not have this package on their
+    # path (it is not installed in the venv during development): ship by value.
+    cloudpickle.register_pickle_by_value(parse)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("aiostream-ckpt-validate")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if "PYSPARK_PYTHON" not in os.environ:
+        # Workers must import orjson: use this interpreter, not whatever python3 is on PATH.
+        builder = builder.config("spark.pyspark.python", sys.executable)
+    if master.startswith("local"):
+        # Loopback only: no hostname lookups, nothing listening on outside interfaces.
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    if kafka:
+        from aiostream_ckpt.validate.jars import spark_kafka_jars
+
+        builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

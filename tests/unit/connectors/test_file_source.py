@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.files import JsonLinesFileReader, JsonLinesFileSource
+from aiostream_ckpt.errors import ConfigError, ConnectorError, RecordError
+
+
+def ctx(subtask: int = 0, parallelism: int = 1, dead: list[Any] | None = None) -> ConnectorContext:
+    c = ConnectorContext("job", "src", subtask, parallelism)
+    if dead is not None:
+        c.dead_letter = lambda raw, reason, origin: dead.append((raw, reason, origin))
+    return c
+
+
+def write_lines(path: Path, records: list[Any], *, trailing_newline: bool = True) -> Path:
+    data = b"\n".join(orjson.dumps(r) for r in records)
+    path.write_bytes(data + (b"\n" if trailing_newline else b""))
+    return path
+
+
+async def drain(reader: JsonLinesFileReader, batch: int) -> list[Any]:
+    out: list[Any] = []
+    while (b := await reader.read_batch(batch)) is not None:
+        assert len(b) <= batch
+        out.extend(b)
+    return out
+
+
+async def open_reader(
+    src: JsonLinesFileSource, c: ConnectorContext, restored: Any = None
+) -> JsonLinesFileReader:
+    r = src.create_reader(c)
+    await r.start(restored)
+    return r
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("trailing_newline", [True, False])
+async def test_offsets_exact_across_batches_and_blocks(
+    tmp_path: Path, block_size: int, trailing_newline: bool
+) -> None:
+    records = [{"i": i, "s": "x" * (i % 13)} for i in range(50)]
+    path = write_lines(tmp_path / "a.jsonl", records, trailing_newline=trailing_newline)
+    data = path.read_bytes()
+    src = JsonLinesFileSource(path, block_size=block_size)
+    r = await open_reader(src, ctx())
+    seen: list[Any] = []
+    while (b := await r.read_batch(3)) is not None:
+        seen.extend(b)
+        pos = r.snapshot_position()[str(path.resolve())]
+        # The offset is right after the last returned line (and its newline, if any).
+        consumed = b"\n".join(orjson.dumps(x) for x in seen)
+        expected = len(consumed) + (1 if len(seen) < len(records) or trailing_newline else 0)
+        assert pos == expected
+    assert seen == records
+    assert r.snapshot_position() == {str(path.resolve()): len(data)}
+    assert await r.read_batch(3) is None
+
+
+async def test_replay_from_every_snapshot_gives_the_rest(tmp_path: Path) -> None:
+    records = [{"i": i} for i in range(40)]
+    path = write_lines(tmp_path / "a.jsonl", records, trailing_newline=False)
+    src = JsonLinesFileSource(path, block_size=16)
+    r = await open_reader(src, ctx())
+    done = 0
+    while (b := await r.read_batch(7)) is not None:
+        done += len(b)
+        snap = r.snapshot_position()
+        replay = await open_reader(src, ctx(), orjson.loads(orjson.dumps(snap)))
+        assert await drain(replay, 5) == records[done:]
+
+
+async def test_malformed_lines_dead_lettered_with_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    data = b'{"i": 0}\n{broken\n\n   \n{"i": 1}\r\n[1, 2\n{"i": 2}'
+    path.write_bytes(data)
+    dead: list[Any] = []
+    r = await open_reader(JsonLinesFileSource(path, block_size=5), ctx(dead=dead))
+    assert await drain(r, 100) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    f = str(path.resolve())
+    assert [(raw, origin) for raw, _, origin in dead] == [
+        (b"{broken", {"file": f, "offset": data.index(b"{broken")}),
+        (b"[1, 2", {"file": f, "offset": data.index(b"[1, 2")}),
+    ]
+    assert all("invalid JSON" in reason for _, reason, _ in dead)
+
+
+async def test_fail_fast_dead_letter_propagates(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i": 0}\nnope\n')
+    r = await open_reader(JsonLinesFileSource(path), ctx())  # default dead letter raises
+    with pytest.raises(RecordError, match="offset"):
+        await r.read_batch(10)
+
+
+async def test_with_position_and_raw_modes(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i": 0}\n\n{"i": 1}\n7\n')
+    f = str(path.resolve())
+    dead: list[Any] = []
+    r = await open_reader(JsonLinesFileSource(path, with_position=True), ctx(dead=dead))
+    assert await drain(r, 10) == [{"i": 0, "_pos": [f, 0]}, {"i": 1, "_pos": [f, 10]}]
+    assert [(raw, reason) for raw, reason, _ in dead] == [(b"7", "not a JSON object")]
+    raw = await open_reader(JsonLinesFileSource(path, parse=False), ctx())
+    assert await drain(raw, 10) == [b'{"i": 0}', b'{"i": 1}', b"7"]
+    with pytest.raises(ConfigError):
+        JsonLinesFileSource(path, parse=False, with_position=True)
+
+
+async def test_parallel_readers_split_files_and_restore_union(tmp_path: Path) -> None:
+    files = [
+        write_lines(tmp_path / f"f{n}.jsonl", [{"f": n, "i": i} for i in range(10)])
+        for n in range(5)
+    ]
+    src = JsonLinesFileSource(tmp_path)  # a directory stands for its files, sorted
+    assert src.splits == [str(p.resolve()) for p in files]
+
+    readers = [await open_reader(src, ctx(k, 2)) for k in range(2)]
+    firsts = [await r.read_batch(4) for r in readers]
+    assert {e["f"] for e in firsts[0] or []} == {0}
+    assert {e["f"] for e in firsts[1] or []} == {1}
+    union: dict[str, Any] = {}
+    for r in readers:
+        union.update(r.snapshot_position())
+    assert set(union) == set(src.splits)
+
+    # Restore at parallelism 3: every instance takes its own splits' positions.
+    restored = [await open_reader(src, ctx(k, 3), union) for k in range(3)]
+    rest = [e for r in restored for e in await drain(r, 3)]
+    got = sorted((e["f"], e["i"]) for e in [*(firsts[0] or []), *(firsts[1] or []), *rest])
+    assert got == [(f, i) for f in range(5) for i in range(10)]
+
+
+async def test_reader_without_splits_ends_at_once(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", [{"i": 1}])
+    r = await open_reader(JsonLinesFileSource(path), ctx(1, 2))
+    assert await r.read_batch(10) is None
+    assert r.snapshot_position() == {}
+
+
+async def test_empty_file_and_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    r = await open_reader(JsonLinesFileSource(tmp_path / "empty.jsonl"), ctx())
+    assert await r.read_batch(10) is None
+    r = await open_reader(JsonLinesFileSource(tmp_path / "missing.jsonl"), ctx())
+    with pytest.raises(ConnectorError, match="cannot open"):
+        await r.read_batch(10)
+
+
+async def test_restored_position_beyond_file_is_an_error(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "a.jsonl", [{"i": 1}])
+    src = JsonLinesFileSource(path)
+    r = await open_reader(src, ctx(), {str(path.resolve()): 10_000})
+    with pytest.raises(ConnectorError, match="shorter"):
+        await r.read_batch(10)
+
+
+async def test_replay_does_not_report_consumed_malformed_lines_again(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"i": 0}\nbad\n{"i": 1}\n')
+    dead: list[Any] = []
+    src = JsonLinesFileSource(path)
+    r = await open_reader(src, ctx(dead=dead))
+    assert await r.read_batch(1) == [{"i": 0}]
+    assert await r.read_batch(1) == [{"i": 1}]
+    assert len(dead) == 1
+    replay = await open_reader(src, ctx(dead=dead), r.snapshot_position())
+    assert await drain(replay, 10) == []
+    assert len(dead) == 1

@@ -1,0 +1,106 @@
+"""Shared helpers for the LMDB state backend tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.clock import ManualClock
+from aiostream_ckpt.state.backend import SnapshotTarget, StateHandle
+from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
+
+MAXP = 128
+
+
+def _make_target(root: Path, checkpoint_id: int, *, savepoint: bool = False) -> SnapshotTarget:
+    if savepoint:
+        excl = root / f"savepoint-{checkpoint_id}"
+    else:
+        excl = root / f"chk-{checkpoint_id}"
+    return SnapshotTarget(
+        checkpoint_id=checkpoint_id,
+        root=root,
+        exclusive_dir=excl,
+        shared_dir=root / "shared",
+        is_savepoint=savepoint,
+    )
+
+
+class Env:
+    """Creates backends under one tmp dir and closes them at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.root = tmp / "checkpoints"
+        self.root.mkdir()
+        self.clock = ManualClock(start=1000.0)
+        self.backends: list[LmdbStateBackend] = []
+
+    def backend(
+        self, index: int = 0, parallelism: int = 1, uid: str = "op", **kw: Any
+    ) -> LmdbStateBackend:
+        kw.setdefault("clock", self.clock)
+        b = LmdbStateBackend(
+            operator_uid=uid,
+            subtask_index=index,
+            key_group_range=KeyGroupRange.for_operator(index, parallelism, MAXP),
+            max_parallelism=MAXP,
+            local_dir=self.tmp / "local",
+            **kw,
+        )
+        self.backends.append(b)
+        return b
+
+    def checkpoint(
+        self, b: LmdbStateBackend, cid: int, *, complete: bool = True, savepoint: bool = False
+    ) -> StateHandle:
+        handle = b.snapshot(self.target(cid, savepoint=savepoint))()
+        if complete:
+            b.notify_checkpoint_complete(cid)
+        return handle
+
+    def target(self, cid: int, *, savepoint: bool = False) -> SnapshotTarget:
+        return _make_target(self.root, cid, savepoint=savepoint)
+
+    @staticmethod
+    def owner(key: Any, parallelism: int) -> int:
+        """Index of the instance (of ``parallelism``) that owns ``key``."""
+        return key_group_for(serialize_key(key), MAXP) * parallelism // MAXP
+
+    @staticmethod
+    def dump(b: LmdbStateBackend, states: dict[str, Any]) -> dict[str, dict[Any, Any]]:
+        return _dump(b, states)
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    e = Env(tmp_path)
+    yield e
+    e.close()
+
+
+def _dump(b: LmdbStateBackend, states: dict[str, Any]) -> dict[str, dict[Any, Any]]:
+    """Every (state, key) -> value visible through the public API."""
+    readers: dict[str, Callable[[Any], Any]] = {
+        "value": lambda s: s.value(),
+        "list": lambda s: s.get(),
+        "map": lambda s: dict(s.items()),
+        "reducing": lambda s: s.get(),
+    }
+    out: dict[str, dict[Any, Any]] = {}
+    for name, state in states.items():
+        read = readers[state.kind]
+        got = {}
+        for key in sorted(b.keys(name), key=repr):
+            b.key_context.key = key
+            got[key] = read(state)
+        out[name] = got
+    return out
