@@ -296,8 +296,9 @@ class StreamTask:
             if batch:
                 metrics.records_in += len(batch)
                 await push(batch)
-            else:
-                await asyncio.sleep(0)
+            # Nothing above suspends while the queues have room: yield once per batch
+            # so the coordinator's timer, commits and other tasks get to run.
+            await asyncio.sleep(0)
         await self._end_input()
         self._coord.source_finished(self.task_id)
         while not self._done.is_set():

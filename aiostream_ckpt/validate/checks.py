@@ -109,7 +109,9 @@ def pv_count_check(
         counts,
         max_examples,
         duplicates=lambda: records.where("kind = 'duplicate'").select(*record_cols, "first_at"),
-        out_of_order=lambda: records.where("kind = 'out_of_order'").select(*record_cols, "after_pv"),
+        out_of_order=lambda: records.where("kind = 'out_of_order'").select(
+            *record_cols, "after_pv"
+        ),
         unexpected=lambda: records.where("kind = 'unexpected'").select(*record_cols, "expected"),
         missing=lambda: missing.select("key", "pv", "expected"),
         mismatched=lambda: mismatched.select("key", "expected", "last_pv", "at"),
@@ -191,7 +193,9 @@ def positions_check(
     examples = _collect_examples(
         counts,
         max_examples,
-        duplicates=lambda: records.where("kind = 'duplicate'").select(*pos_cols, "first_at", "input_at"),
+        duplicates=lambda: records.where("kind = 'duplicate'").select(
+            *pos_cols, "first_at", "input_at"
+        ),
         unexpected=lambda: records.where("kind = 'unexpected'").select(*pos_cols),
         missing=lambda: missing.select("src", "off", "input_at"),
         malformed_out=lambda: bad_out.select("at", "error"),

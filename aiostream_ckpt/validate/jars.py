@@ -160,9 +160,7 @@ def _fetch(base: Path, version: str) -> list[Path]:
                 f"{version}:\n{tail}",
                 retriable=True,
             )
-        keep = sorted(
-            p.name for p in staging.glob("*.jar") if artifact_of(p.name) not in shipped
-        )
+        keep = sorted(p.name for p in staging.glob("*.jar") if artifact_of(p.name) not in shipped)
         if not any(n.startswith(f"spark-sql-kafka-0-10_2.13-{version}.") for n in keep):
             raise ValidationError(f"mvn succeeded but fetched no spark-sql-kafka jar: {keep}")
         final = base / "jars"

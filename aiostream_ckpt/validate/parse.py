@@ -91,10 +91,7 @@ def position_parser(
             return None, None, "not JSON"
         pos = obj.get(pos_field) if isinstance(obj, dict) else None
         if not (
-            isinstance(pos, list)
-            and len(pos) == 2
-            and isinstance(pos[0], str)
-            and _is_long(pos[1])
+            isinstance(pos, list) and len(pos) == 2 and isinstance(pos[0], str) and _is_long(pos[1])
         ):
             return None, None, f"no [source, offset] in {pos_field}"
         return source_name(pos[0]), pos[1], None

@@ -1,4 +1,4 @@
-"""Read the job's input and its committed output into Spark DataFrames.
+r"""Read the job's input and its committed output into Spark DataFrames.
 
 Every output DataFrame has the same columns, so the checks don't care where
 output came from: ``value`` (the record's JSON text), ``at`` (where it was,
@@ -9,7 +9,7 @@ Spark's text reader gives no line numbers or byte offsets. Lines of one file
 split come in file order, though, and splits of a file differ in
 ``_metadata.file_block_start``, so ``(block start, monotonically_increasing_id)``
 orders a file's lines exactly; line numbers and byte offsets are window sums
-over that order (reading with ``lineSep="\\n"`` keeps any ``\\r`` in the line,
+over that order (reading with ``lineSep="\n"`` keeps any ``\r`` in the line,
 so its UTF-8 length plus one is the bytes it took).
 """
 
@@ -92,15 +92,16 @@ def read_input(
             .withColumn("src", F.col("file_name"))
             .withColumn("at", F.concat_ws(":", "file_name", F.col("line").cast("string")))
         )
-    df = df.withColumn("p", parser("value")).select(
+    return df.withColumn("p", parser("value")).select(
         F.col("p.status").alias("status"),
         F.col("p.key").alias("key"),
         *(["src", "off", "at"] if positions else []),
     )
-    return df
 
 
-def read_file_sink_output(spark: Any, directory: str | os.PathLike[str], *, prefix: str = "part") -> OutputSource:
+def read_file_sink_output(
+    spark: Any, directory: str | os.PathLike[str], *, prefix: str = "part"
+) -> OutputSource:
     """Read the committed files of the exactly-once file sink, in commit order.
 
     Hidden files (staged: in-progress or pre-committed, not committed) are
@@ -177,7 +178,9 @@ def read_kafka_output(
     from pyspark.sql import functions as F
 
     if isolation not in ISOLATION_LEVELS:
-        raise ValidationConfigError(f"isolation must be one of {ISOLATION_LEVELS}, not {isolation!r}")
+        raise ValidationConfigError(
+            f"isolation must be one of {ISOLATION_LEVELS}, not {isolation!r}"
+        )
     try:
         df = (
             spark.read.format("kafka")
@@ -190,7 +193,9 @@ def read_kafka_output(
             .load()
         )
     except Exception as exc:
-        raise ValidationError(f"cannot read Kafka topic {topic!r} at {bootstrap_servers}: {exc}") from exc
+        raise ValidationError(
+            f"cannot read Kafka topic {topic!r} at {bootstrap_servers}: {exc}"
+        ) from exc
     df = df.select(
         F.col("value").cast("string").alias("value"),
         F.format_string("%s/%d@%d", "topic", "partition", "offset").alias("at"),

@@ -92,7 +92,7 @@ def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int
 
     # The UDFs run in Python workers that may not have this package on their
     # path (it is not installed in the venv during development): ship by value.
-    cloudpickle.register_pickle_by_value(parse)
+    cloudpickle.register_pickle_by_value(parse)  # type: ignore[no-untyped-call]
     builder = (
         SparkSession.builder.master(master)
         .appName("aiostream-ckpt-validate")

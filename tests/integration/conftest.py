@@ -116,9 +116,7 @@ async def new_topic(kafka_broker: KafkaBroker) -> AsyncIterator[NewTopicFactory]
 
     async def create(partitions: int = 1, *, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-        await admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)]
-        )
+        await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
         return name
 
     try:
@@ -158,7 +156,8 @@ def read_topic(kafka_broker: KafkaBroker) -> TopicReader:
             consumer.subscribe([topic])
 
             async def drain() -> None:
-                while not consumer.assignment():
+                # aiokafka signals no event for a group-less assignment: poll.
+                while not consumer.assignment():  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
                 tps.extend(sorted(consumer.assignment()))
                 await consumer.seek_to_beginning(*tps)

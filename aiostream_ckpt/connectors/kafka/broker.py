@@ -193,7 +193,9 @@ def java_executable() -> str:
         return str(Path(home) / "bin" / "java")
     found = shutil.which("java")
     if found is None:
-        raise ConfigError("Java not found (JAVA_HOME unset, no 'java' on PATH); Kafka needs JDK 17+")
+        raise ConfigError(
+            "Java not found (JAVA_HOME unset, no 'java' on PATH); Kafka needs JDK 17+"
+        )
     return found
 
 
@@ -265,6 +267,12 @@ class KafkaBroker:
         if self._port is None:
             raise ConnectorError("broker was never started")
         return self._port
+
+    @property
+    def controller_port(self) -> int:
+        if self._controller_port is None:
+            raise ConnectorError("broker was never started")
+        return self._controller_port
 
     @property
     def bootstrap_servers(self) -> str:
@@ -357,9 +365,9 @@ class KafkaBroker:
         parts = []
         for path in (self.data_dir / "logs" / "jvm.out", self.log_path):
             with contextlib.suppress(OSError):
-                text = path.read_text(errors="replace").splitlines()[-lines:]
+                text = _tail(path.read_text(errors="replace"), lines)
                 if text:
-                    parts.append(f"--- {path} ---\n" + "\n".join(text))
+                    parts.append(f"--- {path} ---\n{text}")
         return "\n".join(parts) or "(no broker output)"
 
     def __enter__(self) -> KafkaBroker:
@@ -375,8 +383,25 @@ class KafkaBroker:
 
     # -- internals ---------------------------------------------------------
 
+    def _first_error(self) -> str:
+        """Return the first ERROR line and its exception message: the cause, not the fallout."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "no server.log (see jvm.out below)"
+        for i, line in enumerate(lines):
+            if "] ERROR " in line or "] FATAL " in line:
+                cause = line.split("] ", 1)[1]
+                nxt = lines[i + 1] if i + 1 < len(lines) else ""
+                if nxt and not nxt.startswith(("[", "\t", " ")):
+                    cause += f": {nxt}"
+                return cause
+        return "no ERROR in server.log"
+
     def _server_properties(self) -> dict[str, str]:
-        listeners = f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}"
+        listeners = (
+            f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}"
+        )
         props = {
             "process.roles": "broker,controller",
             "node.id": str(_NODE_ID),
@@ -446,8 +471,10 @@ class KafkaBroker:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
         if proc.returncode != 0:
-            out = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise ConnectorError(f"kafka StorageTool format failed (exit {proc.returncode}):\n{out}")
+            out = _tail(proc.stdout + proc.stderr, 15)
+            raise ConnectorError(
+                f"kafka StorageTool format failed (exit {proc.returncode}):\n{out}"
+            )
 
     def _launch(self, java: str, libs: Path) -> None:
         cmd = [*self._jvm_base(java, libs), "kafka.Kafka", str(self.data_dir / "server.properties")]
@@ -474,7 +501,8 @@ class KafkaBroker:
             if proc is None or proc.poll() is not None:
                 code = None if proc is None else proc.returncode
                 raise ConnectorError(
-                    f"Kafka broker exited during start-up (exit {code}):\n{self.log_tail()}"
+                    f"Kafka broker exited during start-up (exit {code}): {self._first_error()}"
+                    f"\n{self.log_tail()}"
                 )
             try:
                 if metadata_broker_count(_LOOPBACK, self.port, timeout_s=2.0) > 0:
@@ -512,6 +540,12 @@ def metadata_broker_count(host: str, port: int, *, timeout_s: float) -> int:
     return int(n_brokers)
 
 
+def _tail(text: str, lines: int) -> str:
+    """Return the last ``lines`` lines without Java stack frames, which bury the cause."""
+    kept = [ln for ln in text.strip().splitlines() if not ln.lstrip().startswith("at ")]
+    return "\n".join(kept[-lines:])
+
+
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -537,6 +571,17 @@ def _read_state() -> dict[str, object] | None:
     return state if isinstance(state, dict) else None
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # Like Java's server sockets, so TIME_WAIT leftovers don't count as taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((_LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
 def _is_our_broker(pid: int, data_dir: str) -> bool:
     """Tell whether ``pid`` is still the broker we started (pids get reused)."""
     try:
@@ -559,9 +604,10 @@ def _running_state() -> dict[str, object] | None:
 def broker_main(argv: list[str]) -> int:
     """Run ``aiostream-ckpt broker start|stop|status``; return the exit code.
 
-    ``start`` runs a detached broker whose data lives under the cache dir, so
-    topics survive ``stop``/``start`` (``--fresh`` wipes them). ``status``
-    exits 0 if running, 3 if not (the LSB convention).
+    ``start`` runs a detached broker whose data and ports survive
+    ``stop``/``start`` (``--fresh`` wipes the data). The state file (pid,
+    bootstrap, log) lives in ``cache_root()/broker``. ``status`` exits 0 if
+    running, 3 if not (the LSB convention).
     """
     parser = argparse.ArgumentParser(prog="aiostream-ckpt broker")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -592,11 +638,32 @@ def _cli_start(port: int | None, *, fresh: bool, timeout_s: float) -> int:
     data_dir = cache_root() / "broker" / "data"
     if fresh:
         shutil.rmtree(data_dir, ignore_errors=True)
-    broker = KafkaBroker(data_dir, port=port, detach=True, start_timeout_s=timeout_s)
+    # Reuse the last ports when free, so clients configured for the previous
+    # run find the broker again.
+    last = _read_state() or {}
+    last_port, last_controller = last.get("port"), last.get("controller_port")
+    controller_port = None
+    if (
+        port is None
+        and isinstance(last_port, int)
+        and isinstance(last_controller, int)
+        and _port_free(last_port)
+        and _port_free(last_controller)
+    ):
+        port, controller_port = last_port, last_controller
+    broker = KafkaBroker(
+        data_dir,
+        port=port,
+        controller_port=controller_port,
+        detach=True,
+        start_timeout_s=timeout_s,
+    )
     broker.start()
     state = {
         "pid": broker.pid,
         "bootstrap_servers": broker.bootstrap_servers,
+        "port": broker.port,
+        "controller_port": broker.controller_port,
         "data_dir": str(broker.data_dir),
         "log_path": str(broker.log_path),
         "kafka_version": KAFKA_VERSION,
@@ -612,7 +679,6 @@ def _cli_stop(timeout_s: float = 30.0) -> int:
     state = _running_state()
     if state is None:
         print("not running", file=sys.stderr)
-        _state_path().unlink(missing_ok=True)
         return 0
     pid = state["pid"]
     assert isinstance(pid, int)
@@ -622,7 +688,6 @@ def _cli_stop(timeout_s: float = 30.0) -> int:
         time.sleep(0.1)
     if _is_our_broker(pid, str(state["data_dir"])):
         os.kill(pid, signal.SIGKILL)
-    _state_path().unlink(missing_ok=True)
     print(f"stopped (pid {pid})", file=sys.stderr)
     return 0
 
