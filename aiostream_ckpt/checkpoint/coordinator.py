@@ -107,7 +107,10 @@ class CheckpointCoordinator:
             return
         self._started = True
         if self.config.interval > 0:
-            self._periodic = asyncio.create_task(self._run_periodic(), name="checkpoint-timer")
+            first = self._clock.monotonic() + self.config.interval
+            self._periodic = asyncio.create_task(
+                self._run_periodic(first), name="checkpoint-timer"
+            )
 
     async def stop(self) -> None:
         if not self._started:
@@ -143,9 +146,8 @@ class CheckpointCoordinator:
 
     # -- triggering -----------------------------------------------------------------
 
-    async def _run_periodic(self) -> None:
+    async def _run_periodic(self, next_at: float) -> None:
         interval = self.config.interval
-        next_at = self._clock.monotonic() + interval
         while not self._final_pending:
             await self._clock.sleep(next_at - self._clock.monotonic())
             while self._regular_pending() >= self.config.max_concurrent:
@@ -185,7 +187,8 @@ class CheckpointCoordinator:
         kind = CheckpointKind.SAVEPOINT if is_savepoint else CheckpointKind.CHECKPOINT
         barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
         log.debug("triggering %s %d", kind.value, cid)
-        self._spawn(self._expire_after(cid), f"checkpoint-{cid}-timeout")
+        deadline = pending.trigger_monotonic + self.config.timeout
+        self._spawn(self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout")
         for source in self._sources.values():
             source.trigger_checkpoint(barrier)
         return fut
@@ -223,8 +226,8 @@ class CheckpointCoordinator:
             log.warning("checkpoint %d declined by %s: %s", checkpoint_id, task_id, reason)
             self._abort(checkpoint_id, AbortReason.DECLINED, detail=str(reason))
 
-    async def _expire_after(self, checkpoint_id: int) -> None:
-        await self._clock.sleep(self.config.timeout)
+    async def _expire_at(self, checkpoint_id: int, deadline: float) -> None:
+        await self._clock.sleep(deadline - self._clock.monotonic())
         pending = self._pending.get(checkpoint_id)
         if pending is not None and pending.status is CheckpointStatus.PENDING:
             missing = ", ".join(sorted(pending.tasks_to_ack)) or "(metadata write)"

@@ -53,19 +53,21 @@ def pv_count_check(
     ).first()
     expected = by_key.where("valid").select("key", F.col("count").alias("expected"))
 
-    parser = F.udf(parse.count_parser(key_field, count_field), parse.COUNT_SCHEMA)
+    parser = parse.udf(parse.count_parser(key_field, count_field), parse.COUNT_SCHEMA)
     out = (
         output.df.withColumn("p", parser("value"))
         .select("at", *_ORDER, "p.key", F.col("p.n").alias("pv"), "p.error")
         .cache()
     )
-    per_value = Window.partitionBy("key", "pv").orderBy(*_ORDER)
+    # Both windows partition by key alone, so Spark shuffles once. In (pv, commit)
+    # order a record whose predecessor has the same pv is a repeat of it.
+    by_value = Window.partitionBy("key").orderBy("pv", *_ORDER)
     before = Window.partitionBy("key").orderBy(*_ORDER).rowsBetween(Window.unboundedPreceding, -1)
     good = (
         out.where(F.col("error").isNull())
         .join(expected, "key", "left")
-        .withColumn("occurrence", F.row_number().over(per_value))
-        .withColumn("first_at", F.first("at").over(per_value))
+        .withColumn("repeat", F.lag("pv").over(by_value) == F.col("pv"))
+        .withColumn("earlier_at", F.lag("at").over(by_value))
         .withColumn("after_pv", F.max("pv").over(before))
     )
     kind = (
@@ -73,7 +75,7 @@ def pv_count_check(
             F.col("expected").isNull() | (F.col("pv") < 1) | (F.col("pv") > F.col("expected")),
             "unexpected",
         )
-        .when(F.col("occurrence") > 1, "duplicate")
+        .when(F.col("repeat"), "duplicate")
         .when(F.col("after_pv") > F.col("pv"), "out_of_order")
     )
     records = good.withColumn("kind", kind).cache()
@@ -108,7 +110,7 @@ def pv_count_check(
     examples = _collect_examples(
         counts,
         max_examples,
-        duplicates=lambda: records.where("kind = 'duplicate'").select(*record_cols, "first_at"),
+        duplicates=lambda: records.where("kind = 'duplicate'").select(*record_cols, "earlier_at"),
         out_of_order=lambda: records.where("kind = 'out_of_order'").select(
             *record_cols, "after_pv"
         ),
@@ -155,7 +157,7 @@ def positions_check(
     ).first()
     positions = inp.where("valid").select("src", "off", F.col("at").alias("input_at"))
 
-    parser = F.udf(parse.position_parser(pos_field), parse.POSITION_SCHEMA)
+    parser = parse.udf(parse.position_parser(pos_field), parse.POSITION_SCHEMA)
     out = (
         output.df.withColumn("p", parser("value"))
         .select("at", *_ORDER, "p.src", "p.off", "p.error")
@@ -165,12 +167,11 @@ def positions_check(
     records = (
         out.where(F.col("error").isNull())
         .join(positions, ["src", "off"], "left")
-        .withColumn("occurrence", F.row_number().over(per_pos))
-        .withColumn("first_at", F.first("at").over(per_pos))
+        .withColumn("earlier_at", F.lag("at").over(per_pos))
         .withColumn(
             "kind",
             F.when(F.col("input_at").isNull(), "unexpected").when(
-                F.col("occurrence") > 1, "duplicate"
+                F.col("earlier_at").isNotNull(), "duplicate"
             ),
         )
         .cache()
@@ -194,7 +195,7 @@ def positions_check(
         counts,
         max_examples,
         duplicates=lambda: records.where("kind = 'duplicate'").select(
-            *pos_cols, "first_at", "input_at"
+            *pos_cols, "earlier_at", "input_at"
         ),
         unexpected=lambda: records.where("kind = 'unexpected'").select(*pos_cols),
         missing=lambda: missing.select("src", "off", "input_at"),

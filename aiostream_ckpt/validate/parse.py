@@ -99,6 +99,17 @@ def position_parser(
     return parse
 
 
+def udf(fn: Callable[[str | None], Any], schema: str) -> Any:
+    """Wrap ``fn`` as a plain (pickled) Python UDF.
+
+    Through a lambda: PySpark 4 reads a function's type hints to guess a
+    pandas UDF and warns when they are not pandas types.
+    """
+    from pyspark.sql import functions as F
+
+    return F.udf(lambda line: fn(line), schema)
+
+
 def source_name(path: str) -> str:
     """Return the name positions are matched by: a file's base name, a topic-partition as is."""
     return posixpath.basename(path.removeprefix("file://")) or path

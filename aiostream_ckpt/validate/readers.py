@@ -79,7 +79,7 @@ def read_input(
             raise ValidationConfigError(
                 f"input files share names {dupes}; positions are matched by file name"
             )
-    parser = F.udf(parse.input_parser(key_field), parse.INPUT_SCHEMA)
+    parser = parse.udf(parse.input_parser(key_field), parse.INPUT_SCHEMA)
     df = _read_lines(spark, files)
     if positions:
         in_file = Window.partitionBy("file_name").orderBy("blk", "mid")

@@ -12,7 +12,7 @@ coordinator ourselves, with the stored id and epoch. We never send
 ``InitProducerId`` first: that would bump the epoch and abort the very
 transaction we want to commit.
 
-What a Kafka 4.1 broker answers (verified by
+What a Kafka 4.1.1 broker answers (verified by
 ``tests/integration/kafka/test_broker_transactions.py``). aiokafka only speaks
 EndTxn v0, so the coordinator takes its classic (transaction.version 1)
 path even on a cluster with ``transaction.version=2``: there is no epoch bump
@@ -22,15 +22,19 @@ per transaction.
 situation                                answer -> outcome
 =======================================  =========================================
 ongoing, id and epoch match              commit/abort done -> ``COMPLETED``
+same, after a broker kill -9 + restart   commit done -> ``COMPLETED``
 already committed, commit again          success -> ``COMPLETED`` (retry is safe)
 already aborted, abort again             success -> ``COMPLETED``
-aborted by us, then commit (or reverse)  INVALID_TXN_STATE -> ``INVALID_STATE``
-a newer producer called InitProducerId   INVALID_PRODUCER_EPOCH -> ``FENCED``
-aborted by the broker on timeout         INVALID_PRODUCER_EPOCH -> ``FENCED``
-transactional id unknown to the broker   INVALID_PRODUCER_ID_MAPPING ->
+aborted by us, then commit (or reverse)  INVALID_TXN_STATE (48) -> ``INVALID_STATE``
+a newer producer called InitProducerId   INVALID_PRODUCER_EPOCH (47) -> ``FENCED``
+(its epoch is ours + 2 if it aborted
+ours, + 1 if ours had ended)
+aborted by the broker on timeout         INVALID_PRODUCER_EPOCH (47) -> ``FENCED``
+unknown transactional id or producer id  INVALID_PRODUCER_ID_MAPPING (49) ->
                                          ``UNKNOWN_PRODUCER_ID``
-markers being written                    CONCURRENT_TRANSACTIONS: retried here
-coordinator moving or loading            retried here, after a new lookup
+markers being written; coordinator       CONCURRENT_TRANSACTIONS (51), 14, 15, 16:
+loading or moved (from the broker        retried here, with a new coordinator
+source, not provoked by the tests)       lookup
 =======================================  =========================================
 
 ``FENCED`` can't tell "we committed it before the epoch moved on" from "it

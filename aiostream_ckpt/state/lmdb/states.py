@@ -18,10 +18,11 @@ states without TTL pay nothing for it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import lmdb
 import orjson
 
 from aiostream_ckpt.errors import StateError
@@ -42,9 +43,6 @@ from aiostream_ckpt.state.serde import (
     unpack_ts,
     value_codec,
 )
-
-if TYPE_CHECKING:
-    import lmdb
 
 _LEN2 = [n.to_bytes(2, "big") for n in range(MAX_DB_KEY_BYTES + 1)]
 _MISS: Any = object()  # not in the cache: ask LMDB
@@ -204,13 +202,16 @@ class KeyedStateBase:
         prefixes = self._prefixes
         maxp, lo, hi = self._maxp, self._kg_start, self._kg_end
         len2 = _LEN2
-        puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = []
-        key: Any = None
-        entry: Any = None
-        try:
+        add = (lambda _k: None) if changed is None else changed.add
+        state: list[Any] = [None, None]  # key and entry being encoded, for the error message
+
+        def items() -> Iterator[tuple[bytes, bytes]]:
+            # A generator, not a list: a flush of 1M keys would otherwise allocate
+            # (and page-fault in) ~150 MB of short-lived tuples.
             for key in self._dirty:
                 entry = cache[key]
+                state[0], state[1] = key, entry
                 kb = key_bytes(key)
                 kg = crc32(kb) % maxp
                 if kg < lo or kg > hi:
@@ -218,25 +219,24 @@ class KeyedStateBase:
                 db_key = prefixes[kg] + len2[len(kb)] + kb
                 if len(db_key) > MAX_DB_KEY_BYTES:
                     raise ValueError("key size")
-                if plain:
-                    raw = None if entry is None else dumps(entry)
-                else:
-                    raw = encode(entry)
+                raw = (None if entry is None else dumps(entry)) if plain else encode(entry)
+                add(db_key)
                 if raw is None:
                     deletes.append(db_key)
                 else:
-                    puts.append((db_key, raw))
+                    yield db_key, raw
+
+        try:
+            txn.cursor().putmulti(items())
+        except lmdb.Error:
+            raise
         except Exception as exc:
-            self.db_key(key)  # raises the precise error when the key is at fault
-            raise describe_encode_error(self.name, key, entry, exc) from exc
-        txn.cursor().putmulti(puts)
+            self.db_key(state[0])  # raises the precise error when the key is at fault
+            raise describe_encode_error(self.name, state[0], state[1], exc) from exc
         delete = txn.delete
         for db_key in deletes:
             delete(db_key)
-        if changed is not None:
-            changed.update([k for k, _ in puts])
-            changed.update(deletes)
-        return len(puts) + len(deletes)
+        return len(self._dirty)
 
     def clear_dirty(self) -> None:
         """Forget dirty marks once the flush transaction has committed."""

@@ -123,7 +123,7 @@ def test_concurrent_callers_run_mvn_once(tmp_path, monkeypatch):
         'touch "$out/kafka_2.13-0.jar"\n'
     )
     fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(fake.parent))
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: ensure_kafka_jars(tmp_path / "cache"), range(4)))
     assert len(set(results)) == 1

@@ -123,6 +123,7 @@ async def test_commit_prepared_transaction_after_crash(
     # though the transaction was committed.
     successor = producer(bootstrap, tid)
     await successor.start()
+    assert prepared_transaction(successor).producer_epoch == txn.producer_epoch + 1
     await successor.stop()
     assert await commit(bootstrap, txn) is EndTxnOutcome.FENCED
     assert Counter(await read_topic(topic)) == expected

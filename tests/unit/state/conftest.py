@@ -17,10 +17,7 @@ MAXP = 128
 
 
 def _make_target(root: Path, checkpoint_id: int, *, savepoint: bool = False) -> SnapshotTarget:
-    if savepoint:
-        excl = root / f"savepoint-{checkpoint_id}"
-    else:
-        excl = root / f"chk-{checkpoint_id}"
+    excl = root / f"savepoint-{checkpoint_id}" if savepoint else root / f"chk-{checkpoint_id}"
     return SnapshotTarget(
         checkpoint_id=checkpoint_id,
         root=root,

@@ -1,0 +1,46 @@
+# `make demo` and `make test` work on a fresh clone: they create .venv first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+SRC    := aiostream_ckpt apps tests bench
+
+.PHONY: setup lint format test test-fast test-integration demo demo-kafka bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
+	$(BIN)/mypy
+
+format: setup
+	$(BIN)/ruff format $(SRC)
+	$(BIN)/ruff check --fix $(SRC)
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not integration"
+
+test-integration: setup
+	$(BIN)/python -m pytest -q -m integration
+
+demo: setup
+	$(BIN)/aiostream-ckpt demo
+
+demo-kafka: setup
+	$(BIN)/aiostream-ckpt demo --kafka
+
+bench-quick: setup
+	$(BIN)/python -m bench --quick --json bench/results/quick.json
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

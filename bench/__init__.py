@@ -1,0 +1,1 @@
+"""Load-test stream apps and compare aiostream-ckpt with its peers (``python -m bench``)."""

@@ -1,0 +1,191 @@
+"""Run one worker process and watch it from outside, the same way for every system.
+
+Progress is the read position of the input file, taken from
+``/proc/<pid>/fdinfo`` of whichever process in the worker's tree has the file
+open: no system needs instrumenting, so ours, the bare loop and every peer are
+measured alike. Peak RSS comes from ``wait4``'s rusage of the child (and of its
+reaped children), and from sampling ``VmRSS`` over the process tree for
+systems that keep helper processes (PyFlink's JVM) alive until the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SAMPLE_EVERY = 0.05
+
+
+@dataclass
+class ProcessRecord:
+    """What one run of a worker showed: exit, wall time, progress samples, log lines."""
+
+    cmd: list[str]
+    exit_code: int
+    wall_s: float
+    #: (seconds since spawn, bytes of input read)
+    positions: list[tuple[float, float]] = field(default_factory=list)
+    #: (seconds since spawn, stderr line)
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    peak_rss_kb: int = 0
+    timed_out: bool = False
+
+    def tail(self, n: int = 15) -> str:
+        return "\n".join(line for _, line in self.lines[-n:])
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    seen, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _find_fd(pids: Sequence[int], target: str) -> tuple[int, str] | None:
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return pid, fd
+            except OSError:
+                continue
+    return None
+
+
+def _fd_pos(pid: int, fd: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            for line in f:
+                if line.startswith("pos:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class _Pump(threading.Thread):
+    def __init__(
+        self, stream: object, t0: float, sink: list[tuple[float, str]],
+        on_line: Callable[[float, str], None] | None, log: Path | None,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.t0, self.sink, self.on_line, self.log = stream, t0, sink, on_line, log
+
+    def run(self) -> None:
+        logf = open(self.log, "ab") if self.log else None  # noqa: SIM115
+        try:
+            for raw in self.stream:  # type: ignore[attr-defined]
+                t = time.monotonic() - self.t0
+                if logf is not None:
+                    logf.write(raw)
+                line = raw.decode(errors="replace").rstrip("\n")
+                self.sink.append((t, line))
+                if self.on_line is not None:
+                    self.on_line(t, line)
+        finally:
+            if logf is not None:
+                logf.close()
+
+
+def run_monitored(
+    cmd: Sequence[str],
+    *,
+    input_path: Path | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 600.0,
+    log_path: Path | None = None,
+    on_line: Callable[[float, str], None] | None = None,
+    on_sample: Callable[[float], None] | None = None,
+) -> ProcessRecord:
+    """Run ``cmd`` to its end (or ``timeout``), sampling progress and memory."""
+    target = str(input_path.resolve()) if input_path is not None else None
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd
+    )
+    rec = ProcessRecord(cmd=list(cmd), exit_code=-1, wall_s=0.0)
+    pump = _Pump(proc.stderr, t0, rec.lines, on_line, log_path)
+    pump.start()
+    where: tuple[int, str] | None = None
+    sampled_peak = 0
+    n = 0
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            now = time.monotonic() - t0
+            if pid != 0:
+                rec.exit_code = os.waitstatus_to_exitcode(status)
+                proc.returncode = rec.exit_code
+                rec.wall_s = now
+                rec.peak_rss_kb = max(int(usage.ru_maxrss), sampled_peak)
+                break
+            if now > timeout:
+                rec.timed_out = True
+                _kill_tree(proc.pid)
+                continue
+            tree: list[int] | None = None
+            if target is not None:
+                if where is None:
+                    tree = process_tree(proc.pid)
+                    where = _find_fd(tree, target)
+                if where is not None:
+                    pos = _fd_pos(*where)
+                    if pos is None:
+                        where = None
+                    else:
+                        rec.positions.append((now, float(pos)))
+            if n % 4 == 0:
+                tree = tree or process_tree(proc.pid)
+                sampled_peak = max(sampled_peak, sum(_rss_kb(p) for p in tree))
+            if on_sample is not None:
+                on_sample(now)
+            n += 1
+            time.sleep(SAMPLE_EVERY)
+    finally:
+        if proc.returncode is None:
+            _kill_tree(proc.pid)
+            proc.wait()
+        pump.join(timeout=10)
+    return rec
+
+
+def _kill_tree(pid: int) -> None:
+    for p in reversed(process_tree(pid)):
+        try:
+            os.kill(p, 9)
+        except ProcessLookupError:
+            pass

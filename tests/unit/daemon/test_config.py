@@ -1,0 +1,66 @@
+"""Config layering: defaults < TOML < AIOSTREAM_* env < --set; errors name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiostream_ckpt.daemon.config import load_config
+from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.runtime.config import CheckpointingMode, RestartStrategyKind
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "job.toml"
+    p.write_text(text)
+    return p
+
+
+def test_precedence(tmp_path: Path) -> None:
+    toml = write(
+        tmp_path,
+        '[job]\nparallelism = 2\nname = "x"\n[checkpoint]\ninterval = "5s"\ndir = "/a"\n'
+        'mode = "at_least_once"\n[app]\ninput = "f.jsonl"\n',
+    )
+    env = {"AIOSTREAM_CHECKPOINT__INTERVAL": "2s", "AIOSTREAM_JOB__PARALLELISM": "3"}
+    loaded = load_config(toml, env=env, sets=["checkpoint.interval=200ms", "app.output=o"])
+    assert loaded.job.parallelism == 3  # env beats TOML
+    assert loaded.job.checkpoint.interval == 0.2  # --set beats env
+    assert loaded.job.checkpoint.directory == Path("/a")
+    assert loaded.job.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE
+    assert loaded.params == {"input": "f.jsonl", "output": "o"}
+    assert loaded.job_name == "x"
+    assert loaded.sources["checkpoint.interval"] == "--set"
+
+
+def test_defaults_follow_the_design() -> None:
+    job = load_config(None, env={}).job
+    assert job.checkpoint.interval == 1.0
+    assert job.checkpoint.mode is CheckpointingMode.EXACTLY_ONCE
+    assert job.restart.strategy is RestartStrategyKind.FIXED_DELAY
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["checkpoint.intervall=1s"], "unknown config key 'checkpoint.intervall'"),
+        (["checkpoint.interval=soon"], "invalid config checkpoint.interval='soon'"),
+        (["checkpoint.mode=twice"], "one of exactly_once, at_least_once"),
+        (["job.parallelism=0"], "invalid config parallelism=0"),
+        (["job.parallelism=200"], "1..max_parallelism"),
+        (["checkpoint.max_concurrent=0"], "checkpoint.max_concurrent"),
+        (["restart.strategy=forever"], "fixed_delay"),
+        (["nokey"], "--set expects key=value"),
+    ],
+)
+def test_bad_values_name_the_key(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_config(None, env={}, sets=sets)
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[job\n"), env={})
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml", env={})
