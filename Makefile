@@ -37,7 +37,7 @@ demo: setup
 	$(BIN)/aiostream-ckpt demo
 
 demo-kafka: setup
-	$(BIN)/aiostream-ckpt demo --kafka
+	$(BIN)/aiostream-ckpt demo-kafka
 
 bench-quick: setup
 	$(BIN)/python -m bench --quick --json bench/results/quick.json

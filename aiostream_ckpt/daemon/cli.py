@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
     sub.add_parser("demo", help="the page-view-count demo under kill -9", add_help=False)
+    sub.add_parser("demo-kafka", help="the same demo, Kafka to Kafka", add_help=False)
     return p
 
 
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
             from aiostream_ckpt.validate.cli import validate_main
 
             return validate_main(argv[1:])
+        if argv and argv[0] == "demo-kafka":
+            from aiostream_ckpt.daemon.demo_kafka import demo_kafka_main
+
+            return demo_kafka_main(argv[1:])
         if argv and argv[0] == "demo":
             from aiostream_ckpt.daemon.demo import demo_main
 
