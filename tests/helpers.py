@@ -18,8 +18,9 @@ from aiostream_ckpt.connectors.staging import read_committed_output
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_pv_input(path: Path, events: int, *, seed: int = 0, keys: int = 200,
-                  malformed: int = 0) -> Path:
+def make_pv_input(
+    path: Path, events: int, *, seed: int = 0, keys: int = 200, malformed: int = 0
+) -> Path:
     write_generated_jsonl(path, events, seed=seed, keys=keys)
     if malformed:
         with open(path, "ab") as f:
@@ -76,11 +77,17 @@ def check_pv_output(output_dir: Path, expected: collections.Counter[str]) -> PvC
     return PvCheck(records, duplicates, missing, gaps, final)
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None,
-        ) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "aiostream_ckpt.daemon.cli", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
         env={**os.environ, **(env or {})},
     )
 
@@ -151,20 +158,21 @@ class _ScriptedReader:
         return None
 
 
-async def wait_until(predicate: Any, *, timeout: float = 10.0) -> None:
+async def wait_until(predicate: Any, *, limit: float = 10.0) -> None:
     """Yield to the loop until ``predicate()`` holds (bounded; fails loudly)."""
     import asyncio
     import time
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached within {timeout}s")
+            raise AssertionError(f"condition not reached within {limit}s")
         await asyncio.sleep(0.001)
 
 
-def read_snapshot_value(checkpoint: Any, uid: str, state: str, key: Any, tmp: Path,
-                        default: Any = None) -> Any:
+def read_snapshot_value(
+    checkpoint: Any, uid: str, state: str, key: Any, tmp: Path, default: Any = None
+) -> Any:
     """The value of keyed ``state`` for ``key`` as stored in ``checkpoint``."""
     from aiostream_ckpt.state.descriptors import ValueStateDescriptor
     from aiostream_ckpt.state.keygroups import KeyGroupRange
@@ -172,8 +180,11 @@ def read_snapshot_value(checkpoint: Any, uid: str, state: str, key: Any, tmp: Pa
 
     handles = [st["keyed"] for st in checkpoint.subtask_states(uid).values() if st.get("keyed")]
     backend = LmdbStateBackend(
-        operator_uid=uid, subtask_index=0, key_group_range=KeyGroupRange(0, 127),
-        max_parallelism=checkpoint.max_parallelism, local_dir=tmp,
+        operator_uid=uid,
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, 127),
+        max_parallelism=checkpoint.max_parallelism,
+        local_dir=tmp,
     )
     try:
         backend.restore(checkpoint.root, handles)

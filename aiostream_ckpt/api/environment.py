@@ -63,7 +63,7 @@ class StreamEnvironment:
         return Stream(self, node)
 
     def from_collection(self, items: Iterable[T], *, uid: str | None = None) -> Stream[T]:
-        """A bounded source over an in-memory collection (tests, examples)."""
+        """Start a stream at a bounded in-memory collection (tests, examples)."""
         from aiostream_ckpt.connectors.collection import CollectionSource
 
         return self.from_source(CollectionSource(list(items)), uid=uid, parallelism=1)

@@ -99,14 +99,14 @@ class ProcessFunction(Generic[IN, OUT]):
     """Low-level per-record function on a non-keyed stream (no keyed state)."""
 
     def open(self, ctx: RuntimeContext) -> None:
-        """Called once per instance before the first record."""
+        """Prepare the instance (get state) before its first record."""
 
     def process_element(self, value: IN, ctx: Context, out: Collector[OUT]) -> None:
         """Handle one record; emit any number of records with ``out.collect``."""
         raise TypeError(f"{type(self).__name__} must override process_element")
 
     def close(self) -> None:
-        """Called when the instance stops (also on failure)."""
+        """Release resources when the instance stops (also on failure)."""
 
 
 class KeyedProcessFunction(ProcessFunction[IN, OUT]):

@@ -117,9 +117,7 @@ class Stream(Generic[T]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run a :class:`ProcessFunction` on every record (no keyed state)."""
-        node = self._add(
-            TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism
-        )
+        node = self._add(TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
 
     def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
@@ -159,7 +157,7 @@ class Stream(Generic[T]):
             parallelism=parallelism,
         )
 
-    def print(self, *, name: str = "stdout") -> Transformation:  # noqa: A003 - mirrors Flink's print()
+    def print(self, *, name: str = "stdout") -> Transformation:
         """Print records as JSON lines (for development)."""
         from aiostream_ckpt.connectors.stdout import StdoutSink
 

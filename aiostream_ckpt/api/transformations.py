@@ -21,8 +21,12 @@ class TransformKind(Enum):
 
     @property
     def is_stateful(self) -> bool:
-        return self in (TransformKind.KEYED_PROCESS, TransformKind.REDUCE, TransformKind.SOURCE,
-                        TransformKind.SINK)
+        return self in (
+            TransformKind.KEYED_PROCESS,
+            TransformKind.REDUCE,
+            TransformKind.SOURCE,
+            TransformKind.SINK,
+        )
 
 
 class Partitioning(Enum):
@@ -36,8 +40,10 @@ class Partitioning(Enum):
 
 @dataclass(eq=False)
 class Transformation:
-    """A node of the logical graph; ``fn`` is the map function, process function,
-    source or sink it runs."""
+    """A node of the logical graph.
+
+    ``fn`` is what the node runs: a map function, process function, source or sink.
+    """
 
     id: int
     kind: TransformKind

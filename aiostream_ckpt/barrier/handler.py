@@ -29,8 +29,11 @@ class AlignmentState(Enum):
 
 @dataclass(slots=True)
 class BarrierDecision:
-    """What the task must do after a barrier: snapshot (and forward) ``barrier``,
-    then replay ``released`` (held elements, in arrival order) before reading on."""
+    """What the task must do after a barrier.
+
+    Snapshot (and forward) ``barrier``, then replay ``released`` (held elements,
+    in arrival order) before reading on.
+    """
 
     barrier: CheckpointBarrier | None
     alignment_seconds: float

@@ -108,9 +108,7 @@ class CheckpointCoordinator:
         self._started = True
         if self.config.interval > 0:
             first = self._clock.monotonic() + self.config.interval
-            self._periodic = asyncio.create_task(
-                self._run_periodic(first), name="checkpoint-timer"
-            )
+            self._periodic = asyncio.create_task(self._run_periodic(first), name="checkpoint-timer")
 
     async def stop(self) -> None:
         if not self._started:
@@ -194,7 +192,7 @@ class CheckpointCoordinator:
         return fut
 
     def source_finished(self, task_id: str) -> None:
-        """A bounded source reached its end; once all have, take the final checkpoint."""
+        """Note a bounded source reached its end; once all have, take the final checkpoint."""
         self._finished_sources.add(task_id)
         if self._finished_sources >= set(self._sources) and not self._final_pending:
             self._final_pending = True
@@ -279,7 +277,8 @@ class CheckpointCoordinator:
         waiter = self._waiters.pop(cid, None)
         if sp is None:
             self.latest_completed = completed
-            for older in [c for c in self._pending if c < cid and not self._pending[c].is_savepoint]:
+            older_ids = [c for c, p in self._pending.items() if c < cid and not p.is_savepoint]
+            for older in older_ids:
                 self._abort(older, AbortReason.SUBSUMED, count=False)
             for listener in self._listeners:
                 listener.notify_checkpoint_complete(cid)
@@ -342,7 +341,9 @@ class CheckpointCoordinator:
         for listener in self._listeners:
             listener.notify_checkpoint_aborted(checkpoint_id)
         waiter = self._waiters.pop(checkpoint_id, None)
-        err = CheckpointError(f"checkpoint {checkpoint_id} aborted: {reason.value} {detail}".strip())
+        err = CheckpointError(
+            f"checkpoint {checkpoint_id} aborted: {reason.value} {detail}".strip()
+        )
         if waiter is not None and not waiter.done():
             waiter.set_exception(err)
             waiter.exception()  # mark retrieved: nobody may be waiting on a periodic one

@@ -66,8 +66,7 @@ class PendingCheckpoint:
     def transition(self, new: CheckpointStatus) -> None:
         if not self.status.can_become(new):
             raise CheckpointError(
-                f"checkpoint {self.checkpoint_id} cannot go from {self.status.value} "
-                f"to {new.value}"
+                f"checkpoint {self.checkpoint_id} cannot go from {self.status.value} to {new.value}"
             )
         self.status = new
 

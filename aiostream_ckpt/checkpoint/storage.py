@@ -54,7 +54,8 @@ def write_atomically(path: Path, data: bytes) -> None:
         fsync_dir(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write {path}: {exc.strerror or exc}", retriable=True) from exc
+        msg = f"cannot write {path}: {exc.strerror or exc}"
+        raise CheckpointError(msg, retriable=True) from exc
 
 
 def read_checkpoint(directory: Path) -> CompletedCheckpoint:
@@ -111,7 +112,7 @@ class CheckpointStorage:
                 yield cid
 
     def latest_valid(self) -> CompletedCheckpoint | None:
-        """The newest completed checkpoint whose metadata verifies; older ones on corruption."""
+        """Return the newest completed checkpoint whose metadata verifies."""
         for cid in self.completed_newest_first():
             try:
                 return read_checkpoint(self.checkpoint_dir(cid))

@@ -48,8 +48,11 @@ class SourceReader(Protocol):
     """
 
     async def start(self, restored: dict[str, Any] | None) -> None:
-        """Open the reader. ``restored`` is the union of all old instances' positions
-        (split id -> position); the reader keeps the splits it is assigned."""
+        """Open the reader at its restored positions.
+
+        ``restored`` is the union of all old instances' positions (split id ->
+        position); the reader keeps the splits it is assigned.
+        """
         ...
 
     async def read_batch(self, max_records: int) -> list[Any] | None:

@@ -34,13 +34,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("module", help="app module (apps.pv_count) or file (apps/pv_count.py)")
     run.add_argument("--config", type=Path, help="TOML config file")
     run.add_argument(
-        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key (highest precedence); repeatable",
     )
     run.add_argument("--from-savepoint", type=Path, help="restore from this savepoint")
     run.add_argument("--allow-non-restored-state", action="store_true")
     run.add_argument(
-        "--progress", type=float, default=0.0, metavar="SECONDS",
+        "--progress",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
         help="print a progress line to stderr every SECONDS",
     )
 
@@ -93,12 +100,18 @@ def _run(args: argparse.Namespace) -> int:
                 await asyncio.gather(progress, return_exceptions=True)
         log.info(
             "job %r %s (%d restarts, last checkpoint %s)",
-            name, result.status.value, result.restarts, result.last_checkpoint,
+            name,
+            result.status.value,
+            result.restarts,
+            result.last_checkpoint,
         )
         print(
             orjson.dumps(
-                {"status": result.status.value, "restarts": result.restarts,
-                 "last_checkpoint": result.last_checkpoint}
+                {
+                    "status": result.status.value,
+                    "restarts": result.restarts,
+                    "last_checkpoint": result.last_checkpoint,
+                }
             ).decode(),
             file=sys.stderr,
         )

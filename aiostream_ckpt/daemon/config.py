@@ -237,7 +237,8 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
         try:
             value = parse(raw)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid config {key}={raw!r} (from {origin}): must be {exc}") from None
+            msg = f"invalid config {key}={raw!r} (from {origin}): must be {exc}"
+            raise ConfigError(msg) from None
         if section is None:
             top[name] = value
         else:

@@ -56,13 +56,23 @@ def demo_main(argv: list[str]) -> int:
             f.write(b'{"app_id": "app-1", oops %d\n' % i)
     output = work / "output"
     cmd = [
-        sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count",
-        "--set", f"checkpoint.dir={work / 'checkpoints'}",
-        "--set", f"checkpoint.interval={args.interval}",
-        "--set", f"job.parallelism={args.parallelism}",
-        "--set", f"app.input={','.join(str(p) for p in inputs)}",
-        "--set", f"app.output={output}",
-        "--progress", "1",
+        sys.executable,
+        "-m",
+        "aiostream_ckpt.daemon.cli",
+        "run",
+        "apps.pv_count",
+        "--set",
+        f"checkpoint.dir={work / 'checkpoints'}",
+        "--set",
+        f"checkpoint.interval={args.interval}",
+        "--set",
+        f"job.parallelism={args.parallelism}",
+        "--set",
+        f"app.input={','.join(str(p) for p in inputs)}",
+        "--set",
+        f"app.output={output}",
+        "--progress",
+        "1",
     ]
 
     def show(line: str) -> None:
@@ -71,8 +81,13 @@ def demo_main(argv: list[str]) -> int:
 
     print(f"demo: running pv_count, SIGKILL x{args.kills} at random moments")
     result = run_with_kills(
-        cmd, kills=args.kills, seed=seed, log_path=work / "worker.log", on_line=show,
-        max_delay_after_checkpoint=1.0, timeout=1800,
+        cmd,
+        kills=args.kills,
+        seed=seed,
+        log_path=work / "worker.log",
+        on_line=show,
+        max_delay_after_checkpoint=1.0,
+        timeout=1800,
     )
     if result.exit_code != 0:
         print(f"demo: worker failed with exit code {result.exit_code}; see {work / 'worker.log'}")

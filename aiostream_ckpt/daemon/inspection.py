@@ -62,7 +62,7 @@ def list_checkpoints(directory: Path) -> list[str]:
 
 
 def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, Any]:
-    """A JSON-able summary; ``directory`` may be a checkpoint root, chk-N, or a savepoint."""
+    """Summarize one checkpoint as JSON; ``directory`` is a checkpoint root, chk-N or savepoint."""
     if (directory / "_metadata").exists():
         chk = read_checkpoint(directory)
     else:

@@ -68,7 +68,7 @@ class Chain:
 
 
 def _resolve_inputs(node: Transformation) -> list[Transformation]:
-    """Inputs with unions expanded (a union is not a task, only wiring)."""
+    """Return the inputs with unions expanded (a union is wiring, not a task)."""
     out: list[Transformation] = []
     for inp in node.inputs:
         out.extend(_resolve_inputs(inp) if inp.kind is TransformKind.UNION else [inp])
@@ -146,7 +146,9 @@ def _make_operator(t: Transformation) -> StreamOperator:
     raise JobGraphError(f"no operator for {kind.value}")
 
 
-def _barrier_handler(config: JobConfig, channels: int, monotonic: Callable[[], float]) -> BarrierHandler:
+def _barrier_handler(
+    config: JobConfig, channels: int, monotonic: Callable[[], float]
+) -> BarrierHandler:
     if config.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE:
         return UnalignedBarrierHandler(channels, monotonic)
     return AlignedBarrierHandler(

@@ -124,7 +124,9 @@ class JobRunner:
             try:
                 return read_checkpoint(self.storage.checkpoint_dir(cid))
             except CorruptCheckpointError as exc:
-                log.error("checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc)
+                log.error(
+                    "checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc
+                )
                 self._bad_checkpoints.add(cid)
         if self.config.restore_from is not None:
             return read_checkpoint(self.config.restore_from)
@@ -196,9 +198,7 @@ class JobRunner:
                 continue
             run.status = JobStatus.FINISHED if finished else JobStatus.CANCELED
             last = self.storage.latest_valid()
-            return JobResult(
-                run.status, strategy.restarts, last.checkpoint_id if last else None
-            )
+            return JobResult(run.status, strategy.restarts, last.checkpoint_id if last else None)
 
     async def _run_attempt(
         self, chains: Any, restored: CompletedCheckpoint | None, attempt: int
@@ -259,7 +259,7 @@ class JobRunner:
         async with coordinator:
             running = [asyncio.create_task(t.run(), name=t.task_id) for t in tasks]
             cancel_wait = asyncio.ensure_future(self._cancel.wait())
-            watch = {*running, coordinator.failure, cancel_wait}
+            watch: set[asyncio.Future[Any]] = {*running, coordinator.failure, cancel_wait}
             try:
                 while True:
                     done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
@@ -269,8 +269,9 @@ class JobRunner:
                         return False
                     for t in done:
                         watch.discard(t)
-                        if t.exception() is not None:
-                            raise t.exception()  # type: ignore[misc]
+                        exc = t.exception()
+                        if exc is not None:
+                            raise exc
                     if not any(t in watch for t in running):
                         return True
             finally:

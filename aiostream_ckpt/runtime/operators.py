@@ -33,18 +33,18 @@ class StreamOperator(ABC):
         self.uid = uid
         self.backend: KeyedStateBackend | None = None
 
-    def open(self, ctx: RuntimeContext) -> None:
+    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
         """Prepare for the first batch (state is already restored)."""
 
     @abstractmethod
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        """Records out for the records in ``batch`` (an empty list when none)."""
+        """Turn ``batch`` into the records it produces (an empty list when none)."""
 
     def finish(self) -> list[Any]:
         """End of input: records still to emit (e.g. final windows)."""
         return []
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called on success and on failure."""
 
 
@@ -167,7 +167,7 @@ class ReduceOperator(StreamOperator):
         fn = self._fn
         value = self._state.value
         update = self._state.update
-        out = []
+        out: list[Any] = []
         append = out.append
         for rec in batch:
             kc.key = ks(rec)

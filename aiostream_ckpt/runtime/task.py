@@ -149,13 +149,10 @@ class StreamTask:
         notifier = asyncio.create_task(self._run_notifier(), name=f"{self.task_id}-notify")
         try:
             await self._open()
-            main = (
-                self._run_source() if self.spec.reader is not None else self._run_input()
-            )
-            work = asyncio.ensure_future(main)
-            done, _ = await asyncio.wait(
-                {work, self._bg_error}, return_when=asyncio.FIRST_COMPLETED
-            )
+            main = self._run_source() if self.spec.reader is not None else self._run_input()
+            work: asyncio.Future[Any] = asyncio.ensure_future(main)
+            watch: set[asyncio.Future[Any]] = {work, self._bg_error}
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             if self._bg_error in done:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
@@ -275,7 +272,7 @@ class StreamTask:
     # -- source tasks -----------------------------------------------------------------
 
     def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
-        """Called by the coordinator: inject ``barrier`` before the next batch."""
+        """Inject ``barrier`` before the next batch (called by the coordinator)."""
         self._triggers.append(barrier)
         self._trigger_event.set()
 
@@ -428,9 +425,12 @@ class StreamTask:
                 put(spec.sink_uid, operator={"writer": await spec.writer.prepare_commit(cid)})
         sync_seconds = mono() - started
         self.metrics.last_checkpoint_sync_ms = sync_seconds * 1000
-        if self.state is TaskState.ENDED and self._end_checkpoint is None:
-            if barrier.kind is CheckpointKind.CHECKPOINT:
-                self._end_checkpoint = cid
+        if (
+            self.state is TaskState.ENDED
+            and self._end_checkpoint is None
+            and barrier.kind is CheckpointKind.CHECKPOINT
+        ):
+            self._end_checkpoint = cid
         await self._broadcast(barrier)
         self._spawn(
             self._finish_snapshot(cid, states, parts, sync_seconds, alignment_seconds),

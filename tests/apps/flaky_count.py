@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.pv_count import CountPageViews, app_id
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
+from apps.pv_count import CountPageViews, app_id
 
 
 class FlakyCount(CountPageViews):

@@ -16,21 +16,36 @@ pytestmark = pytest.mark.integration
 
 def pv_args(tmp_path: Path, inp: Path, *extra: str) -> list[str]:
     return [
-        "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set", f"app.input={inp}",
-        "--set", f"app.output={tmp_path / 'out'}",
-        "--set", "checkpoint.interval=30ms",
-        "--set", "job.batch_size=256",
+        "--set",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "--set",
+        f"app.input={inp}",
+        "--set",
+        f"app.output={tmp_path / 'out'}",
+        "--set",
+        "checkpoint.interval=30ms",
+        "--set",
+        "job.batch_size=256",
         *extra,
     ]
 
 
 def test_task_failure_restarts_from_checkpoint(tmp_path: Path) -> None:
     inp = make_pv_input(tmp_path / "in.jsonl", 200_000)
-    r = cli("run", "tests.apps.flaky_count", *pv_args(
-        tmp_path, inp, "--set", "app.fail_at=150000", "--set", f"app.marker={tmp_path / 'm'}",
-        "--set", "restart.delay=10ms",
-    ))
+    r = cli(
+        "run",
+        "tests.apps.flaky_count",
+        *pv_args(
+            tmp_path,
+            inp,
+            "--set",
+            "app.fail_at=150000",
+            "--set",
+            f"app.marker={tmp_path / 'm'}",
+            "--set",
+            "restart.delay=10ms",
+        ),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "injected failure at seq 150000" in r.stderr
     assert '"restarts":1' in r.stderr
@@ -40,11 +55,26 @@ def test_task_failure_restarts_from_checkpoint(tmp_path: Path) -> None:
 @pytest.mark.parametrize("strategy", ["fixed_delay", "exponential_delay", "failure_rate"])
 def test_restart_strategy_exhausts_and_reports_cause(tmp_path: Path, strategy: str) -> None:
     inp = make_pv_input(tmp_path / "in.jsonl", 5_000)
-    r = cli("run", "tests.apps.flaky_count", *pv_args(
-        tmp_path, inp, "--set", "app.fail_at=100", "--set", f"app.marker={tmp_path / 'm'}",
-        "--set", "app.always_fail=1", "--set", f"restart.strategy={strategy}",
-        "--set", "restart.attempts=2", "--set", "restart.delay=10ms",
-    ))
+    r = cli(
+        "run",
+        "tests.apps.flaky_count",
+        *pv_args(
+            tmp_path,
+            inp,
+            "--set",
+            "app.fail_at=100",
+            "--set",
+            f"app.marker={tmp_path / 'm'}",
+            "--set",
+            "app.always_fail=1",
+            "--set",
+            f"restart.strategy={strategy}",
+            "--set",
+            "restart.attempts=2",
+            "--set",
+            "restart.delay=10ms",
+        ),
+    )
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert "exhausted after 2 restarts" in last, last
@@ -91,9 +121,18 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path: Path, damage: str) -> No
 
 def test_malformed_input_fail_fast(tmp_path: Path) -> None:
     inp = make_pv_input(tmp_path / "in.jsonl", 1_000, malformed=1)
-    r = cli("run", "apps.pv_count", *pv_args(
-        tmp_path, inp, "--set", "errors.on_malformed=fail", "--set", "restart.strategy=none",
-    ))
+    r = cli(
+        "run",
+        "apps.pv_count",
+        *pv_args(
+            tmp_path,
+            inp,
+            "--set",
+            "errors.on_malformed=fail",
+            "--set",
+            "restart.strategy=none",
+        ),
+    )
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
     assert "RecordError" in last and "malformed record" in last and "'offset'" in last, last
@@ -106,8 +145,9 @@ def test_malformed_input_dead_lettered_once(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     from aiostream_ckpt.connectors.staging import read_committed_output
 
-    dead = list(read_committed_output(tmp_path / "ckpt" / "dead-letter" / "events",
-                                      prefix="dead-letter"))
+    dead = list(
+        read_committed_output(tmp_path / "ckpt" / "dead-letter" / "events", prefix="dead-letter")
+    )
     assert len(dead) == 3
     assert all(d["origin"]["file"].endswith("in.jsonl") and "reason" in d for d in dead)
     assert check_pv_output(tmp_path / "out", recount(inp)).exact

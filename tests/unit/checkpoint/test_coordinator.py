@@ -52,11 +52,18 @@ def executor():
         yield ex
 
 
-def make(tmp_path: Path, executor, clock: ManualClock, **knobs) -> tuple[CheckpointCoordinator, FakeTask]:
+def make(
+    tmp_path: Path, executor, clock: ManualClock, **knobs
+) -> tuple[CheckpointCoordinator, FakeTask]:
     config = CheckpointConfig(directory=tmp_path, **knobs)
     coord = CheckpointCoordinator(
-        job_name="t", config=config, storage=CheckpointStorage(tmp_path), clock=clock,
-        executor=executor, max_parallelism=128, first_checkpoint_id=1,
+        job_name="t",
+        config=config,
+        storage=CheckpointStorage(tmp_path),
+        clock=clock,
+        executor=executor,
+        max_parallelism=128,
+        first_checkpoint_id=1,
     )
     task = FakeTask("src-0")
     coord.register_task(task.task_id, task)

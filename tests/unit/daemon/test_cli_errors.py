@@ -26,8 +26,14 @@ def test_missing_module() -> None:
 
 
 def test_bad_config_value(tmp_path: Path) -> None:
-    r = cli("run", "apps.pv_count", "--set", "checkpoint.interval=fast",
-            "--set", f"checkpoint.dir={tmp_path}")
+    r = cli(
+        "run",
+        "apps.pv_count",
+        "--set",
+        "checkpoint.interval=fast",
+        "--set",
+        f"checkpoint.dir={tmp_path}",
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "aiostream-ckpt: error: invalid config checkpoint.interval='fast' (from --set): "

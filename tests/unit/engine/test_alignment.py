@@ -34,7 +34,9 @@ def _records(key: str, n: int) -> list[dict]:
 
 @pytest.mark.parametrize("mode", [CheckpointingMode.EXACTLY_ONCE, CheckpointingMode.AT_LEAST_ONCE])
 async def test_records_after_barrier_never_enter_snapshot(tmp_path: Path, mode) -> None:
-    config = JobConfig(checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0, mode=mode))
+    config = JobConfig(
+        checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0, mode=mode)
+    )
     env = StreamEnvironment("align", config=config)
     fast, slow = ScriptedSource("fast"), ScriptedSource("slow")
     a = env.from_source(fast, uid="fast")

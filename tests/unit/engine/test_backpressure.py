@@ -48,7 +48,9 @@ class StallingSink:
 async def test_slow_sink_pauses_source(tmp_path: Path) -> None:
     batch, capacity = 100, 4
     config = JobConfig(
-        batch_size=batch, channel_capacity=capacity, chaining=False,
+        batch_size=batch,
+        channel_capacity=capacity,
+        chaining=False,
         checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0),
     )
     env = StreamEnvironment("bp", config=config)
