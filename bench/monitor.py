@@ -120,10 +120,41 @@ class _Pump(threading.Thread):
                 logf.close()
 
 
+class _Progress:
+    """Bytes read over several input files: an fd that closes after being seen counts whole."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.targets = {str(p.resolve()): p.stat().st_size for p in paths}
+        self.where: dict[str, tuple[int, str]] = {}
+        self.pos = dict.fromkeys(self.targets, 0)
+        self.done: set[str] = set()
+
+    def sample(self, root: int) -> float | None:
+        missing = [t for t in self.targets if t not in self.where and t not in self.done]
+        if missing:
+            tree = process_tree(root)
+            for t in missing:
+                found = _find_fd(tree, t)
+                if found is not None:
+                    self.where[t] = found
+        for t, loc in list(self.where.items()):
+            pos = _fd_pos(*loc)
+            if pos is None:
+                del self.where[t]
+                if self.pos[t] > 0:
+                    self.done.add(t)
+                    self.pos[t] = self.targets[t]
+            else:
+                self.pos[t] = max(self.pos[t], pos)
+        if not self.where and not self.done:
+            return None
+        return float(sum(self.pos.values()))
+
+
 def run_monitored(
     cmd: Sequence[str],
     *,
-    input_path: Path | None = None,
+    input_paths: Sequence[Path] = (),
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 600.0,
@@ -132,7 +163,7 @@ def run_monitored(
     on_sample: Callable[[float], None] | None = None,
 ) -> ProcessRecord:
     """Run ``cmd`` to its end (or ``timeout``), sampling progress and memory."""
-    target = str(input_path.resolve()) if input_path is not None else None
+    progress = _Progress(input_paths) if input_paths else None
     t0 = time.monotonic()
     proc = subprocess.Popen(
         list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd
@@ -140,7 +171,6 @@ def run_monitored(
     rec = ProcessRecord(cmd=list(cmd), exit_code=-1, wall_s=0.0)
     pump = _Pump(proc.stderr, t0, rec.lines, on_line, log_path)
     pump.start()
-    where: tuple[int, str] | None = None
     sampled_peak = 0
     n = 0
     try:
@@ -157,19 +187,12 @@ def run_monitored(
                 rec.timed_out = True
                 _kill_tree(proc.pid)
                 continue
-            tree: list[int] | None = None
-            if target is not None:
-                if where is None:
-                    tree = process_tree(proc.pid)
-                    where = _find_fd(tree, target)
-                if where is not None:
-                    pos = _fd_pos(*where)
-                    if pos is None:
-                        where = None
-                    else:
-                        rec.positions.append((now, float(pos)))
+            if progress is not None:
+                pos = progress.sample(proc.pid)
+                if pos is not None:
+                    rec.positions.append((now, pos))
             if n % 4 == 0:
-                tree = tree or process_tree(proc.pid)
+                tree = process_tree(proc.pid)
                 sampled_peak = max(sampled_peak, sum(_rss_kb(p) for p in tree))
             if on_sample is not None:
                 on_sample(now)

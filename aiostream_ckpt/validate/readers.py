@@ -1,16 +1,19 @@
 r"""Read the job's input and its committed output into Spark DataFrames.
 
 Every output DataFrame has the same columns, so the checks don't care where
-output came from: ``value`` (the record's JSON text), ``at`` (where it was,
-for reports: ``part-...jsonl:12`` or ``topic/0@1234``) and ``o1, o2, o3``,
-which sort records into commit order.
+output came from: ``value`` (the record's JSON text) and ``o1..o4``, which sort
+records into commit order and say where each one is. :attr:`OutputSource.locate`
+turns those into ``part-...jsonl:12`` or ``topic/0@1234`` for the few records a
+report names, so no line numbers are computed for the million that are fine.
 
-Spark's text reader gives no line numbers or byte offsets. Lines of one file
-split come in file order, though, and splits of a file differ in
-``_metadata.file_block_start``, so ``(block start, monotonically_increasing_id)``
-orders a file's lines exactly; line numbers and byte offsets are window sums
-over that order (reading with ``lineSep="\n"`` keeps any ``\r`` in the line,
-so its UTF-8 length plus one is the bytes it took).
+Spark's text reader gives no line numbers or byte offsets. The lines of one
+file split come in file order, though, each split is read by one task, and
+splits of a file differ in ``_metadata.file_block_start``: so ``(block start,
+monotonically_increasing_id)`` orders a file's lines exactly, without
+shuffling the lines to number them. Input byte offsets are a window sum of
+line lengths over that order, taken after parsing so only narrow rows move
+(reading with ``lineSep="\n"`` keeps any ``\r`` in the line, so its UTF-8
+length plus one is the bytes it took).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,17 +29,23 @@ from typing import Any
 from aiostream_ckpt.validate import parse
 from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
 
-OUTPUT_SCHEMA = "value string, at string, o1 long, o2 long, o3 long"
+OUTPUT_SCHEMA = "value string, o1 long, o2 long, o3 long, o4 long"
+#: The columns that order output records and say where each one is.
+ORDER = ("o1", "o2", "o3", "o4")
+
+#: An output record's place: the values of :data:`ORDER`.
+Place = tuple[int, int, int, int]
 
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 
 @dataclass
 class OutputSource:
-    """Output records plus what a report should say about where they came from."""
+    """Output records, how to name where one is, and what a report should say about them."""
 
     df: Any
     description: str
+    locate: Callable[[Sequence[Place]], list[str]]
     notes: list[str] = field(default_factory=list)
 
 
@@ -66,8 +75,8 @@ def read_input(
     """Read JSON-lines input: ``status`` and ``key`` (see :mod:`.parse`) per line.
 
     With ``positions``, also ``src`` (file name), ``off`` (byte offset of the
-    line, as the file source records it) and ``at`` (``name:line``); file
-    names must then be unique, since positions are matched by name.
+    line, as the file source records it) and ``line`` (1-based); file names
+    must then be unique, since positions are matched by name.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -80,22 +89,23 @@ def read_input(
                 f"input files share names {dupes}; positions are matched by file name"
             )
     parser = parse.udf(parse.input_parser(key_field), parse.INPUT_SCHEMA)
-    df = _read_lines(spark, files)
-    if positions:
-        in_file = Window.partitionBy("file_name").orderBy("blk", "mid")
-        before = in_file.rowsBetween(Window.unboundedPreceding, -1)
-        df = (
-            df.withColumn("line", F.row_number().over(in_file))
-            .withColumn(
-                "off", F.coalesce(F.sum(F.octet_length("value") + 1).over(before), F.lit(0))
-            )
-            .withColumn("src", F.col("file_name"))
-            .withColumn("at", F.concat_ws(":", "file_name", F.col("line").cast("string")))
-        )
-    return df.withColumn("p", parser("value")).select(
-        F.col("p.status").alias("status"),
-        F.col("p.key").alias("key"),
-        *(["src", "off", "at"] if positions else []),
+    df = _read_lines(spark, files).select(
+        "file_name",
+        "blk",
+        "mid",
+        F.octet_length("value").alias("length"),
+        parser("value").alias("p"),
+    )
+    cols = [F.col("p.status").alias("status"), F.col("p.key").alias("key")]
+    if not positions:
+        return df.select(*cols)
+    in_file = Window.partitionBy("file_name").orderBy("blk", "mid")
+    before = in_file.rowsBetween(Window.unboundedPreceding, -1)
+    return df.select(
+        *cols,
+        F.col("file_name").alias("src"),
+        F.coalesce(F.sum(F.col("length") + 1).over(before), F.lit(0)).alias("off"),
+        F.row_number().over(in_file).alias("line"),
     )
 
 
@@ -109,8 +119,8 @@ def read_file_sink_output(
     by width: ``part-<subtask:04d>-<checkpoint:010d>.jsonl`` (the agreed
     format) and ``part-<checkpoint:010d>-<subtask:04d>.jsonl`` (what
     ``connectors/staging.py`` writes, so names sort in commit order).
+    Order: ``o1`` checkpoint, ``o2`` subtask, ``o3, o4`` line within the file.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     d = Path(directory)
@@ -130,22 +140,48 @@ def read_file_sink_output(
     if other:
         notes.append(f"ignored {len(other)} other entries: {other[:5]}")
     if not committed:
-        return OutputSource(spark.createDataFrame([], OUTPUT_SCHEMA), str(d), notes)
+        empty = spark.createDataFrame([], OUTPUT_SCHEMA)
+        return OutputSource(empty, str(d), lambda places: ["?"] * len(places), notes)
     names = spark.createDataFrame(committed, "file_name string, o1 long, o2 long")
-    df = _read_lines(spark, [d / name for name, _, _ in committed])
-    in_file = Window.partitionBy("file_name").orderBy("blk", "mid")
     df = (
-        df.join(F.broadcast(names), "file_name")
-        .withColumn("o3", F.row_number().over(in_file))
-        .select(
-            "value",
-            F.concat_ws(":", "file_name", F.col("o3").cast("string")).alias("at"),
-            "o1",
-            "o2",
-            F.col("o3").cast("long").alias("o3"),
-        )
+        _read_lines(spark, [d / name for name, _, _ in committed])
+        .join(F.broadcast(names), "file_name")
+        .select("value", "o1", "o2", F.col("blk").alias("o3"), F.col("mid").alias("o4"))
     )
-    return OutputSource(df, str(d), notes)
+    locator = _LineLocator(df, {(c, s): n for n, c, s in committed})
+    return OutputSource(df, str(d), locator, notes)
+
+
+class _LineLocator:
+    """Turn ``(checkpoint, subtask, block start, row id)`` into ``file:line``.
+
+    Needs each split's first row id and row count, a cheap scan done once and
+    only when a report names a record.
+    """
+
+    def __init__(self, df: Any, names: dict[tuple[int, int], str]) -> None:
+        self._df = df
+        self._names = names
+        self._splits: dict[tuple[int, int, int], int] | None = None
+
+    def __call__(self, places: Sequence[Place]) -> list[str]:
+        from pyspark.sql import functions as F
+
+        if self._splits is None:
+            rows = self._df.groupBy("o1", "o2", "o3").agg(F.min("o4"), F.count("*")).collect()
+            splits = sorted((int(a), int(b), int(c), int(m), int(n)) for a, b, c, m, n in rows)
+            self._splits = {}
+            lines_before = 0
+            for i, (ck, sub, blk, first, count) in enumerate(splits):
+                if i == 0 or splits[i - 1][:2] != (ck, sub):
+                    lines_before = 0
+                self._splits[(ck, sub, blk)] = lines_before - first  # line = this + row id + 1
+                lines_before += count
+        out = []
+        for ck, sub, blk, row in places:
+            base = self._splits.get((ck, sub, blk), 0)
+            out.append(f"{self._names.get((ck, sub), '?')}:{base + row + 1}")
+        return out
 
 
 def committed_name(name: str, prefix: str = "part") -> tuple[int, int] | None:
@@ -170,7 +206,8 @@ def read_kafka_output(
 ) -> OutputSource:
     """Read a whole topic in batch mode, ordered by (partition, offset).
 
-    ``read_committed`` makes "latest" the last stable offset and skips aborted
+    Order: ``o1`` partition, ``o2`` offset. ``read_committed`` makes "latest"
+    the last stable offset and skips aborted
     records and transaction markers; ``read_uncommitted`` exists to show that
     the checks catch aborted records. ``failOnDataLoss`` is off for the
     latter, since its offset gaps (markers) are not lost data.
@@ -198,12 +235,16 @@ def read_kafka_output(
         ) from exc
     df = df.select(
         F.col("value").cast("string").alias("value"),
-        F.format_string("%s/%d@%d", "topic", "partition", "offset").alias("at"),
         F.col("partition").cast("long").alias("o1"),
         F.col("offset").alias("o2"),
         F.lit(0).cast("long").alias("o3"),
+        F.lit(0).cast("long").alias("o4"),
     )
-    return OutputSource(df, f"kafka {bootstrap_servers} topic {topic} ({isolation})")
+
+    def locate(places: Sequence[Place]) -> list[str]:
+        return [f"{topic}/{p[0]}@{p[1]}" for p in places]
+
+    return OutputSource(df, f"kafka {bootstrap_servers} topic {topic} ({isolation})", locate)
 
 
 def _read_lines(spark: Any, files: Sequence[Path]) -> Any:
