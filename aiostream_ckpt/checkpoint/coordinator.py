@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
 
+from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.checkpoint.metadata import (
     METADATA_FILE,
     AbortReason,
@@ -79,7 +80,7 @@ class CheckpointCoordinator:
         self._consecutive_failures = 0
         self._last_completion = -float("inf")
         self._slot_free = asyncio.Event()
-        self._bg: set[asyncio.Task[Any]] = set()
+        self._bg = BackgroundTasks(self._fail)
         self._periodic: asyncio.Task[None] | None = None
         self._started = False
         self._final_pending = False
@@ -114,10 +115,10 @@ class CheckpointCoordinator:
         if not self._started:
             return
         self._started = False
-        tasks = [t for t in (self._periodic, *self._bg) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._periodic is not None:
+            self._periodic.cancel()
+            await asyncio.gather(self._periodic, return_exceptions=True)
+        await self._bg.cancel_all()
         for cid in list(self._pending):
             self._abort(cid, AbortReason.JOB_STOPPING, count=False)
 
@@ -127,16 +128,6 @@ class CheckpointCoordinator:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._bg.add(task)
-        task.add_done_callback(self._bg_done)
-
-    def _bg_done(self, task: asyncio.Task[Any]) -> None:
-        self._bg.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._fail(task.exception())  # type: ignore[arg-type]
 
     def _fail(self, exc: BaseException) -> None:
         if not self.failure.done():
@@ -186,7 +177,7 @@ class CheckpointCoordinator:
         barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
         log.debug("triggering %s %d", kind.value, cid)
         deadline = pending.trigger_monotonic + self.config.timeout
-        self._spawn(self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout")
+        self._bg.spawn(self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout")
         for source in self._sources.values():
             source.trigger_checkpoint(barrier)
         return fut
@@ -217,7 +208,7 @@ class CheckpointCoordinator:
         pending.tasks_to_ack.discard(ack.task_id)
         pending.acks[ack.task_id] = ack
         if pending.fully_acknowledged:
-            self._spawn(self._complete(pending), f"checkpoint-{checkpoint_id}-complete")
+            self._bg.spawn(self._complete(pending), f"checkpoint-{checkpoint_id}-complete")
 
     def decline(self, checkpoint_id: int, task_id: str, reason: BaseException) -> None:
         if checkpoint_id in self._pending:
@@ -282,13 +273,14 @@ class CheckpointCoordinator:
                 self._abort(older, AbortReason.SUBSUMED, count=False)
             for listener in self._listeners:
                 listener.notify_checkpoint_complete(cid)
-            await loop.run_in_executor(
-                self._executor, self.storage.apply_retention, self.config.retained
-            )
         if waiter is not None and not waiter.done():
             waiter.set_result(completed)
         if pending.is_final and not self.finished.done():
             self.finished.set_result(cid)
+        if sp is None:
+            await loop.run_in_executor(
+                self._executor, self.storage.apply_retention, self.config.retained
+            )
 
     def _build_completed(self, pending: PendingCheckpoint, directory: Path) -> CompletedCheckpoint:
         operators: dict[str, dict[str, Any]] = {}
@@ -349,7 +341,7 @@ class CheckpointCoordinator:
             waiter.exception()  # mark retrieved: nobody may be waiting on a periodic one
         if pending.is_final and self._started:
             self._final_pending = False
-            self._spawn(self._retrigger_final(), "final-checkpoint-retry")
+            self._bg.spawn(self._retrigger_final(), "final-checkpoint-retry")
         if count and not pending.is_savepoint:
             self._consecutive_failures += 1
             if self._consecutive_failures > self.config.tolerable_failures:

@@ -77,7 +77,7 @@ class FlatMapOperator(StreamOperator):
 
 
 class ProcessOperator(StreamOperator):
-    """Runs a non-keyed :class:`ProcessFunction`."""
+    """Runs a non-keyed :class:`ProcessFunction`; the keyed variant sets the key first."""
 
     def __init__(self, uid: str, function: ProcessFunction[Any, Any]) -> None:
         super().__init__(uid)
@@ -103,7 +103,7 @@ class ProcessOperator(StreamOperator):
         self.function.close()
 
 
-class KeyedProcessOperator(StreamOperator):
+class KeyedProcessOperator(ProcessOperator):
     """Runs a :class:`KeyedProcessFunction`: sets the current key, then calls it."""
 
     keyed = True
@@ -114,18 +114,14 @@ class KeyedProcessOperator(StreamOperator):
         function: KeyedProcessFunction[Any, Any],
         key_selector: Callable[[Any], Any],
     ) -> None:
-        super().__init__(uid)
-        self.function = function
+        super().__init__(uid, function)
         self._key_selector = key_selector
-        self._out: Collector[Any] = Collector()
-        self._key_context = KeyContext()
-        self._ctx = Context(self._key_context)
 
     def open(self, ctx: RuntimeContext) -> None:
         assert self.backend is not None
         self._key_context = self.backend.key_context
         self._ctx = Context(self._key_context)
-        self.function.open(ctx)
+        super().open(ctx)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         out: list[Any] = []
@@ -139,9 +135,6 @@ class KeyedProcessOperator(StreamOperator):
             kc.key = ks(rec)
             pe(rec, ctx, col)
         return out
-
-    def close(self) -> None:
-        self.function.close()
 
 
 class ReduceOperator(StreamOperator):

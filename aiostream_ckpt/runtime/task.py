@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
@@ -129,8 +130,8 @@ class StreamTask:
         self._ended_channels: set[int] = set()
         self._end_checkpoint: int | None = None
         self._done = asyncio.Event()
-        self._bg: set[asyncio.Task[Any]] = set()
         self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._bg = BackgroundTasks(self._background_failed)
         self._last_watermark = -(2**63)
         coordinator.register_task(self.task_id, self)
         if spec.reader is not None:
@@ -164,22 +165,12 @@ class StreamTask:
             raise
         finally:
             notifier.cancel()
-            for t in list(self._bg):
-                t.cancel()
-            await asyncio.gather(notifier, *self._bg, return_exceptions=True)
+            await asyncio.gather(notifier, return_exceptions=True)
+            await self._bg.cancel_all()
             await self._close()
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._bg.add(task)
-        task.add_done_callback(self._bg_done)
-
-    def _bg_done(self, task: asyncio.Task[Any]) -> None:
-        self._bg.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None and not self._bg_error.done():
+    def _background_failed(self, exc: BaseException) -> None:
+        if not self._bg_error.done():
             self._bg_error.set_result(exc)
 
     async def _open(self) -> None:
@@ -432,7 +423,7 @@ class StreamTask:
         ):
             self._end_checkpoint = cid
         await self._broadcast(barrier)
-        self._spawn(
+        self._bg.spawn(
             self._finish_snapshot(cid, states, parts, sync_seconds, alignment_seconds),
             f"{self.task_id}-snapshot-{cid}",
         )
