@@ -10,6 +10,7 @@ systems that keep helper processes (PyFlink's JVM) alive until the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -98,8 +99,12 @@ def _fd_pos(pid: int, fd: str) -> int | None:
 
 class _Pump(threading.Thread):
     def __init__(
-        self, stream: object, t0: float, sink: list[tuple[float, str]],
-        on_line: Callable[[float, str], None] | None, log: Path | None,
+        self,
+        stream: object,
+        t0: float,
+        sink: list[tuple[float, str]],
+        on_line: Callable[[float, str], None] | None,
+        log: Path | None,
     ) -> None:
         super().__init__(daemon=True)
         self.stream, self.t0, self.sink, self.on_line, self.log = stream, t0, sink, on_line, log
@@ -208,7 +213,45 @@ def run_monitored(
 
 def _kill_tree(pid: int) -> None:
     for p in reversed(process_tree(pid)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(p, 9)
-        except ProcessLookupError:
-            pass
+
+
+def _cpu_times() -> tuple[float, float]:
+    with open("/proc/stat") as f:
+        parts = [float(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0.0)
+    return sum(parts), idle
+
+
+def busy_cores(window: float = 0.5) -> float:
+    """How many cores' worth of CPU the machine spent busy over ``window`` seconds."""
+    total0, idle0 = _cpu_times()
+    time.sleep(window)
+    total1, idle1 = _cpu_times()
+    dt = total1 - total0
+    if dt <= 0:
+        return 0.0
+    return (1.0 - (idle1 - idle0) / dt) * (os.cpu_count() or 1)
+
+
+def wait_for_quiet(
+    *, threshold: float = 0.25, max_wait: float = 60.0, say: Callable[[str], None] | None = None
+) -> float:
+    """Wait until other processes use less than ``threshold`` cores; returns the last reading.
+
+    On a shared 2-core machine a background JVM halves a Python worker's
+    throughput, so every timed run starts on a quiet machine or says it did not.
+    """
+    deadline = time.monotonic() + max_wait
+    busy = busy_cores()
+    warned = False
+    while busy > threshold and time.monotonic() < deadline:
+        if say is not None and not warned:
+            say(
+                f"machine busy ({busy:.2f} cores used by other processes); waiting up to "
+                f"{max_wait:.0f}s for quiet ..."
+            )
+            warned = True
+        busy = busy_cores(1.0)
+    return busy

@@ -54,18 +54,31 @@ def ensure_env(name: str, *, progress: bool = True) -> PeerEnv:
     if failed.exists() and failed.read_text().startswith(want + "\n---\n"):
         return PeerEnv(name, None, failed.read_text().split("\n---\n", 1)[1])
     if progress:
-        print(f"[bench] creating {root} (pip install {' '.join(REQUIREMENTS[name])})",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] creating {root} (pip install {' '.join(REQUIREMENTS[name])})",
+            file=sys.stderr,
+            flush=True,
+        )
     root.parent.mkdir(parents=True, exist_ok=True)
     if not python.exists():
-        r = subprocess.run([_base_python(), "-m", "venv", str(root)],
-                           capture_output=True, text=True, check=False)
+        r = subprocess.run(
+            [_base_python(), "-m", "venv", str(root)], capture_output=True, text=True, check=False
+        )
         if r.returncode != 0:
             return _fail(failed, want, name, f"python -m venv failed: {r.stderr.strip()[-800:]}")
     r = subprocess.run(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
-         *REQUIREMENTS[name]],
-        capture_output=True, text=True, check=False,
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            *REQUIREMENTS[name],
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if r.returncode != 0:
         text = (r.stderr or r.stdout).strip().splitlines()
@@ -86,8 +99,9 @@ def version_of(env: PeerEnv, dist: str) -> str | None:
     if env.python is None:
         return None
     r = subprocess.run(
-        [str(env.python), "-c",
-         f"import importlib.metadata as m; print(m.version({dist!r}))"],
-        capture_output=True, text=True, check=False,
+        [str(env.python), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return r.stdout.strip() or None if r.returncode == 0 else None

@@ -229,6 +229,18 @@ def table(runs: list[RunResult]) -> str:
         if r.validator and r.exactly_once_verified is not None:
             verdict += f" ({r.validator})"
         note = r.reason or ""
+        if r.status == "ok" and r.recovery:
+            note = (
+                f"recovery: first commit {_fmt(r.recovery_first_commit_s, '.2f')} s, caught "
+                f"up {_fmt(r.recovery_caught_up_s, '.2f')} s after kill -9 "
+                f"({r.recovery.get('kills')} kills)"
+            )
+        if r.status == "ok" and r.latency:
+            lat = r.latency.get("latency_ms") or {}
+            note = (
+                f"latency ms p50/p99/p99.9: {_fmt(lat.get('p50'), '.0f')}/"
+                f"{_fmt(lat.get('p99'), '.0f')}/{_fmt(lat.get('p999'), '.0f')}"
+            )
         if r.status != "ok":
             note = f"{r.status.upper()}: {note}"
         rows.append(
@@ -246,7 +258,9 @@ def table(runs: list[RunResult]) -> str:
             )
         )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
-    lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-             for row in rows]
+    lines = [
+        "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in rows
+    ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -87,7 +88,7 @@ def interpolate(samples: Sequence[tuple[float, float]], t: float) -> float:
         return 0.0
     if t <= samples[0][0]:
         return samples[0][1]
-    for (t0, v0), (t1, v1) in zip(samples, samples[1:], strict=False):
+    for (t0, v0), (t1, v1) in itertools.pairwise(samples):
         if t0 <= t <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
     return samples[-1][1]

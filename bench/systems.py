@@ -41,9 +41,15 @@ class Workload:
         return sum(p.stat().st_size for p in self.paths)
 
     def describe(self) -> dict[str, Any]:
-        return {"events": self.events, "keys": self.keys, "seed": self.seed, "skew": self.skew,
-                "event_size": self.event_size, "input_bytes": self.bytes,
-                "files": len(self.paths)}
+        return {
+            "events": self.events,
+            "keys": self.keys,
+            "seed": self.seed,
+            "skew": self.skew,
+            "event_size": self.event_size,
+            "input_bytes": self.bytes,
+            "files": len(self.paths),
+        }
 
 
 @dataclass
@@ -131,6 +137,39 @@ def completed_from_lines(lines: list[tuple[float, str]]) -> list[tuple[float, in
     return out
 
 
+#: Where ours is imported from: None for the repo's working tree (the editable install),
+#: else a directory holding ``aiostream_ckpt/`` and ``apps/`` (see ``--engine-rev``).
+ENGINE_SRC: list[Path | None] = [None]
+
+
+def ours_env_cwd() -> tuple[dict[str, str], Path]:
+    """Environment and working directory that make the worker import the chosen engine tree."""
+    src = ENGINE_SRC[0]
+    if src is None:
+        return dict(os.environ), REPO
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
+    return env, src
+
+
+def export_engine(rev: str, into: Path) -> Path:
+    """``git archive REV aiostream_ckpt apps`` into ``into/engine-REV`` (read-only on the repo)."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dest = into / f"engine-{sha}"
+    if not (dest / "aiostream_ckpt").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", sha, "aiostream_ckpt", "apps"],
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 class Ours(System):
     """aiostream-ckpt through its CLI: ``aiostream-ckpt run APP --set ...``."""
 
@@ -161,19 +200,37 @@ class Ours(System):
     def run(self, spec: RunSpec) -> Attempt:
         ckpt_dir = spec.run_dir / "ckpt"
         poller = _CheckpointPoller(ckpt_dir)
+        env, cwd = ours_env_cwd()
         rec = run_monitored(
-            self.command(spec, ckpt_dir), input_paths=spec.workload.paths, cwd=REPO,
-            timeout=spec.timeout, log_path=spec.run_dir / "worker.log", on_sample=poller,
+            self.command(spec, ckpt_dir),
+            input_paths=spec.workload.paths,
+            cwd=cwd,
+            env=env,
+            timeout=spec.timeout,
+            log_path=spec.run_dir / "worker.log",
+            on_sample=poller,
         )
         poller(0.0)
-        ft = (f"checkpoints every {spec.interval_s:g}s, {spec.mode}, LMDB state, "
-              "exactly-once file sink" if spec.interval_s > 0 else
-              "periodic checkpoints off (final checkpoint only), exactly-once file sink")
+        ft = (
+            f"checkpoints every {spec.interval_s:g}s, {spec.mode}, LMDB state, "
+            "exactly-once file sink"
+            if spec.interval_s > 0
+            else "periodic checkpoints off (final checkpoint only), exactly-once file sink"
+        )
         return Attempt(
-            rec, spec.out_dir,
-            {"parallelism": spec.parallelism, "checkpoint_interval_s": spec.interval_s,
-             "mode": spec.mode, "full_every": spec.full_every or 10, "app": spec.app},
-            ft, poller.seen, completed_from_lines(rec.lines),
+            rec,
+            spec.out_dir,
+            {
+                "parallelism": spec.parallelism,
+                "checkpoint_interval_s": spec.interval_s,
+                "mode": spec.mode,
+                "full_every": spec.full_every or 10,
+                "app": spec.app,
+                "engine": str(ENGINE_SRC[0] or "working tree"),
+            },
+            ft,
+            poller.seen,
+            completed_from_lines(rec.lines),
         )
 
 
@@ -186,10 +243,18 @@ class BareLoop(System):
         if len(spec.workload.paths) != 1:
             raise ValueError("bare-loop reads one input file")
         spec.out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(PEERS_DIR / "bare_loop.py"), str(spec.workload.paths[0]),
-               str(spec.out_dir / SINGLE_OUTPUT)]
-        rec = run_monitored(cmd, input_paths=spec.workload.paths, timeout=spec.timeout,
-                            log_path=spec.run_dir / "worker.log")
+        cmd = [
+            sys.executable,
+            str(PEERS_DIR / "bare_loop.py"),
+            str(spec.workload.paths[0]),
+            str(spec.out_dir / SINGLE_OUTPUT),
+        ]
+        rec = run_monitored(
+            cmd,
+            input_paths=spec.workload.paths,
+            timeout=spec.timeout,
+            log_path=spec.run_dir / "worker.log",
+        )
         return Attempt(rec, spec.out_dir, {"parallelism": 1}, "none (ceiling)")
 
 
@@ -224,19 +289,47 @@ class Bytewax(_PeerSystem):
         spec.out_dir.mkdir(parents=True, exist_ok=True)
         rec_dir = spec.run_dir / "recovery"
         rec_dir.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(env.python), "-m", "bytewax.recovery", str(rec_dir), "1"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [str(env.python), "-m", "bytewax.recovery", str(rec_dir), "1"],
+            check=True,
+            capture_output=True,
+        )
         interval = spec.interval_s if spec.interval_s > 0 else 1.0
-        cmd = [str(env.python), "-m", "bytewax.run", "bytewax_pv_count:flow",
-               "-r", str(rec_dir), "-s", f"{interval:g}", "-b", "0"]
-        run_env = {**os.environ, "BENCH_INPUT": str(spec.workload.paths[0]),
-                   "BENCH_OUTPUT": str(spec.out_dir / SINGLE_OUTPUT), "PYTHONPATH": str(PEERS_DIR)}
-        rec = run_monitored(cmd, input_paths=spec.workload.paths, env=run_env, cwd=PEERS_DIR,
-                            timeout=spec.timeout, log_path=spec.run_dir / "worker.log")
+        cmd = [
+            str(env.python),
+            "-m",
+            "bytewax.run",
+            "bytewax_pv_count:flow",
+            "-r",
+            str(rec_dir),
+            "-s",
+            f"{interval:g}",
+            "-b",
+            "0",
+        ]
+        run_env = {
+            **os.environ,
+            "BENCH_INPUT": str(spec.workload.paths[0]),
+            "BENCH_OUTPUT": str(spec.out_dir / SINGLE_OUTPUT),
+            "PYTHONPATH": str(PEERS_DIR),
+        }
+        rec = run_monitored(
+            cmd,
+            input_paths=spec.workload.paths,
+            env=run_env,
+            cwd=PEERS_DIR,
+            timeout=spec.timeout,
+            log_path=spec.run_dir / "worker.log",
+        )
         return Attempt(
-            rec, spec.out_dir,
-            {"workers": 1, "snapshot_interval_s": interval, "backup_interval_s": 0,
-             "file_source_batch_size": 1000},
+            rec,
+            spec.out_dir,
+            {
+                "workers": 1,
+                "snapshot_interval_s": interval,
+                "backup_interval_s": 0,
+                "file_source_batch_size": 1000,
+            },
             f"recovery on: snapshots every {interval:g}s to SQLite partitions; FileSource "
             "offsets + FileSink truncate-on-resume (fsync per batch)",
         )

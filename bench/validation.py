@@ -71,17 +71,24 @@ def check_pv_records(
     c["keys"] = len(expected)
     c["events_in"] = sum(expected.values())
     c["missing_keys"] = sum(1 for k, n in expected.items() if last.get(k, 0) != n)
-    bad = {k: v for k, v in c.items() if k in
-           ("duplicates", "gaps", "out_of_order", "unexpected", "missing_keys") and v}
+    bad = {
+        k: v
+        for k, v in c.items()
+        if k in ("duplicates", "gaps", "out_of_order", "unexpected", "missing_keys") and v
+    }
     passed = not bad and c["records_out"] == c["events_in"]
-    summary = "exactly-once" if passed else ", ".join(f"{k}={v}" for k, v in bad.items()) or (
-        f"{c['records_out']} records for {c['events_in']} events"
+    summary = (
+        "exactly-once"
+        if passed
+        else ", ".join(f"{k}={v}" for k, v in bad.items())
+        or (f"{c['records_out']} records for {c['events_in']} events")
     )
     return Verdict("python", passed, c, summary)
 
 
-def python_recount(input_path: Path, output_dir: Path, expected: dict[str, int] | None = None
-                   ) -> Verdict:
+def python_recount(
+    input_path: Path, output_dir: Path, expected: dict[str, int] | None = None
+) -> Verdict:
     exp = expected if expected is not None else expected_counts(input_path)
     return check_pv_records(read_committed_output(output_dir), exp)
 
@@ -105,15 +112,17 @@ for job in jobs:
 def spark_available() -> str | None:
     """None when the Spark validator can be tried, else why not."""
     try:
-        import aiostream_ckpt.validate  # noqa: F401
         import pyspark  # noqa: F401
+
+        import aiostream_ckpt.validate  # noqa: F401
     except Exception as exc:
         return f"aiostream_ckpt.validate not importable: {exc!r}"
     return None
 
 
-def spark_validate(jobs: list[dict[str, str]], *, timeout: float = 900.0
-                   ) -> tuple[dict[str, Verdict], str | None]:
+def spark_validate(
+    jobs: list[dict[str, str]], *, timeout: float = 900.0
+) -> tuple[dict[str, Verdict], str | None]:
     """Check every ``{"id", "input", "output"}`` in one Spark session.
 
     Returns verdicts by id and, when Spark itself could not run, the reason.
@@ -126,7 +135,10 @@ def spark_validate(jobs: list[dict[str, str]], *, timeout: float = 900.0
     try:
         r = subprocess.run(
             [sys.executable, "-c", _SPARK_SCRIPT, json.dumps(jobs)],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return {}, f"Spark validation timed out after {timeout:.0f}s"
@@ -134,14 +146,25 @@ def spark_validate(jobs: list[dict[str, str]], *, timeout: float = 900.0
     for line in r.stdout.splitlines():
         if not line.startswith("BENCH-RESULT "):
             continue
-        d = json.loads(line[len("BENCH-RESULT "):])
+        d = json.loads(line[len("BENCH-RESULT ") :])
         if "error" in d:
             verdicts[d["id"]] = Verdict("spark", None, {}, f"Spark check failed: {d['error']}")
             continue
         counts = {k: int(v) for k, v in d.get("counts", {}).items() if isinstance(v, int)}
-        bad = {k: v for k, v in counts.items()
-               if k in ("duplicates", "missing", "mismatched", "out_of_order", "unexpected",
-                        "malformed_out") and v}
+        bad = {
+            k: v
+            for k, v in counts.items()
+            if k
+            in (
+                "duplicates",
+                "missing",
+                "mismatched",
+                "out_of_order",
+                "unexpected",
+                "malformed_out",
+            )
+            and v
+        }
         summary = "exactly-once" if d["passed"] else ", ".join(f"{k}={v}" for k, v in bad.items())
         verdicts[d["id"]] = Verdict("spark", bool(d["passed"]), counts, summary)
     if not verdicts:

@@ -1,0 +1,169 @@
+"""``python -m bench``: load-test pv_count on ours and the peers; print, plot, write JSON.
+
+Quick mode (default, < 3 minutes): ours, bare-loop and Bytewax on the embedded
+path, 1 M events, 3 repeats, one kill -9 recovery and a short latency run.
+Full mode (``--full``): also PyFlink, 5 repeats, Spark validation, and the
+scaling curves (parallelism, key count, checkpoint interval, state size with
+full vs incremental checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import kafka
+from bench.experiments import Plan, run_plan
+from bench.peers_env import BENCH_DIR
+from bench.results import SYSTEMS, apply_refusal, compute_ratios, document, table, validate_document
+from bench.runner import say
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the < 3 minute run (default)")
+    mode.add_argument("--full", action="store_true", help="peers, scaling curves, Spark checks")
+    p.add_argument("--json", type=Path, help="write the results document here")
+    p.add_argument("--plots", type=Path, help="PNG directory (default WORK/plots)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--work", type=Path, default=BENCH_DIR / ".work", help="scratch directory")
+    p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument("--events", type=int, help="events in the compare workload (default 1M)")
+    p.add_argument("--keys", type=int, default=1000)
+    p.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of key popularity")
+    p.add_argument("--event-size", type=int, default=0, help="padding bytes per event")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, help="repeats per system (quick 3, full 5)")
+    p.add_argument("--parallelism", type=int, default=1, help="ours: job.parallelism")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="checkpoint/snapshot interval in seconds (0 = off) for every system",
+    )
+    p.add_argument("--mode", choices=("exactly_once", "at_least_once"), default="exactly_once")
+    p.add_argument(
+        "--app",
+        default="apps.pv_count",
+        help="app module run by ours (gets app.input and app.output)",
+    )
+    p.add_argument(
+        "--app-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra --set for ours (repeatable), e.g. state.cache_max_entries=...",
+    )
+    p.add_argument(
+        "--validator",
+        choices=("auto", "spark", "python"),
+        default="auto",
+        help="auto: Spark for the compare runs in full mode, Python recount otherwise",
+    )
+    p.add_argument("--rate", type=float, help="paced rate for the latency run (events/s)")
+    p.add_argument("--no-recovery", action="store_true")
+    p.add_argument("--no-latency", action="store_true")
+    p.add_argument(
+        "--engine-rev",
+        metavar="REV",
+        help="run ours from this git revision (exported with git archive) instead of "
+        "the working tree, e.g. HEAD while others edit the tree",
+    )
+    p.add_argument(
+        "--no-malloc-tune",
+        action="store_true",
+        help="do not set MALLOC_TRIM_THRESHOLD_ for the workers (see README)",
+    )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="seconds to wait for a quiet machine before each timed run (quick 20, full 60)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep run directories (outputs, logs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    full = bool(args.full)
+    systems = (
+        args.systems.split(",")
+        if args.systems
+        else ["aiostream-ckpt", "bare-loop", "bytewax"] + (["pyflink"] if full else [])
+    )
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        print(f"python -m bench: unknown system(s) {unknown}; known: {SYSTEMS}", file=sys.stderr)
+        return 2
+    plan = Plan(
+        full=full,
+        systems=systems,
+        events=args.events or 1_000_000,
+        keys=args.keys,
+        skew=args.skew,
+        event_size=args.event_size,
+        seed=args.seed,
+        repeats=args.repeats or (5 if full else 3),
+        parallelism=args.parallelism,
+        interval=args.interval,
+        mode=args.mode,
+        app=args.app,
+        app_sets=list(args.app_set),
+        validator=args.validator,
+        latency_rate=args.rate,
+        recovery=not args.no_recovery,
+        latency=not args.no_latency,
+        work=args.work.resolve(),
+    )
+    plan.work.mkdir(parents=True, exist_ok=True)
+    if not args.no_malloc_tune:
+        # glibc trims the heap after every large free: on this VM that is ~1.5 s of brk()
+        # per million events for any CPython loop. Every system's worker inherits this.
+        os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(128 << 20))
+    plan.extra["MALLOC_TRIM_THRESHOLD_"] = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+    from bench import runner
+
+    runner.QUIET_WAIT[0] = (
+        args.quiet_wait if args.quiet_wait is not None else (60.0 if full else 20.0)
+    )
+    if args.engine_rev:
+        from bench.systems import ENGINE_SRC, export_engine
+
+        ENGINE_SRC[0] = export_engine(args.engine_rev, plan.work)
+        plan.extra["engine"] = f"{args.engine_rev} ({ENGINE_SRC[0].name})"
+        say(f"ours runs from {ENGINE_SRC[0]}")
+    else:
+        plan.extra["engine"] = "working tree"
+    runs, latencies = run_plan(plan)
+    runs += kafka.kafka_runs()
+    for r in runs:
+        apply_refusal(r)
+    compute_ratios(runs)
+    params = plan.describe()
+    doc = document(runs, mode="full" if full else "quick", params=params)
+    validate_document(doc)
+    print(table(runs))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2, default=str))
+        say(f"results written to {args.json}")
+    if not args.no_plots:
+        from bench.plots import draw
+
+        drawn = draw(doc, latencies, args.plots or plan.work / "plots")
+        say(drawn if isinstance(drawn, str) else "plots: " + ", ".join(map(str, drawn)))
+    if not args.keep:
+        for d in plan.work.glob("run-*"):
+            shutil.rmtree(d, ignore_errors=True)
+    return 0 if all(r.status in ("ok", "unavailable") for r in runs) else 1
+
+
+def _describe(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())

@@ -1,0 +1,102 @@
+"""Draw the bench PNGs from a plot spec (runs in the bench's matplotlib venv)."""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(spec_path, out_dir):
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(out_dir)
+    written = []
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for s in spec["timeline"]:
+        pts = s["progress"]
+        if len(pts) < 2:
+            continue
+        ts, rates = [], []
+        step = max(1, len(pts) // 60)
+        for (t0, v0), (t1, v1) in zip(pts[::step], pts[step::step]):
+            if t1 > t0:
+                ts.append((t0 + t1) / 2)
+                rates.append((v1 - v0) / (t1 - t0))
+        (line,) = ax.plot(ts, rates, label=s["system"])
+        for t, _cid, _ms in s["checkpoints"]:
+            ax.axvline(t, color=line.get_color(), alpha=0.25, linestyle=":")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("events/s (input read rate)")
+    ax.set_title("Throughput over time (dotted: checkpoint completed)")
+    ax.legend()
+    fig.tight_layout()
+    p = out / "throughput_timeline.png"
+    fig.savefig(p, dpi=110)
+    written.append(p)
+    plt.close(fig)
+
+    if spec["checkpoint_ms"]:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, values in spec["checkpoint_ms"].items():
+            ax.hist(values, bins=30, alpha=0.6, label=label)
+        ax.set_xlabel("checkpoint duration (ms)")
+        ax.set_ylabel("checkpoints")
+        ax.set_title("Checkpoint duration")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out / "checkpoint_duration_hist.png"
+        fig.savefig(p, dpi=110)
+        written.append(p)
+        plt.close(fig)
+
+    if spec["latency_ms"]:
+        xs = sorted(spec["latency_ms"])
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(xs, ys)
+        ax.set_xlabel("end-to-end latency (ms): source emit -> committed output visible")
+        ax.set_ylabel("fraction of events")
+        ax.set_title("Latency CDF (aiostream-ckpt, paced input)")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        p = out / "latency_cdf.png"
+        fig.savefig(p, dpi=110)
+        written.append(p)
+        plt.close(fig)
+
+    if spec["bars"]:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        labels = [b["label"] for b in spec["bars"]]
+        values = [b["value"] for b in spec["bars"]]
+        bars = ax.bar(labels, values)
+        ax.bar_label(bars, labels=[f"{v / 1e3:,.0f}k" for v in values])
+        ax.set_ylabel("events/s (steady window, median of repeats)")
+        ax.set_title("pv_count, same input, same machine")
+        fig.tight_layout()
+        p = out / "throughput_bars.png"
+        fig.savefig(p, dpi=110)
+        written.append(p)
+        plt.close(fig)
+
+    if spec["scaling"]:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        labels = [f"{s['experiment']}" for s in spec["scaling"]]
+        bars = ax.bar(labels, [s["value"] for s in spec["scaling"]])
+        ax.bar_label(bars, labels=[f"{s['value'] / 1e3:,.0f}k" for s in spec["scaling"]], fontsize=7)
+        ax.set_ylabel("events/s")
+        ax.set_title("aiostream-ckpt scaling")
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=7)
+        fig.tight_layout()
+        p = out / "scaling.png"
+        fig.savefig(p, dpi=110)
+        written.append(p)
+        plt.close(fig)
+    print(" ".join(str(p) for p in written))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,41 @@
+"""One end-to-end pass of the bench on a tiny input: ours and the bare loop (subprocesses)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+
+
+@pytest.mark.integration
+def test_quick_smoke_ours_and_bare_loop(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    code = main(
+        [
+            "--quick",
+            "--systems",
+            "aiostream-ckpt,bare-loop",
+            "--events",
+            "50000",
+            "--repeats",
+            "1",
+            "--no-recovery",
+            "--no-latency",
+            "--no-plots",
+            "--work",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    runs = {(r["system"], r["path"]): r for r in doc["runs"]}
+    for system in ("aiostream-ckpt", "bare-loop"):
+        run = runs[(system, "embedded")]
+        assert run["status"] == "ok", run
+        assert run["exactly_once_verified"] is True
+        assert run["events_per_s"] > 0
+    assert runs[("bare-loop", "embedded")]["ratio_to_ours"]["events_per_s"] > 0
+    assert runs[("aiostream-ckpt", "kafka")]["status"] == "unavailable"
