@@ -4,12 +4,13 @@ The runtime talks to keyed state only through :class:`KeyedStateBackend`.
 Snapshot contract (asynchronous barrier snapshotting):
 
 1. ``snapshot(target)`` runs on the event loop when the barrier reaches the
-   operator. It must be short: make pending writes durable in one write
-   transaction and pin a consistent view (an LMDB read transaction). It
-   returns the *asynchronous part*, a plain function.
+   operator. It must be short and must not grow with the number of pending
+   writes: it only freezes them (the LMDB backend swaps in a fresh write set).
+   It returns the *asynchronous part*, a plain function.
 2. The runtime runs that function in a worker thread while processing goes on.
-   It writes the snapshot files below ``target`` and returns a
-   :data:`StateHandle`. Writes made after step 1 must not appear in it.
+   It makes the frozen writes durable, writes the snapshot files below
+   ``target`` and returns a :data:`StateHandle`. Writes made after step 1 must
+   not appear in it, whenever and in whatever order the async parts run.
 3. The handle is stored in the checkpoint metadata. ``notify_checkpoint_complete``
    tells the backend which snapshot is now a valid base for incremental ones.
 

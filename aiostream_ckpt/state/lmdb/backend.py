@@ -1,11 +1,31 @@
 """The LMDB keyed state backend: one working LMDB environment per operator instance.
 
-Threading: everything except the function returned by :meth:`LmdbStateBackend.snapshot`
-runs on the event loop thread. That function runs in a worker thread and only
-touches its own pinned read transaction (py-lmdb opens environments with
-``MDB_NOTLS``, so a read transaction may move between threads) and the files
-it writes. :meth:`~LmdbStateBackend.close` waits for running snapshot threads,
-because closing the environment under a running copy would free mapped memory.
+Snapshots are copy-on-write in two steps. The synchronous part (at the barrier,
+on the event loop) only *freezes* every state's write set -- an O(1) swap per
+state, independent of the number of dirty keys -- and queues it. The
+asynchronous part (a worker thread) applies the queued write sets in barrier
+order, each in one write transaction, pins a read transaction right after its
+own one committed, and copies that view. Whoever applies a snapshot's write
+set pins its view: usually its own async part, but also an earlier-running
+later async part or a cache eviction on the event loop, which must write
+everything before it may drop entries. So ordering holds no matter in which
+order, or whether, the async parts run; an aborted or cancelled snapshot's
+writes still reach LMDB with the next applier and are carried into the next
+delta by the change tracker.
+
+Threading: LMDB allows one write transaction at a time, and the order of
+applied write sets matters, so every LMDB write happens under ``_write_lock``
+(async parts in worker threads, flushes on the event loop). The event loop
+never waits for that lock at the barrier, only when it flushes (eviction). The
+async part touches only frozen write sets, its pinned read transaction
+(py-lmdb opens environments with ``MDB_NOTLS``, so a read transaction may move
+between threads) and the files it writes. Reads on the event loop use their
+own read transaction, renewed after every commit so that it does not hold old
+pages; any committed view is correct for them, because the caches hold the
+newest entry of every key with an unapplied write (see
+:mod:`~aiostream_ckpt.state.lmdb.states`). :meth:`~LmdbStateBackend.close`
+waits for running snapshot threads, because closing the environment under a
+running copy would free mapped memory.
 """
 
 from __future__ import annotations
@@ -16,7 +36,9 @@ import shutil
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +98,20 @@ class RunState(enum.Enum):
 
 
 class _SnapshotRun:
-    """Owns the pinned read transaction of one snapshot until it is written or cancelled."""
+    """Owns the read transaction of one snapshot, pinned when its write set has committed."""
 
     __slots__ = ("cond", "state", "txn")
 
-    def __init__(self, txn: lmdb.Transaction[bytes], cond: threading.Condition) -> None:
-        self.txn = txn
+    def __init__(self, cond: threading.Condition) -> None:
+        self.txn: lmdb.Transaction[bytes] | None = None
         self.cond = cond
         self.state = RunState.PENDING
+
+    def pin(self, env: lmdb.Environment) -> None:
+        """Pin the current view (called under the write lock right after the commit)."""
+        with self.cond:
+            if self.txn is None and self.state in (RunState.PENDING, RunState.RUNNING):
+                self.txn = env.begin(buffers=False)
 
     def start(self) -> bool:
         with self.cond:
@@ -94,7 +122,7 @@ class _SnapshotRun:
 
     def finish(self) -> None:
         with self.cond:
-            self.txn.abort()
+            self._release()
             self.state = RunState.DONE
             self.cond.notify_all()
 
@@ -102,8 +130,23 @@ class _SnapshotRun:
         """Release the transaction if the async part never started (it is ours then)."""
         with self.cond:
             if self.state is RunState.PENDING:
-                self.txn.abort()
+                self._release()
                 self.state = RunState.CANCELLED
+
+    def _release(self) -> None:
+        if self.txn is not None:
+            self.txn.abort()
+            self.txn = None
+
+
+@dataclass(slots=True, eq=False)
+class _WriteSet:
+    """Frozen write sets of every state for one epoch (``run`` set) or one flush."""
+
+    seq: int  # barrier/flush order: write sets are applied strictly in this order
+    parts: list[tuple[KeyedStateBase, Any]]
+    changes: set[bytes] | None  # where applying records changed LMDB keys
+    run: _SnapshotRun | None  # the snapshot whose view is pinned right after this commit
 
 
 def _safe(text: str) -> str:
@@ -159,6 +202,11 @@ class LmdbStateBackend:
         self._tracker = ChangeTracker(full_checkpoint_every)
         self._runs_cond = threading.Condition()
         self._runs: dict[int, _SnapshotRun] = {}
+        self._write_lock = threading.Lock()
+        self._queue: deque[_WriteSet] = deque()  # frozen, not yet applied; appended on the loop
+        self._seq = 0
+        self._lmdb_gen = 0  # bumped (under the write lock) after every commit
+        self._rtxn_gen = 0
         self._closed = False
         self.last_flush_entries = 0
 
@@ -179,7 +227,11 @@ class LmdbStateBackend:
     # -- StateHost ---------------------------------------------------------------
     def read_txn(self) -> lmdb.Transaction[bytes]:
         txn = self._rtxn
-        if txn is None:
+        gen = self._lmdb_gen  # read before begin(): the view is at least this new
+        if txn is None or gen != self._rtxn_gen:
+            if txn is not None:
+                txn.abort()  # a stale view is still correct, but pins old pages
+            self._rtxn_gen = gen
             txn = self._rtxn = self._env.begin(buffers=False)
         return txn
 
@@ -243,41 +295,86 @@ class LmdbStateBackend:
                 "convert it)"
             )
         self.flush()
-        changed = self._tracker.sink()
-        with self._env.begin(write=True) as txn:
-            restore_mod.convert_pickle_to_json(txn, name, self.key_group_range, old["ttl"], changed)
-        self._rtxn = None
+        with self._write_lock:
+            changed = self._tracker.sink()
+            with self._env.begin(write=True) as txn:
+                restore_mod.convert_pickle_to_json(
+                    txn, name, self.key_group_range, old["ttl"], changed
+                )
+            self._lmdb_gen += 1
+        self._drop_rtxn()
 
-    # -- flushing ----------------------------------------------------------------------
-    def flush(self) -> int:
-        """Write every dirty cache entry to LMDB in one write transaction."""
-        states = [s for s in self._states.values() if s.has_dirty()]
-        if not states:
-            return 0
-        changed = self._tracker.sink()
+    # -- write sets ------------------------------------------------------------------
+    def _freeze(self) -> list[tuple[KeyedStateBase, Any]]:
+        """Take every state's write set: O(number of states), not of dirty keys."""
+        return [(s, f) for s in self._states.values() if (f := s.freeze()) is not None]
+
+    def _enqueue(
+        self,
+        parts: list[tuple[KeyedStateBase, Any]],
+        changes: set[bytes] | None,
+        run: _SnapshotRun | None,
+    ) -> int:
+        self._seq += 1
+        self._queue.append(_WriteSet(self._seq, parts, changes, run))
+        return self._seq
+
+    def _apply_through(self, last: int | None) -> int:
+        """Apply queued write sets in order up to ``last`` (all when None); hold the lock.
+
+        Each is one write transaction; a snapshot's view is pinned right after
+        its own commit and before the next one. A write set that fails stays
+        queued (its transaction is rolled back), so nothing is lost or reordered.
+        """
         n = 0
-        with self._env.begin(write=True) as txn:
-            for state in states:
-                n += state.flush(txn, changed)
-        for state in states:
-            state.clear_dirty()
-        rtxn, self._rtxn = self._rtxn, None
-        if rtxn is not None:
-            rtxn.abort()
+        queue = self._queue
+        while queue and (last is None or queue[0].seq <= last):
+            ws = queue[0]
+            if ws.parts:
+                with self._env.begin(write=True) as txn:
+                    for state, frozen in ws.parts:
+                        n += state.apply(txn, frozen, ws.changes)
+                self._lmdb_gen += 1
+            queue.popleft()
+            if ws.run is not None:
+                ws.run.pin(self._env)
+        return n
+
+    def flush(self) -> int:
+        """Write every pending write set (frozen ones first, then the current one) to LMDB.
+
+        Runs on the event loop; cache eviction needs it, because after it every
+        cache entry is clean and may be dropped. It waits for an async part
+        that is applying a write set, and does the work of any that has not.
+        """
+        with self._write_lock:
+            parts = self._freeze()
+            if parts:
+                self._enqueue(parts, self._tracker.sink(), None)
+            n = self._apply_through(None)
+        self._drop_rtxn()
         self.last_flush_entries = n
         return n
 
+    def _drop_rtxn(self) -> None:
+        rtxn, self._rtxn = self._rtxn, None
+        if rtxn is not None:
+            rtxn.abort()
+
     # -- snapshots ----------------------------------------------------------------
     def snapshot(self, target: SnapshotTarget) -> AsyncSnapshotPart:
-        """Flush, pin a read transaction and return the part that writes the files."""
+        """Freeze the write sets (O(1) in the number of dirty keys); return the async part.
+
+        The async part applies every write set queued up to this one, then
+        writes the files from the view pinned right after this one committed.
+        """
         self._check_open()
         cid = target.checkpoint_id
         if cid in self._runs or cid in self._tracker.pending:
             raise CheckpointError(f"snapshot {cid} of {self._file_stem} was already taken")
-        self.flush()
-        txn = self._env.begin(buffers=False)
-        pending, full, base_chain, change_sets = self._tracker.begin(cid, target.is_savepoint)
-        run = _SnapshotRun(txn, self._runs_cond)
+        pending, sink, full, base_chain, change_sets = self._tracker.begin(cid, target.is_savepoint)
+        run = _SnapshotRun(self._runs_cond)
+        seq = self._enqueue(self._freeze(), sink, run)
         with self._runs_cond:
             self._runs[cid] = run
         states = {name: dict(meta) for name, meta in self._meta.items()}
@@ -286,6 +383,11 @@ class LmdbStateBackend:
             if not run.start():
                 raise CheckpointError(f"snapshot {cid} of {self._file_stem} was cancelled")
             try:
+                with self._write_lock:
+                    self._apply_through(seq)
+                txn = run.txn
+                if txn is None:  # cannot happen: applying through seq pinned it
+                    raise CheckpointError(f"snapshot {cid} of {self._file_stem} has no view")
                 return self._write_snapshot(
                     target, txn, pending, full, base_chain, change_sets, states
                 )
@@ -417,10 +519,10 @@ class LmdbStateBackend:
             while any(r.state is RunState.RUNNING for r in self._runs.values()):
                 self._runs_cond.wait()
             self._runs.clear()
-        if self._rtxn is not None:
-            self._rtxn.abort()
-            self._rtxn = None
-        self._env.close()
+        with self._write_lock:  # nothing else can hold it now; taken for clarity
+            self._queue.clear()  # the working copy is deleted: unapplied writes go with it
+            self._drop_rtxn()
+            self._env.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> LmdbStateBackend:

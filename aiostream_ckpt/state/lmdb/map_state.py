@@ -4,7 +4,12 @@ Each map entry is its own LMDB record (``key prefix | map key``) so that a put
 touches one record, not the whole map. The cache holds, per stream key, a dict
 of the map entries seen so far (``_DELETED`` for entries known to be absent)
 and whether that dict is *complete* (holds every stored entry), which
-iteration needs. ``clear()`` becomes a prefix delete at flush time.
+iteration needs. The write set is ``key -> {map key: captured entry}`` plus the
+keys whose map was cleared; both are frozen together at the barrier, and
+``clear()`` becomes a prefix delete when the write set is applied (before the
+entries put after it). Map values are captured like value state's (see
+:mod:`~aiostream_ckpt.state.lmdb.states`): in-place mutation after ``put()``
+does not leak into a snapshot.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from aiostream_ckpt.errors import StateError
-from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase
+from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, capture, unwrap
 from aiostream_ckpt.state.serde import (
     TS_SIZE,
     decode_key,
@@ -36,20 +41,21 @@ class MapStateImpl(KeyedStateBase):
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._dirty: dict[Any, set[Any]] = {}
+        self._dirty: dict[Any, dict[Any, Any]] = {}
         self._complete: set[Any] = set()
         self._cleared: set[Any] = set()
 
     # -- entry hooks (overridden for TTL) -------------------------------------
-    def _wrap(self, value: Any) -> Any:
-        return value
+    def _wrap(self, value: Any) -> tuple[Any, Any]:
+        """``(cache entry, write-set entry)`` for a value being put."""
+        return value, capture(value, self._dumps)
 
     def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
         """User value of a cached entry, or ``_DELETED``."""
         return entry
 
     def _encode_entry(self, entry: Any) -> bytes | None:
-        return None if entry is _DELETED else self._dumps(entry)
+        return None if entry is _DELETED else self._dump(entry)
 
     def cached_live(self, entry: Any) -> bool:
         raise AssertionError("map state merges keys itself")
@@ -83,12 +89,12 @@ class MapStateImpl(KeyedStateBase):
             m[map_key] = entry
         return entry
 
-    def _mark(self, key: Any, map_key: Any) -> None:
+    def _mark(self, key: Any, map_key: Any, entry: Any) -> None:
         dirty = self._dirty.get(key)
         if dirty is None:
-            self._dirty[key] = {map_key}
+            self._dirty[key] = {map_key: entry}
         else:
-            dirty.add(map_key)
+            dirty[map_key] = entry
 
     def _full_map(self, key: Any) -> dict[Any, Any]:
         m = self._map(key)
@@ -124,8 +130,9 @@ class MapStateImpl(KeyedStateBase):
 
     def put(self, map_key: Any, value: Any) -> None:
         key = self._ctx.key
-        self._map(key)[map_key] = self._wrap(value)
-        self._mark(key, map_key)
+        cached, captured = self._wrap(value)
+        self._map(key)[map_key] = cached
+        self._mark(key, map_key, captured)
 
     def contains(self, map_key: Any) -> bool:
         key = self._ctx.key
@@ -135,7 +142,7 @@ class MapStateImpl(KeyedStateBase):
     def remove(self, map_key: Any) -> None:
         key = self._ctx.key
         self._map(key)[map_key] = _DELETED
-        self._mark(key, map_key)
+        self._mark(key, map_key, _DELETED)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return iter(self._live_items(self._ctx.key))
@@ -160,9 +167,17 @@ class MapStateImpl(KeyedStateBase):
     def has_dirty(self) -> bool:
         return bool(self._dirty or self._cleared)
 
-    def flush(self, txn: lmdb.Transaction[bytes], changed: set[bytes] | None) -> int:
+    def freeze(self) -> Any:
+        if not (self._dirty or self._cleared):
+            return None
+        frozen = (self._dirty, self._cleared)
+        self._dirty, self._cleared = {}, set()
+        return frozen
+
+    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: set[bytes] | None) -> int:
+        dirty, cleared = frozen
         n = 0
-        for key in self._cleared:
+        for key in cleared:
             prefix = self.db_key(key)
             cur = txn.cursor()
             if cur.set_range(prefix):
@@ -172,17 +187,16 @@ class MapStateImpl(KeyedStateBase):
                     n += 1
                     if not cur.delete():
                         break
-        cache = self._cache
-        for key, map_keys in self._dirty.items():
+        for key, entries in dirty.items():
             base = self.db_key(key)
-            m = cache[key]
-            for map_key in map_keys:
+            for map_key, entry in entries.items():
                 db_key = base + self._map_key_bytes(map_key)
-                entry = m[map_key]
                 try:
                     raw = self._encode_entry(entry)
                 except Exception as exc:
-                    raise describe_encode_error(self.name, (key, map_key), entry, exc) from exc
+                    raise describe_encode_error(
+                        self.name, (key, map_key), unwrap(entry), exc
+                    ) from exc
                 if raw is None:
                     txn.delete(db_key)
                 else:
@@ -191,10 +205,6 @@ class MapStateImpl(KeyedStateBase):
                     changed.add(db_key)
                 n += 1
         return n
-
-    def clear_dirty(self) -> None:
-        self._dirty.clear()
-        self._cleared.clear()
 
     def evict(self) -> None:
         cache = self._cache
@@ -217,8 +227,9 @@ class TtlMapState(MapStateImpl):
 
     __slots__ = ()
 
-    def _wrap(self, value: Any) -> Any:
-        return (value, self._now())
+    def _wrap(self, value: Any) -> tuple[Any, Any]:
+        now = self._now()
+        return (value, now), (capture(value, self._dumps), now)
 
     def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
         if entry is _DELETED:
@@ -226,11 +237,11 @@ class TtlMapState(MapStateImpl):
         now = self._now()
         if now - entry[1] >= self._ttl:
             m[map_key] = _DELETED
-            self._mark(key, map_key)
+            self._mark(key, map_key, _DELETED)
             return _DELETED
         if self._refresh_on_read:
             m[map_key] = (entry[0], now)
-            self._mark(key, map_key)
+            self._mark(key, map_key, (capture(entry[0], self._dumps), now))
         return entry[0]
 
     def _decode(self, raw: bytes) -> Any:
@@ -239,7 +250,7 @@ class TtlMapState(MapStateImpl):
     def _encode_entry(self, entry: Any) -> bytes | None:
         if entry is _DELETED or self._now() - entry[1] >= self._ttl:
             return None
-        return pack_ts(entry[1]) + self._dumps(entry[0])
+        return pack_ts(entry[1]) + self._dump(entry[0])
 
     def store_live(self, raw: bytes) -> bool:
         return bool(self._now() - unpack_ts(raw)[0] < self._ttl)

@@ -11,6 +11,7 @@ full file and is copied with a single cursor scan.
 from __future__ import annotations
 
 import pickle
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,16 @@ from aiostream_ckpt.state.lmdb.snapshot import read_delta, verify_file
 from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, key_group_of, name_part
 
 SUPPORTED_FORMATS = (1,)
+
+#: py-lmdb refuses to open one file twice in a process, and at another
+#: parallelism several new instances restore from the same old file at once.
+_open_guard = threading.Lock()
+_file_locks: dict[str, threading.Lock] = {}
+
+
+def _file_lock(path: Path) -> threading.Lock:
+    with _open_guard:
+        return _file_locks.setdefault(str(path.resolve()), threading.Lock())
 
 
 @dataclass(slots=True)
@@ -84,16 +95,17 @@ def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) 
     hi = key_group_bytes(own.end + 1) if own.end + 1 < 1 << 16 else b"\xff\xff\xff"
     for source in restore_plan.sources:
         if source.base is not None:
-            src = lmdb.open(str(source.base), subdir=False, readonly=True, lock=False)
-            try:
-                with src.begin() as stxn, env.begin(write=True) as wtxn:
-                    cur = stxn.cursor()
-                    if cur.set_range(lo):
-                        wtxn.cursor().putmulti(_until(cur, hi))
-            except lmdb.Error as exc:
-                raise CorruptCheckpointError(f"state file {source.base.name}: {exc}") from exc
-            finally:
-                src.close()
+            with _file_lock(source.base):
+                src = lmdb.open(str(source.base), subdir=False, readonly=True, lock=False)
+                try:
+                    with src.begin() as stxn, env.begin(write=True) as wtxn:
+                        cur = stxn.cursor()
+                        if cur.set_range(lo):
+                            wtxn.cursor().putmulti(_until(cur, hi))
+                except lmdb.Error as exc:
+                    raise CorruptCheckpointError(f"state file {source.base.name}: {exc}") from exc
+                finally:
+                    src.close()
         for path, name in source.deltas:
             with env.begin(write=True) as wtxn:
                 for _op, key, value in read_delta(path, name):
@@ -133,7 +145,8 @@ def convert_pickle_to_json(
                 break
             value = pickle.loads(raw[head:])
             try:
-                converted.append((key, raw[:head] + orjson.dumps(value)))
+                # bytes(memoryview(...)): a kept orjson result holds a ~4 KB buffer
+                converted.append((key, raw[:head] + bytes(memoryview(orjson.dumps(value)))))
             except TypeError as exc:
                 raise StateMigrationError(
                     f"state {name!r}: pickled value of type {type(value).__name__} cannot be "

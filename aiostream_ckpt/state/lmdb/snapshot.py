@@ -1,7 +1,8 @@
 r"""Snapshot files: full LMDB copies, delta files, checksums, and the incremental chain.
 
 A *full* snapshot is ``Environment.copyfd(compact=True, txn=...)`` of the read
-transaction pinned at the barrier: LMDB's MVCC gives the copy-on-write for free.
+transaction pinned right after the snapshot's frozen write set was committed
+(and before any later one): LMDB's MVCC gives the copy-on-write for free.
 An *incremental* snapshot is a delta file holding, for every LMDB key changed
 since the last completed checkpoint, its value as of the pinned transaction or
 a delete mark. Restoring applies the chain ``full, delta, delta, ...`` in order.
@@ -179,7 +180,7 @@ class PendingSnapshot:
     """A snapshot taken but not yet completed: its chain and the changes it sealed."""
 
     checkpoint_id: int
-    changes: set[bytes]
+    changes: set[bytes]  # filled when its write set is applied, read only after that
     savepoint: bool
     chain: list[dict[str, Any]] | None = None  # set by the async part when it finishes
     usable: bool = True  # False once aborted: its changes still count, its files do not
@@ -189,12 +190,16 @@ class PendingSnapshot:
 class ChangeTracker:
     """Which LMDB keys changed since the last completed checkpoint.
 
-    Flushes record changed keys into ``epoch``; a snapshot seals the epoch into a
-    :class:`PendingSnapshot`. A delta holds the union of every pending epoch (all
-    of them are newer than the base), so an aborted checkpoint's changes are
-    simply carried into the next delta; completing checkpoint ``n`` makes its
-    chain the base and drops every pending epoch up to ``n``. Sets are never
-    mutated after sealing, so a snapshot thread can read them without locks.
+    Every epoch (the writes between two barriers) has one change set: writes
+    flushed early (cache eviction) record into ``epoch``, and the barrier seals
+    it into a :class:`PendingSnapshot` whose frozen write set, applied later,
+    records into the same set. A delta holds the union of every pending epoch
+    (all of them are newer than the base), so an aborted checkpoint's changes
+    are simply carried into the next delta; completing checkpoint ``n`` makes
+    its chain the base and drops every pending epoch up to ``n``. The backend
+    applies write sets in barrier order under its write lock, so when snapshot
+    ``n``'s own write set has been applied, the sets of every epoch up to ``n``
+    are final and its thread can read them without locks.
     """
 
     full_every: int
@@ -204,7 +209,10 @@ class ChangeTracker:
     base_chain: list[dict[str, Any]] | None = None
 
     def sink(self) -> set[bytes] | None:
-        """Where a flush records changed keys, or None when no delta can need them."""
+        """Return the change set of the current epoch, or None when no delta can need it.
+
+        None when there is no base and no pending snapshot that could become one.
+        """
         if self.full_every <= 1 or (self.base_chain is None and not self.pending):
             self.epoch.clear()
             return None
@@ -212,8 +220,14 @@ class ChangeTracker:
 
     def begin(
         self, checkpoint_id: int, savepoint: bool
-    ) -> tuple[PendingSnapshot, bool, list[dict[str, Any]], list[set[bytes]]]:
-        """Seal the epoch; return ``(pending, full?, base chain, change sets for a delta)``."""
+    ) -> tuple[PendingSnapshot, set[bytes] | None, bool, list[dict[str, Any]], list[set[bytes]]]:
+        """Seal the epoch.
+
+        Returns ``(pending, sink for the epoch's frozen write set, full?, base
+        chain, change sets for a delta)``; the change sets fill up as earlier
+        write sets are applied.
+        """
+        sink = self.sink()
         base = self.base_chain
         full = savepoint or base is None or len(base) >= self.full_every
         sealed, self.epoch = self.epoch, set()
@@ -221,7 +235,7 @@ class ChangeTracker:
         sets.append(sealed)
         pending = PendingSnapshot(checkpoint_id, sealed, savepoint)
         self.pending[checkpoint_id] = pending
-        return pending, full, list(base or ()), sets
+        return pending, sink, full, list(base or ()), sets
 
     def complete(self, checkpoint_id: int) -> None:
         p = self.pending.get(checkpoint_id)
