@@ -8,8 +8,16 @@ committed output is exactly that of a failure-free run.
 Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
 
 - ``input``: JSON-lines file(s), comma-separated; or ``generate=N`` for N
-  generated events (``seed``, ``keys``).
+  generated events (``seed``, ``keys``; ``splits`` to read them in parallel,
+  ``rate`` events per second per split to pace them, e.g. in the container).
 - ``output``: directory of the exactly-once file sink.
+
+Kafka mode, when ``kafka_bootstrap`` is set (``host:port``): read JSON events
+from ``input_topic``, write ``{"app_id", "pv"}`` to ``output_topic`` keyed by
+``app_id`` (one key's updates stay in one partition, in order). Optional:
+``stop_at_end=1`` (bounded: stop at the end offsets seen at start),
+``kafka_semantic`` (``exactly_once``, the default, or ``at_least_once``),
+``transactional_id_prefix``, ``kafka_connect_timeout`` (seconds, default 30).
 """
 
 from __future__ import annotations
@@ -40,13 +48,59 @@ def app_id(event: dict[str, Any]) -> Any:
     return event["app_id"]
 
 
+def _app_id_key(update: dict[str, Any]) -> str:
+    return str(update["app_id"])
+
+
+def _flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_kafka(env: StreamEnvironment) -> None:
+    from aiostream_ckpt.connectors.kafka.sink import KafkaSink
+    from aiostream_ckpt.connectors.kafka.source import KafkaSource
+
+    p = env.params
+    for key in ("input_topic", "output_topic"):
+        if key not in p:
+            raise ValueError(f"Kafka mode: set app.{key}")
+    bootstrap = str(p["kafka_bootstrap"])
+    timeout = float(p.get("kafka_connect_timeout", 30))
+    source = KafkaSource(
+        str(p["input_topic"]),
+        bootstrap,
+        stop_at_end=_flag(p.get("stop_at_end", "0")),
+        connect_timeout_s=timeout,
+    )
+    sink = KafkaSink(
+        str(p["output_topic"]),
+        bootstrap,
+        semantic=str(p.get("kafka_semantic", "exactly_once")),
+        key_fn=_app_id_key,
+        transactional_id_prefix=p.get("transactional_id_prefix"),
+        # open txn + pre-committed ones of concurrent checkpoints + one awaiting commit
+        pool_size=env.config.checkpoint.max_concurrent + 2,
+        connect_timeout_s=timeout,
+    )
+    events = env.from_source(source, uid="events")
+    counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count", name="pv-count")
+    counts.sink_to(sink, uid="pv-sink")
+
+
 def build(env: StreamEnvironment) -> None:
     p = env.params
+    if "kafka_bootstrap" in p:
+        build_kafka(env)
+        return
     if "output" not in p:
         raise ValueError("set app.output (the output directory)")
     if "generate" in p:
         source: Any = GeneratorSource(
-            int(p["generate"]), seed=int(p.get("seed", 0)), keys=int(p.get("keys", 1000))
+            int(p["generate"]),
+            seed=int(p.get("seed", 0)),
+            keys=int(p.get("keys", 1000)),
+            splits=int(p.get("splits", 1)),
+            rate=float(p["rate"]) if "rate" in p else None,
         )
     elif "input" in p:
         source = JsonLinesFileSource([s for s in str(p["input"]).split(",") if s])

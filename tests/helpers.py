@@ -193,3 +193,110 @@ def read_snapshot_value(
         return value_state.value()
     finally:
         backend.close()
+
+
+def generated_counts(
+    events: int, *, splits: int = 1, seed: int = 0, keys: int = 1000
+) -> collections.Counter[str]:
+    """Per-key counts of ``GeneratorSource(events, splits=...)`` (what pv_count must reach)."""
+    from aiostream_ckpt.connectors.generator import GeneratorSource
+
+    src = GeneratorSource(events, seed=seed, keys=keys, splits=splits)
+    counts: collections.Counter[str] = collections.Counter()
+    for s in range(splits):
+        counts.update(e["app_id"] for e in src.generate(s, 0, src.split_length(s) or 0))
+    return counts
+
+
+class DaemonProcess:
+    """``aiostream-ckpt run ...`` in a child process with its REST API on a free port.
+
+    Collects stderr in a thread; :meth:`wait_for` blocks until a line matches.
+    Use as a context manager: the child is killed if the test leaves early.
+    """
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, command: Any = None) -> None:
+        import re
+        import threading
+
+        cmd = list(command) if command is not None else cli_cmd(*args)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+        )
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._port_re = re.compile(r"REST API listening on http://([^:]+):(\d+)")
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append("")  # EOF marker for waiters
+            self._cond.notify_all()
+
+    @property
+    def stderr(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> str:
+        """The first stderr line containing ``pattern`` (AssertionError if the child ends first)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if pattern in line:
+                        return line
+                seen = len(self.lines)
+                if self.proc.poll() is not None and self.lines and self.lines[-1] == "":
+                    raise AssertionError(f"child ended before {pattern!r}:\n{self.stderr[-3000:]}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"no {pattern!r} within {timeout}s:\n{self.stderr[-3000:]}"
+                    )
+                self._cond.wait(min(left, 0.2))
+
+    @property
+    def url(self) -> str:
+        line = self.wait_for("REST API listening on")
+        m = self._port_re.search(line)
+        assert m is not None
+        return f"http://127.0.0.1:{m.group(2)}"
+
+    def request(
+        self, method: str, path: str, *, token: str | None = None, body: Any = None
+    ) -> tuple[int, Any]:
+        from aiostream_ckpt.daemon.client import request
+
+        return request(method, self.url + path, token=token, body=body, timeout=60)
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return code
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON status line the CLI prints last."""
+        return dict(orjson.loads(self.stderr.strip().splitlines()[-1]))
+
+    def __enter__(self) -> DaemonProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

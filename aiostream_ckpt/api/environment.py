@@ -6,13 +6,16 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiostream_ckpt.api.stream import Stream
 from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
 from aiostream_ckpt.connectors.base import Source
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.runtime.config import JobConfig
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.time.watermarks import WatermarkStrategy
 
 T = TypeVar("T")
 _UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
@@ -50,8 +53,15 @@ class StreamEnvironment:
         uid: str | None = None,
         name: str | None = None,
         parallelism: int | None = None,
+        watermark_strategy: WatermarkStrategy | None = None,
     ) -> Stream[Any]:
-        """Start a stream at a replayable source."""
+        """Start a stream at a replayable source.
+
+        ``watermark_strategy`` turns on event time: timestamps and per-split
+        watermarks (see :mod:`aiostream_ckpt.time`).
+        """
+        if watermark_strategy is not None:
+            watermark_strategy.assigner()  # fail at build time, not in the job
         node = self._add_transformation(
             TransformKind.SOURCE,
             name or source.name,
@@ -60,6 +70,7 @@ class StreamEnvironment:
             parallelism=parallelism,
             inputs=[],
         )
+        node.watermark_strategy = watermark_strategy
         return Stream(self, node)
 
     def from_collection(self, items: Iterable[T], *, uid: str | None = None) -> Stream[T]:

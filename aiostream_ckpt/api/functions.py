@@ -11,7 +11,8 @@ restart the function is built afresh.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar
 
 from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
 from aiostream_ckpt.state.descriptors import (
@@ -82,17 +83,73 @@ class RuntimeContext:
         return self.get_state(descriptor)
 
 
+class TimeDomain(Enum):
+    """Which clock a timer was set on."""
+
+    EVENT_TIME = "event_time"
+    PROCESSING_TIME = "processing_time"
+
+
+class TimerService(Protocol):
+    """Timers of the current key, in milliseconds (Flink's ``TimerService``).
+
+    Timers are keyed state: they are in every checkpoint and savepoint and fire
+    after a restore. Registering the same (key, time) twice sets one timer.
+    """
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        """Fire ``on_timer`` once the watermark reaches ``timestamp``."""
+        ...
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        """Fire ``on_timer`` once the (injected) wall clock reaches ``timestamp``."""
+        ...
+
+    def delete_event_time_timer(self, timestamp: int) -> None: ...
+
+    def delete_processing_time_timer(self, timestamp: int) -> None: ...
+
+    def current_watermark(self) -> int: ...
+
+    def current_processing_time(self) -> int: ...
+
+
 class Context:
     """Per-record context of a keyed process function."""
 
-    __slots__ = ("_key_context",)
+    __slots__ = ("_key_context", "_timers")
 
-    def __init__(self, key_context: KeyContext) -> None:
+    def __init__(self, key_context: KeyContext, timers: TimerService | None = None) -> None:
         self._key_context = key_context
+        self._timers = timers
 
     @property
     def current_key(self) -> Any:
         return self._key_context.key
+
+    def timer_service(self) -> TimerService:
+        """Event- and processing-time timers of the current key."""
+        if self._timers is None:
+            raise TypeError(
+                "timers need a KeyedProcessFunction that overrides on_timer, run by "
+                "key_by(...).process(...)"
+            )
+        return self._timers
+
+
+class OnTimerContext(Context):
+    """Context of :meth:`KeyedProcessFunction.on_timer`: the key and the timer's clock."""
+
+    __slots__ = ("time_domain",)
+
+    def __init__(
+        self,
+        key_context: KeyContext,
+        timers: TimerService | None,
+        time_domain: TimeDomain = TimeDomain.EVENT_TIME,
+    ) -> None:
+        super().__init__(key_context, timers)
+        self.time_domain = time_domain
 
 
 class ProcessFunction(Generic[IN, OUT]):
@@ -122,4 +179,10 @@ class KeyedProcessFunction(ProcessFunction[IN, OUT]):
     ...         n = self.count.value() + 1
     ...         self.count.update(n)
     ...         out.collect((ctx.current_key, n))
+
+    Timers (``ctx.timer_service()``) are available when the function overrides
+    :meth:`on_timer`; they are checkpointed with the keyed state.
     """
+
+    def on_timer(self, timestamp: int, ctx: OnTimerContext, out: Collector[OUT]) -> None:
+        """Handle a timer of ``ctx.current_key`` set for ``timestamp`` (``ctx.time_domain``)."""

@@ -24,6 +24,9 @@ from aiostream_ckpt.connectors.base import Sink
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.environment import StreamEnvironment
+    from aiostream_ckpt.runtime.side_outputs import OutputTag
+    from aiostream_ckpt.time.windowed_stream import WindowedStream
+    from aiostream_ckpt.time.windows import WindowAssigner
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -157,6 +160,17 @@ class Stream(Generic[T]):
             parallelism=parallelism,
         )
 
+    def get_side_output(self, tag: OutputTag[R]) -> Stream[R]:
+        """Read the records this operator sends to side output ``tag`` (e.g. late data)."""
+        node = self._env._add_transformation(
+            TransformKind.SIDE_OUTPUT,
+            f"side-{tag.id}",
+            fn=tag,
+            parallelism=self._node.parallelism,
+            inputs=[self._node],
+        )
+        return Stream(self._env, node)
+
     def print(self, *, name: str = "stdout") -> Transformation:
         """Print records as JSON lines (for development)."""
         from aiostream_ckpt.connectors.stdout import StdoutSink
@@ -207,6 +221,21 @@ class KeyedStream(Stream[T], Generic[T, K]):
             TransformKind.KEYED_PROCESS, name, fn=function, uid=uid, parallelism=parallelism
         )
         return Stream(self._env, node)
+
+    def window(
+        self,
+        assigner: WindowAssigner,
+        *,
+        timestamp_assigner: Callable[[T], int] | None = None,
+    ) -> WindowedStream[T, K]:
+        """Cut each key's records into event-time windows (see :class:`WindowedStream`).
+
+        Timestamps come from the upstream source's watermark strategy unless
+        ``timestamp_assigner`` is given.
+        """
+        from aiostream_ckpt.time.windowed_stream import WindowedStream
+
+        return WindowedStream(self, assigner, timestamp_assigner)
 
     def reduce(
         self,

@@ -18,12 +18,15 @@ class TransformKind(Enum):
     REDUCE = "reduce"
     UNION = "union"
     SINK = "sink"
+    WINDOW = "window"
+    SIDE_OUTPUT = "side_output"
 
     @property
     def is_stateful(self) -> bool:
         return self in (
             TransformKind.KEYED_PROCESS,
             TransformKind.REDUCE,
+            TransformKind.WINDOW,
             TransformKind.SOURCE,
             TransformKind.SINK,
         )
@@ -55,6 +58,8 @@ class Transformation:
     partitioning: Partitioning = Partitioning.FORWARD
     key_selector: Callable[[Any], Any] | None = None
     uid_explicit: bool = False
+    #: Sources only: a ``time.WatermarkStrategy`` (event time starts here).
+    watermark_strategy: Any = None
 
     def __repr__(self) -> str:
         return f"<{self.kind.value} {self.uid!r} p={self.parallelism}>"

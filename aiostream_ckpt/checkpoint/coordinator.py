@@ -84,6 +84,7 @@ class CheckpointCoordinator:
         self._periodic: asyncio.Task[None] | None = None
         self._started = False
         self._final_pending = False
+        self._suspended = False
         self.latest_completed: CompletedCheckpoint | None = None
         #: Set when the job must fail over (too many checkpoint failures, storage dead).
         self.failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -147,7 +148,8 @@ class CheckpointCoordinator:
                 await self._clock.sleep(earliest - self._clock.monotonic())
             if self._final_pending:
                 return
-            self.trigger()
+            if not self._suspended:
+                self.trigger()
             next_at = max(self._clock.monotonic(), next_at + interval)
 
     def _regular_pending(self) -> int:
@@ -185,9 +187,31 @@ class CheckpointCoordinator:
     def source_finished(self, task_id: str) -> None:
         """Note a bounded source reached its end; once all have, take the final checkpoint."""
         self._finished_sources.add(task_id)
-        if self._finished_sources >= set(self._sources) and not self._final_pending:
+        self._maybe_trigger_final()
+
+    def _maybe_trigger_final(self) -> None:
+        all_done = self._finished_sources >= set(self._sources)
+        if all_done and not self._final_pending and not self._suspended:
             self._final_pending = True
             self.trigger(final=True)
+
+    def suspend_triggers(self) -> None:
+        """Trigger no periodic or final checkpoint until :meth:`resume_triggers`.
+
+        Stop-with-savepoint needs this: a checkpoint completing after the
+        savepoint would commit output the restored job produces again.
+        """
+        self._suspended = True
+
+    def resume_triggers(self) -> None:
+        """Undo :meth:`suspend_triggers` (the stop failed and the job goes on)."""
+        self._suspended = False
+        self._maybe_trigger_final()
+
+    @property
+    def next_checkpoint_id(self) -> int:
+        """The id the next trigger will use; ids never repeat within a job."""
+        return self._next_id
 
     # -- targets, acks, declines ----------------------------------------------------
 
@@ -354,9 +378,7 @@ class CheckpointCoordinator:
 
     async def _retrigger_final(self) -> None:
         await self._clock.sleep(max(self.config.min_pause, 0.05))
-        if not self._final_pending:
-            self._final_pending = True
-            self.trigger(final=True)
+        self._maybe_trigger_final()
 
     # -- history --------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ job graph, so the same job description can be run again after a failure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from aiostream_ckpt.clock import Clock, SystemClock
 
@@ -45,6 +45,9 @@ class SourceReader(Protocol):
     Contract: every record returned by :meth:`read_batch` before
     :meth:`snapshot_position` is called is covered by that position; a reader
     restarted with it emits exactly the records after them.
+
+    Optional: ``lag() -> Mapping[str, float]``, how far each split is behind
+    its end (records; bytes for files), exported as ``aiostream_source_lag``.
     """
 
     async def start(self, restored: dict[str, Any] | None) -> None:
@@ -66,6 +69,37 @@ class SourceReader(Protocol):
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
 
     async def close(self) -> None: ...
+
+
+#: Records of one split, in the order that split produced them.
+SplitBatch = tuple[str, list[Any]]
+
+
+@runtime_checkable
+class SplitAwareReader(Protocol):
+    """Optional reader capability: say which split each record came from.
+
+    Used only when the source has a watermark strategy, so per-split
+    (per-partition, per-file) watermarks can be kept: the instance's watermark
+    is the minimum over its active splits. The plain :meth:`SourceReader.read_batch`
+    path stays as it is. Readers without it count as one split.
+    """
+
+    async def read_split_batches(self, max_records: int) -> list[SplitBatch] | None:
+        """Like ``read_batch`` (same position contract), grouped by split id.
+
+        At most ``max_records`` records in all; ``[]`` when none is ready;
+        ``None`` at end of input.
+        """
+        ...
+
+    def active_splits(self) -> Collection[str]:
+        """Return the splits being read now that may still produce records.
+
+        A finished split leaves this set (it no longer holds the watermark
+        back); a split not yet started (a queued file) is not in it either.
+        """
+        ...
 
 
 class Source(Protocol):
@@ -91,6 +125,16 @@ class SinkWriter(Protocol):
       state of the restored checkpoint (``None`` on a fresh start): commit what it
       lists (that checkpoint is complete) and abort every other transaction this
       instance may have left behind.
+
+    Rescaling (restore at another parallelism): a writer that can be rescaled
+    offers ``merge_states(states) -> dict``, where ``states`` are the old
+    instances' states by old subtask index (``None`` where one had none). Every
+    new instance then recovers the merged state, so committing a listed
+    transaction must be idempotent across instances, and :meth:`recover` may
+    abort only transactions of its own subtask (subtask 0 also those of
+    subtasks at or above the new parallelism). A writer without
+    ``merge_states`` is refused at another parallelism
+    (:mod:`aiostream_ckpt.runtime.writer_state`).
     """
 
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None: ...

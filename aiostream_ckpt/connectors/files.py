@@ -131,6 +131,18 @@ class JsonLinesFileReader:
             self._positions[self._splits[self._current]] = self._offset
         return dict(self._positions)
 
+    def lag(self) -> dict[str, float]:
+        """Bytes still unread per file (for metrics)."""
+        current = self._splits[self._current] if self._current < len(self._splits) else None
+        out: dict[str, float] = {}
+        for split, pos in self._positions.items():
+            offset = self._offset if split == current and self._file is not None else pos
+            try:
+                out[split] = float(max(0, os.path.getsize(split) - offset))
+            except OSError:
+                continue
+        return out
+
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         return None
 
@@ -192,12 +204,27 @@ class JsonLinesFileReader:
         return self._current < len(self._splits)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
+        return self._read(max_records, one_split=False)
+
+    async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
+        """Event time: records of the current file only, so each file has its watermark."""
+        if self._current >= len(self._splits):
+            return None
+        split = self._splits[self._current]
+        out = self._read(max_records, one_split=True)
+        return None if out is None else [(split, out)]
+
+    def active_splits(self) -> list[str]:
+        """Files are read one after the other: only the current one is active."""
+        return [self._splits[self._current]] if self._current < len(self._splits) else []
+
+    def _read(self, max_records: int, *, one_split: bool) -> list[Any] | None:
         if self._current >= len(self._splits):
             return None
         out: list[Any] = []
         while len(out) < max_records:
             if self._next >= len(self._lines) and not self._fill():
-                if not self._next_split():
+                if not self._next_split() or one_split:
                     break
                 continue
             start = self._next

@@ -190,6 +190,7 @@ class GeneratorReader:
         self._cache: dict[int, tuple[int, list[Event]]] = {}
         self._paced_since: float | None = None
         self._paced_emitted = 0
+        self._last_split = -1
 
     async def start(self, restored: dict[str, Any] | None) -> None:
         for s in self._positions:
@@ -198,6 +199,12 @@ class GeneratorReader:
 
     def snapshot_position(self) -> dict[str, int]:
         return {GeneratorSource.split_id(s): p for s, p in self._positions.items()}
+
+    def lag(self) -> dict[str, float]:
+        """Events still to come per split (for metrics); none when unbounded."""
+        if not self._src.bounded:
+            return {}
+        return {GeneratorSource.split_id(s): self._remaining(s) for s in self._positions}
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         return None
@@ -242,11 +249,25 @@ class GeneratorReader:
         n = await self._allowance(want)
         if n <= 0:
             return []
+        self._last_split = split
         events = self._take(split, n)
         self._paced_emitted += len(events)
         if self._remaining(split) == 0:
             self._active.remove(split)
         return events
+
+    async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
+        """Event time: each call reads one split; say which."""
+        self._last_split = -1
+        events = await self.read_batch(max_records)
+        if events is None:
+            return None
+        if not events or self._last_split < 0:
+            return []
+        return [(GeneratorSource.split_id(self._last_split), events)]
+
+    def active_splits(self) -> list[str]:
+        return [GeneratorSource.split_id(s) for s in self._active]
 
     def _take(self, split: int, n: int) -> list[Event]:
         pos = self._positions[split]

@@ -181,6 +181,9 @@ class StagedFileWriter:
     committed only if the restored state lists them (see :func:`merge_writer_states`).
     """
 
+    #: Rescaling: every new writer recovers the union of the old writers' states.
+    merge_states = staticmethod(merge_writer_states)
+
     def __init__(
         self,
         directory: str | Path,

@@ -42,7 +42,14 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config key (highest precedence); repeatable",
     )
     run.add_argument("--from-savepoint", type=Path, help="restore from this savepoint")
-    run.add_argument("--allow-non-restored-state", action="store_true")
+    run.add_argument(
+        "--allow-non-restored-state",
+        action="store_true",
+        help="drop savepoint state of operators (uids) the job no longer has",
+    )
+    run.add_argument(
+        "--log-format", choices=["text", "json"], help="log lines as text (default) or JSON"
+    )
     run.add_argument(
         "--progress",
         type=float,
@@ -59,6 +66,18 @@ def _parser() -> argparse.ArgumentParser:
     ins.add_argument("directory", type=Path)
     ins.add_argument("id", type=int, nargs="?")
 
+    from aiostream_ckpt.daemon.client import add_client_args
+
+    sp = sub.add_parser("savepoint", help="savepoints of a running daemon (REST)")
+    sp_sub = sp.add_subparsers(dest="action", required=True)
+    for action, text in (("trigger", "take a savepoint"), ("stop", "stop-with-savepoint")):
+        a = sp_sub.add_parser(action, help=text)
+        add_client_args(a)
+        a.add_argument("--dir", type=Path, help="savepoint parent directory (savepoint.dir)")
+    health = sub.add_parser("health", help="exit 0 when the daemon's /health answers")
+    add_client_args(health, token=False)
+    health.add_argument("--timeout", type=float, default=5.0)
+
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
     sub.add_parser("demo", help="the page-view-count demo under kill -9", add_help=False)
@@ -71,13 +90,16 @@ def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.app_loader import build_app
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
-    from aiostream_ckpt.runtime.job import JobRunner, JobStatus
+    from aiostream_ckpt.daemon.service import JobDaemon
+    from aiostream_ckpt.runtime.job import JobStatus
 
     sets = list(args.sets)
     if args.from_savepoint is not None:
         sets.append(f"job.restore_from={args.from_savepoint}")
     if args.allow_non_restored_state:
         sets.append("job.allow_non_restored_state=true")
+    if args.log_format:
+        sets.append(f"log.format={args.log_format}")
     loaded = load_config(args.config, env=os.environ, sets=sets)
     setup_logging(loaded.log_format, loaded.log_level)
     name = loaded.job_name or args.module.rsplit(".", 1)[-1].removesuffix(".py")
@@ -85,15 +107,16 @@ def _run(args: argparse.Namespace) -> int:
     build_app(args.module, env)
 
     async def main() -> int:
-        runner = JobRunner(env)
+        daemon = JobDaemon(env, loaded.daemon)
+        runner = daemon.runner
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.cancel)
+            loop.add_signal_handler(sig, daemon.request_shutdown)
         progress = None
         if args.progress > 0:
             progress = asyncio.create_task(_progress(runner, args.progress))
         try:
-            result = await runner.run()
+            result = await daemon.run()
         finally:
             if progress is not None:
                 progress.cancel()
@@ -105,16 +128,14 @@ def _run(args: argparse.Namespace) -> int:
             result.restarts,
             result.last_checkpoint,
         )
-        print(
-            orjson.dumps(
-                {
-                    "status": result.status.value,
-                    "restarts": result.restarts,
-                    "last_checkpoint": result.last_checkpoint,
-                }
-            ).decode(),
-            file=sys.stderr,
-        )
+        summary: dict[str, Any] = {
+            "status": result.status.value,
+            "restarts": result.restarts,
+            "last_checkpoint": result.last_checkpoint,
+        }
+        if daemon.savepoints.final_savepoint is not None:
+            summary["savepoint"] = str(daemon.savepoints.final_savepoint.path)
+        print(orjson.dumps(summary).decode(), file=sys.stderr)
         return 0 if result.status in (JobStatus.FINISHED, JobStatus.CANCELED) else 1
 
     import uvloop
@@ -174,6 +195,14 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "checkpoints":
             return _checkpoints(args)
+        if args.command == "savepoint":
+            from aiostream_ckpt.daemon.client import savepoint_main
+
+            return savepoint_main(args)
+        if args.command == "health":
+            from aiostream_ckpt.daemon.client import health_main
+
+            return health_main(args)
     except JobFailedError as exc:
         print(f"aiostream-ckpt: {exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,9 @@ underscore between table and key). On the command line,
 ``--set checkpoint.interval=500ms``. Durations take ``ms``/``s``/``m``/``h``
 suffixes or plain seconds. An unknown key is an error, so a typo never
 silently leaves a default in place.
+
+Daemon keys (``rest.*``, ``savepoint.dir``, ``shutdown.mode``) are described
+in :mod:`aiostream_ckpt.daemon.settings`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.daemon.settings import DAEMON_KEYS, DaemonSettings, parse_daemon_key
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.runtime.config import (
     CheckpointConfig,
@@ -158,6 +162,8 @@ class LoadedConfig:
     log_level: str = "INFO"
     #: where each key's value came from, for error messages and `--print-config`
     sources: dict[str, str] = field(default_factory=dict)
+    #: REST, savepoint directory, SIGTERM mode (``rest.*``, ``savepoint.*``, ``shutdown.*``)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -215,10 +221,15 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     loaded = LoadedConfig(job=base)
+    daemon: dict[str, Any] = {}
     for key, (raw, origin) in sorted(merged.items()):
         loaded.sources[key] = origin
         if key.startswith("app."):
             loaded.params[key[4:]] = raw
+            continue
+        if key in DAEMON_KEYS:
+            name, value = parse_daemon_key(key, raw, origin)
+            daemon[name] = value
             continue
         if key in _OTHER_KEYS:
             if key == "job.name":
@@ -249,4 +260,5 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
         if values
     }
     loaded.job = dataclasses.replace(base, **top, **replaced).validate()
+    loaded.daemon = DaemonSettings(**daemon).validate()
     return loaded

@@ -32,6 +32,22 @@ class Watermark:
 
 
 @dataclass(frozen=True, slots=True)
+class WatermarkStatus:
+    """The sender is idle (sends no watermarks for now) or active again.
+
+    An idle channel is left out of the receiver's watermark minimum, so an idle
+    partition does not hold event time back.
+    """
+
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessingTimeTick:
+    """Task-internal: a processing-time timer is due; fire it between elements."""
+
+
+@dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The upstream instance will send no more records (it may still send barriers)."""
 
@@ -44,4 +60,17 @@ class CancelCheckpoint:
 
 
 END_OF_INPUT = EndOfInput()
-ControlElement = CheckpointBarrier | Watermark | EndOfInput | CancelCheckpoint
+IDLE = WatermarkStatus(idle=True)
+ACTIVE = WatermarkStatus(idle=False)
+PROCESSING_TIME_TICK = ProcessingTimeTick()
+#: Watermark bounds (milliseconds), as Flink's ``Long.MIN_VALUE`` / ``Long.MAX_VALUE``.
+MIN_WATERMARK = -(2**63)
+MAX_WATERMARK = 2**63 - 1
+ControlElement = (
+    CheckpointBarrier
+    | Watermark
+    | WatermarkStatus
+    | ProcessingTimeTick
+    | EndOfInput
+    | CancelCheckpoint
+)

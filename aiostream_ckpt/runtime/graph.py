@@ -26,7 +26,6 @@ from aiostream_ckpt.runtime.config import CheckpointingMode, JobConfig
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
-    KeyedProcessOperator,
     MapOperator,
     ProcessOperator,
     ReduceOperator,
@@ -39,9 +38,12 @@ from aiostream_ckpt.runtime.partitioners import (
     OutputGate,
     RebalanceGate,
 )
+from aiostream_ckpt.runtime.side_outputs import SideOutputGate
 from aiostream_ckpt.runtime.task import ChainSpec
 from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.time.process import make_keyed_process_operator
+from aiostream_ckpt.time.watermarks import SourceWatermarks
 
 
 @dataclass
@@ -50,6 +52,8 @@ class Edge:
     target: Transformation
     partitioning: Partitioning
     key_selector: Callable[[Any], Any] | None
+    #: Set on side-output edges: the ``OutputTag`` whose records travel here.
+    tag: Any = None
 
 
 @dataclass
@@ -67,26 +71,37 @@ class Chain:
         return self.head.parallelism
 
 
-def _resolve_inputs(node: Transformation) -> list[Transformation]:
-    """Return the inputs with unions expanded (a union is wiring, not a task)."""
-    out: list[Transformation] = []
+_WIRING = (TransformKind.UNION, TransformKind.SIDE_OUTPUT)
+
+
+def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, Any]]:
+    """Return ``(input, side-output tag or None)`` with unions and side outputs expanded.
+
+    Both are wiring, not tasks: a side output is an edge tagged with its ``OutputTag``.
+    """
+    out: list[tuple[Transformation, Any]] = []
     for inp in node.inputs:
-        out.extend(_resolve_inputs(inp) if inp.kind is TransformKind.UNION else [inp])
+        if inp.kind is TransformKind.UNION:
+            out.extend(_resolve_inputs(inp))
+        elif inp.kind is TransformKind.SIDE_OUTPUT:
+            out.extend((src, inp.fn) for src, _ in _resolve_inputs(inp))
+        else:
+            out.append((inp, None))
     return out
 
 
 def plan_chains(transformations: list[Transformation], config: JobConfig) -> list[Chain]:
     """Group the logical graph into chains, in topological order."""
-    nodes = [t for t in transformations if t.kind is not TransformKind.UNION]
+    nodes = [t for t in transformations if t.kind not in _WIRING]
     if not any(t.kind is TransformKind.SINK for t in nodes):
         raise JobGraphError("the job has no sink: add sink_to(...) (or print()) to a stream")
     edges: list[Edge] = []
     for t in nodes:
-        for inp in _resolve_inputs(t):
+        for inp, tag in _resolve_inputs(t):
             how = t.partitioning
             if how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
                 how = Partitioning.REBALANCE
-            edges.append(Edge(inp, t, how, t.key_selector))
+            edges.append(Edge(inp, t, how, t.key_selector, tag))
     consumers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
     producers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
     for e in edges:
@@ -94,7 +109,7 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
         producers[e.target.id].append(e)
 
     def chainable(e: Edge) -> bool:
-        if not config.chaining or e.source.kind is TransformKind.SINK:
+        if not config.chaining or e.source.kind is TransformKind.SINK or e.tag is not None:
             return False
         if len(producers[e.target.id]) != 1 or len(consumers[e.source.id]) != 1:
             return False
@@ -139,7 +154,11 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return ProcessOperator(t.uid, copy.deepcopy(t.fn))
     if kind is TransformKind.KEYED_PROCESS:
         assert t.key_selector is not None
-        return KeyedProcessOperator(t.uid, copy.deepcopy(t.fn), t.key_selector)
+        return make_keyed_process_operator(t.uid, copy.deepcopy(t.fn), t.key_selector)
+    if kind is TransformKind.WINDOW:
+        assert t.key_selector is not None
+        op: StreamOperator = t.fn.create_operator(t.uid, t.key_selector)
+        return op
     if kind is TransformKind.REDUCE:
         assert t.key_selector is not None
         return ReduceOperator(t.uid, t.fn, t.key_selector)
@@ -188,6 +207,10 @@ def build_chain_specs(
                         spec.dead_letter = dead_letter_factory(t.uid, sub)
                     dl = spec.dead_letter.add if spec.dead_letter is not None else None
                     spec.reader = t.fn.create_reader(connector_context(t.uid, sub, p, dl))
+                    if t.watermark_strategy is not None:
+                        spec.source_watermarks = SourceWatermarks(
+                            t.watermark_strategy, spec.reader, monotonic
+                        )
                 elif t.kind is TransformKind.SINK:
                     spec.sink_uid = t.uid
                     spec.writer = t.fn.create_writer(connector_context(t.uid, sub, p, None))
@@ -229,7 +252,13 @@ def build_chain_specs(
                 base += _channels_per_edge(e, up_p)
     for (ci, sub), spec in specs.items():
         for e in chains[ci].outputs:
-            spec.outputs.append(_make_gate(e, writers[(ci, sub, id(e))], config))
+            out_gate = _make_gate(e, writers[(ci, sub, id(e))], config)
+            if e.tag is not None:
+                out_gate = SideOutputGate(e.source.uid, e.tag, out_gate)
+                for op in spec.operators:
+                    if op.uid == e.source.uid and op.side_output is None:
+                        op.side_output = []
+            spec.outputs.append(out_gate)
     return [specs[k] for k in sorted(specs)]
 
 

@@ -110,6 +110,8 @@ class JobRunner:
         self._on_started = on_started
         self._bad_checkpoints: set[int] = set()
         self._cancel = asyncio.Event()
+        #: ids used so far in this process (savepoints leave no chk-N directory behind)
+        self._next_id_floor = 1
 
     def cancel(self) -> None:
         """Stop the job (e.g. on SIGTERM); the checkpoints stay for a later resume."""
@@ -136,9 +138,10 @@ class JobRunner:
         uids = {t.uid for t in self.env.transformations}
         unknown = sorted(set(restored.operators) - uids)
         if unknown and not self.config.allow_non_restored_state:
+            kind = "savepoint" if restored.is_savepoint else "checkpoint"
             raise StateMigrationError(
-                f"checkpoint {restored.checkpoint_id} has state for operators not in the job: "
-                f"{', '.join(unknown)} (allow_non_restored_state to drop it)"
+                f"{kind} {restored.checkpoint_id} has state for operators not in the job: "
+                f"{', '.join(unknown)} (run with --allow-non-restored-state to drop it)"
             )
 
     # -- running ----------------------------------------------------------------------
@@ -152,9 +155,10 @@ class JobRunner:
             if restored is not None:
                 self._check_state_matches(restored)
                 log.info(
-                    "restoring from %s %d",
+                    "restoring from %s %d (%s)",
                     "savepoint" if restored.is_savepoint else "checkpoint",
                     restored.checkpoint_id,
+                    restored.directory,
                 )
             run.status = JobStatus.RUNNING
             try:
@@ -217,7 +221,7 @@ class JobRunner:
             clock=self.clock,
             executor=executor,
             max_parallelism=config.max_parallelism,
-            first_checkpoint_id=self.storage.next_checkpoint_id(),
+            first_checkpoint_id=self._first_checkpoint_id(restored),
         )
         if restored is not None and not restored.is_savepoint:
             coordinator.latest_completed = restored
@@ -252,8 +256,18 @@ class JobRunner:
                 self._on_started(self.run_state)
             return await self._supervise(coordinator, tasks)
         finally:
+            self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
             executor.shutdown(wait=True, cancel_futures=True)
             shutil.rmtree(local_dir, ignore_errors=True)
+
+    def _first_checkpoint_id(self, restored: CompletedCheckpoint | None) -> int:
+        """Continue after the restored id (as Flink does after a savepoint).
+
+        Sinks name committed output by checkpoint id, so a job restored from
+        savepoint n into a fresh checkpoint directory must not start again at 1.
+        """
+        after_restored = restored.checkpoint_id + 1 if restored is not None else 1
+        return max(self.storage.next_checkpoint_id(), after_restored, self._next_id_floor)
 
     async def _supervise(self, coordinator: CheckpointCoordinator, tasks: list[StreamTask]) -> bool:
         async with coordinator:

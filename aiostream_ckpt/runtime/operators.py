@@ -28,6 +28,9 @@ class StreamOperator(ABC):
     """One step of a chain. ``backend`` is set for keyed operators before :meth:`open`."""
 
     keyed = False
+    #: ``(tag, record)`` pairs for side outputs; the job graph sets a list on
+    #: operators whose side outputs someone reads, the task drains it.
+    side_output: list[tuple[Any, Any]] | None = None
 
     def __init__(self, uid: str) -> None:
         self.uid = uid
@@ -42,6 +45,14 @@ class StreamOperator(ABC):
 
     def finish(self) -> list[Any]:
         """End of input: records still to emit (e.g. final windows)."""
+        return []
+
+    def process_watermark(self, timestamp: int) -> list[Any]:
+        """Event time reached ``timestamp``: fire timers, return what they emit."""
+        return []
+
+    def process_processing_time(self, now_ms: int) -> list[Any]:
+        """Processing-time timers due at ``now_ms`` fire; return what they emit."""
         return []
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -35,15 +35,27 @@ from aiostream_ckpt.connectors.base import SinkWriter, SourceReader
 from aiostream_ckpt.errors import AiostreamError, CheckpointError
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.elements import (
+    ACTIVE,
     END_OF_INPUT,
+    IDLE,
+    MAX_WATERMARK,
+    MIN_WATERMARK,
+    PROCESSING_TIME_TICK,
     CheckpointBarrier,
     CheckpointKind,
     EndOfInput,
+    ProcessingTimeTick,
     Watermark,
+    WatermarkStatus,
 )
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
+from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
+from aiostream_ckpt.runtime.writer_state import restored_writer_state
 from aiostream_ckpt.state.backend import AsyncSnapshotPart
+from aiostream_ckpt.time.timers import ProcessingTimeScheduler, fire_chain, now_millis
+from aiostream_ckpt.time.valve import WatermarkValve
+from aiostream_ckpt.time.watermarks import WatermarkUpdate
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +89,8 @@ class TaskMetrics:
     batches_in: int = 0
     last_checkpoint_sync_ms: float = 0.0
     last_alignment_ms: float = 0.0
+    #: newest checkpoint whose completion this task has acted on (sink commits done)
+    last_notified_checkpoint: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -96,6 +110,8 @@ class ChainSpec:
     input_gate: InputGate | None = None
     barrier_handler: BarrierHandler | None = None
     outputs: list[OutputGate] = field(default_factory=list)
+    #: A ``time.SourceWatermarks`` when the source has a watermark strategy.
+    source_watermarks: Any = None
 
 
 class StreamTask:
@@ -123,7 +139,7 @@ class StreamTask:
         self.state = TaskState.CREATED
         self.metrics = TaskMetrics()
         self._lock = asyncio.Lock()
-        self._triggers: deque[CheckpointBarrier] = deque()
+        self._triggers: deque[CheckpointBarrier | ProcessingTimeTick] = deque()
         self._trigger_event = asyncio.Event()
         self._notifications: asyncio.Queue[tuple[bool, int]] = asyncio.Queue()
         self._replay: deque[tuple[int, Any]] = deque()
@@ -132,7 +148,11 @@ class StreamTask:
         self._done = asyncio.Event()
         self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._bg = BackgroundTasks(self._background_failed)
-        self._last_watermark = -(2**63)
+        self._last_watermark = MIN_WATERMARK
+        self._valve = WatermarkValve(spec.input_gate.num_channels) if spec.input_gate else None
+        self._side = SideOutputRouter.for_chain(spec.operators, spec.outputs)
+        self._push_records = self._push if self._side is None else self._push_with_side
+        self._bind_timers()
         coordinator.register_task(self.task_id, self)
         if spec.reader is not None:
             coordinator.register_source(self.task_id, self)
@@ -148,10 +168,11 @@ class StreamTask:
         """Open, process until the end (or cancellation), close. Raises on failure."""
         self._transition(TaskState.RUNNING)
         notifier = asyncio.create_task(self._run_notifier(), name=f"{self.task_id}-notify")
+        work: asyncio.Future[Any] | None = None
         try:
             await self._open()
             main = self._run_source() if self.spec.reader is not None else self._run_input()
-            work: asyncio.Future[Any] = asyncio.ensure_future(main)
+            work = asyncio.ensure_future(main)
             watch: set[asyncio.Future[Any]] = {work, self._bg_error}
             done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
             if self._bg_error in done:
@@ -164,6 +185,10 @@ class StreamTask:
             self.state = TaskState.FAILED
             raise
         finally:
+            # cancelled while waiting: the record loop must stop before the writer closes
+            if work is not None and not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
             notifier.cancel()
             await asyncio.gather(notifier, return_exceptions=True)
             await self._bg.cancel_all()
@@ -185,7 +210,7 @@ class StreamTask:
             await spec.reader.start(positions)
             if spec.dead_letter is not None:
                 await spec.dead_letter.recover(
-                    self._own_operator_state(spec.head_uid, DEAD_LETTER_KEY),
+                    self._restored_writer_state(spec.head_uid, DEAD_LETTER_KEY, spec.dead_letter),
                     restored.checkpoint_id if restored else None,
                 )
         for op in spec.operators:
@@ -210,18 +235,22 @@ class StreamTask:
             )
         if spec.writer is not None:
             await spec.writer.recover(
-                self._own_operator_state(spec.sink_uid, "writer"),
+                self._restored_writer_state(spec.sink_uid, "writer", spec.writer),
                 restored.checkpoint_id if restored else None,
             )
 
-    def _own_operator_state(self, uid: str | None, key: str) -> dict[str, Any] | None:
-        if self._restored is None or uid is None:
-            return None
-        st = self._restored.subtask_states(uid).get(self.spec.subtask)
-        if st is None or st.get("operator") is None:
-            return None
-        value = st["operator"].get(key)
-        return value if isinstance(value, dict) else None
+    def _restored_writer_state(
+        self, uid: str | None, key: str, writer: object
+    ) -> dict[str, Any] | None:
+        """Own old state, or all old states merged when the parallelism changed."""
+        return restored_writer_state(
+            self._restored,
+            uid,
+            key,
+            subtask=self.spec.subtask,
+            parallelism=self.spec.parallelism,
+            writer=writer,
+        )
 
     async def _close(self) -> None:
         spec = self.spec
@@ -270,8 +299,10 @@ class StreamTask:
     async def _run_source(self) -> None:
         reader = self.spec.reader
         assert reader is not None
-        read = reader.read_batch
-        push = self._push
+        watermarks = self.spec.source_watermarks
+        read = reader.read_batch if watermarks is None else watermarks.read_batch
+        after = None if watermarks is None else self._after_source_read
+        push = self._push_records
         size = self._batch_size
         triggers = self._triggers
         metrics = self.metrics
@@ -284,6 +315,8 @@ class StreamTask:
             if batch:
                 metrics.records_in += len(batch)
                 await push(batch)
+            if after is not None:
+                await after()
             # Nothing above suspends while the queues have room: yield once per batch
             # so the coordinator's timer, commits and other tasks get to run.
             await asyncio.sleep(0)
@@ -298,7 +331,11 @@ class StreamTask:
 
     async def _inject_barriers(self) -> None:
         while self._triggers:
-            await self._checkpoint(self._triggers.popleft(), 0.0)
+            item = self._triggers.popleft()
+            if isinstance(item, CheckpointBarrier):
+                await self._checkpoint(item, 0.0)
+            else:
+                await self._fire_processing_timers()
 
     async def _wait_either(self, aw: Any) -> Any:
         """Await ``aw`` unless the task is done first (then ``None``)."""
@@ -320,7 +357,7 @@ class StreamTask:
         handler = self.spec.barrier_handler
         assert handler is not None
         get = gate.queue.get
-        push = self._push
+        push = self._push_records
         replay = self._replay
         metrics = self.metrics
         while not self._done.is_set():
@@ -360,19 +397,89 @@ class StreamTask:
             self._replay.extendleft(reversed(decision.released))
         elif isinstance(element, Watermark):
             await self._on_watermark(channel, element)
+        elif isinstance(element, WatermarkStatus):
+            assert self._valve is not None
+            await self._apply_watermark_update(self._valve.on_status(channel, idle=element.idle))
+        elif isinstance(element, ProcessingTimeTick):
+            await self._fire_processing_timers()
         elif isinstance(element, EndOfInput):
             self._ended_channels.add(channel)
             assert self.spec.input_gate is not None
             if len(self._ended_channels) == self.spec.input_gate.num_channels:
                 await self._end_input()
+            elif self._valve is not None:
+                await self._apply_watermark_update(self._valve.on_end(channel))
+
+    # -- event time -------------------------------------------------------------------
 
     async def _on_watermark(self, channel: int, wm: Watermark) -> None:
-        # Event time (per-channel minimum, timers) is layered on in aiostream_ckpt.time.
-        if wm.timestamp > self._last_watermark:
-            self._last_watermark = wm.timestamp
-            await self._broadcast(wm)
+        """Take the min over live channels as the task's watermark (see ``time.valve``)."""
+        assert self._valve is not None
+        await self._apply_watermark_update(self._valve.on_watermark(channel, wm.timestamp))
+
+    async def _after_source_read(self) -> None:
+        """Source tasks: send the per-split watermark minimum when it moved."""
+        await self._apply_watermark_update(self.spec.source_watermarks.poll())
+
+    async def _apply_watermark_update(self, update: WatermarkUpdate | None) -> None:
+        if update is None:
+            return
+        if update.idle is not None:
+            await self._broadcast(IDLE if update.idle else ACTIVE)
+        if update.watermark is not None:
+            await self._advance_watermark(update.watermark)
+
+    async def _advance_watermark(self, timestamp: int) -> None:
+        """Fire the chain's event-time timers, emit what they made, then forward the watermark."""
+        self._last_watermark = timestamp
+        out = fire_chain(self.spec.operators, lambda op: op.process_watermark(timestamp))
+        if out:
+            await self._emit(out)
+        if self._side is not None:
+            await self._side.flush()
+        await self._broadcast(Watermark(timestamp))
+
+    async def _fire_processing_timers(self) -> None:
+        """Fire due processing-time timers (a tick, handled between elements like a barrier)."""
+        if self.state is not TaskState.RUNNING:
+            return  # after the end of input nothing more is emitted
+        now = now_millis(self._clock)
+        out = fire_chain(self.spec.operators, lambda op: op.process_processing_time(now))
+        if out:
+            await self._emit(out)
+        if self._side is not None:
+            await self._side.flush()
+
+    def _bind_timers(self) -> None:
+        """Give timer-keeping operators the clock and a way to wake this task."""
+        timed = [op for op in self.spec.operators if hasattr(op, "bind_time")]
+        if not timed:
+            return
+        scheduler = ProcessingTimeScheduler(
+            self._clock,
+            lambda coro, name: self._bg.spawn(coro, name),
+            self._wake_for_timers,
+            self.task_id,
+        )
+        for op in timed:
+            op.bind_time(scheduler)
+
+    async def _wake_for_timers(self) -> None:
+        gate = self.spec.input_gate
+        if gate is not None:
+            await gate.queue.put((-1, PROCESSING_TIME_TICK))
+        else:
+            self._triggers.append(PROCESSING_TIME_TICK)
+            self._trigger_event.set()
+
+    async def _push_with_side(self, batch: list[Any]) -> None:
+        await self._push(batch)
+        assert self._side is not None
+        await self._side.flush()
 
     async def _end_input(self) -> None:
+        if self._last_watermark < MAX_WATERMARK:
+            await self._advance_watermark(MAX_WATERMARK)  # bounded input: all event time is done
         batch: list[Any] = []
         ops = self.spec.operators
         for i, op in enumerate(ops):
@@ -490,5 +597,6 @@ class StreamTask:
                     await spec.dead_letter.commit(cid)
                 if spec.reader is not None:
                     await spec.reader.notify_checkpoint_complete(cid)
+                self.metrics.last_notified_checkpoint = cid
             if self._end_checkpoint is not None and cid >= self._end_checkpoint:
                 self._done.set()

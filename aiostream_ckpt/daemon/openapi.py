@@ -1,0 +1,273 @@
+"""OpenAPI 3 description of the daemon's REST API, served at ``/openapi.json``.
+
+Kept as data next to the handlers (not generated from them) so it reads as the
+contract; a test checks that it names exactly the routes the server has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_JSON = "application/json"
+
+
+def _ok(description: str, schema: str | dict[str, Any]) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{schema}"} if isinstance(schema, str) else schema
+    return {"description": description, "content": {_JSON: {"schema": ref}}}
+
+
+_ERROR = _ok("Error", "Error")
+_UNAUTHORIZED = {**_ok("Missing or wrong bearer token", "Error")}
+_NOT_RUNNING = _ok("The job is not running (restarting, stopping or done)", "Error")
+_SAVEPOINT_BODY = {
+    "required": False,
+    "content": {
+        _JSON: {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "directory": {
+                        "type": "string",
+                        "description": "Parent directory of the savepoint; default savepoint.dir",
+                    }
+                },
+                "additionalProperties": False,
+            }
+        }
+    },
+}
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "aiostream-ckpt daemon",
+        "version": "1",
+        "description": (
+            "Status, metrics and control of one running job. Read calls need no token from "
+            "loopback; from elsewhere, and for every mutating call, send "
+            "`Authorization: Bearer <rest.token>`. `/health` is always open."
+        ),
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "properties": {"error": {"type": "string"}},
+                "required": ["error"],
+            },
+            "Health": {
+                "type": "object",
+                "properties": {
+                    "status": {"type": "string", "enum": ["ok", "failing"]},
+                    "job": {"type": "string"},
+                },
+            },
+            "Job": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "status": {
+                        "type": "string",
+                        "enum": [
+                            "created",
+                            "running",
+                            "restarting",
+                            "finished",
+                            "canceled",
+                            "failed",
+                        ],
+                    },
+                    "attempt": {"type": "integer"},
+                    "restarts": {"type": "integer"},
+                    "last_checkpoint": {"type": "integer", "nullable": True},
+                    "stopping": {"type": "boolean"},
+                    "graph": {
+                        "type": "object",
+                        "properties": {
+                            "operators": {"type": "array", "items": {"type": "object"}},
+                            "tasks": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
+                },
+            },
+            "Operators": {
+                "type": "object",
+                "properties": {
+                    "window_seconds": {"type": "number"},
+                    "tasks": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "task": {"type": "string"},
+                                "operators": {"type": "array", "items": {"type": "string"}},
+                                "records_in": {"type": "integer"},
+                                "records_out": {"type": "integer"},
+                                "records_in_per_second": {"type": "number"},
+                                "records_out_per_second": {"type": "number"},
+                                "input_queue_fill": {"type": "number", "nullable": True},
+                                "output_queue_fill": {"type": "number"},
+                                "backpressure_ratio": {"type": "number"},
+                                "backpressure": {"type": "string", "enum": ["ok", "low", "high"]},
+                                "source_lag": {
+                                    "type": "object",
+                                    "additionalProperties": {"type": "number"},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+            "CheckpointEntry": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "status": {"type": "string", "enum": ["completed", "aborted"]},
+                    "savepoint": {"type": "boolean"},
+                    "trigger_time": {"type": "number"},
+                    "duration_ms": {"type": "number"},
+                    "size_bytes": {"type": "integer"},
+                    "sync_ms_max": {"type": "number"},
+                    "async_ms_max": {"type": "number"},
+                    "alignment_ms_max": {"type": "number"},
+                    "reason": {"type": "string"},
+                    "detail": {"type": "string"},
+                },
+                "required": ["id", "status", "savepoint"],
+            },
+            "Checkpoints": {
+                "type": "object",
+                "properties": {
+                    "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "in_progress": {"type": "array", "items": {"type": "integer"}},
+                    "history": {
+                        "type": "array",
+                        "items": {"$ref": "#/components/schemas/CheckpointEntry"},
+                    },
+                },
+            },
+            "CompletedCheckpoint": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "path": {"type": "string"},
+                    "trigger_time": {"type": "number"},
+                    "completion_time": {"type": "number"},
+                    "duration_ms": {"type": "number"},
+                    "size_bytes": {"type": "integer"},
+                    "tasks": {"type": "object"},
+                    "operator_parallelism": {"type": "object"},
+                },
+            },
+            "Savepoint": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "path": {"type": "string"},
+                    "duration_ms": {"type": "number"},
+                    "size_bytes": {"type": "integer"},
+                },
+                "required": ["id", "path"],
+            },
+        },
+    },
+    "paths": {
+        "/health": {
+            "get": {
+                "summary": "Liveness for the container HEALTHCHECK (never needs a token)",
+                "responses": {
+                    "200": _ok("Daemon up, job not failed", "Health"),
+                    "503": _ok("Job failed", "Health"),
+                },
+            }
+        },
+        "/job": {
+            "get": {
+                "summary": "Job status, attempt, restarts, graph (operators, tasks, parallelism)",
+                "responses": {"200": _ok("Job", "Job"), "401": _UNAUTHORIZED},
+            }
+        },
+        "/operators": {
+            "get": {
+                "summary": "Per task: records in/out, throughput, queue fill, backpressure",
+                "responses": {"200": _ok("Tasks", "Operators"), "401": _UNAUTHORIZED},
+            }
+        },
+        "/checkpoints": {
+            "get": {
+                "summary": "Checkpoint and savepoint history of this process, newest first",
+                "responses": {"200": _ok("History", "Checkpoints"), "401": _UNAUTHORIZED},
+            }
+        },
+        "/checkpoints/latest": {
+            "get": {
+                "summary": "The newest completed checkpoint (what a restart resumes from)",
+                "responses": {
+                    "200": _ok("Checkpoint", "CompletedCheckpoint"),
+                    "401": _UNAUTHORIZED,
+                    "404": _ok("No completed checkpoint yet", "Error"),
+                },
+            }
+        },
+        "/savepoints": {
+            "post": {
+                "summary": "Take a savepoint; answers when it is complete",
+                "security": [{"bearer": []}],
+                "requestBody": _SAVEPOINT_BODY,
+                "responses": {
+                    "200": _ok("Savepoint complete", "Savepoint"),
+                    "400": _ERROR,
+                    "401": _UNAUTHORIZED,
+                    "409": _NOT_RUNNING,
+                    "500": _ok("Savepoint failed; the job goes on", "Error"),
+                },
+            }
+        },
+        "/job/stop-with-savepoint": {
+            "post": {
+                "summary": "Take a savepoint, then stop the job (the daemon exits 0)",
+                "security": [{"bearer": []}],
+                "requestBody": _SAVEPOINT_BODY,
+                "responses": {
+                    "200": _ok("Savepoint complete; the job is stopping", "Savepoint"),
+                    "400": _ERROR,
+                    "401": _UNAUTHORIZED,
+                    "409": _NOT_RUNNING,
+                    "500": _ok("Savepoint failed; the job goes on", "Error"),
+                },
+            }
+        },
+        "/job/cancel": {
+            "post": {
+                "summary": "Stop the job now; its checkpoints stay for a later resume",
+                "security": [{"bearer": []}],
+                "responses": {
+                    "202": _ok(
+                        "Cancelling",
+                        {"type": "object", "properties": {"status": {"type": "string"}}},
+                    ),
+                    "401": _UNAUTHORIZED,
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": _UNAUTHORIZED,
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This description",
+                "responses": {"200": _ok("OpenAPI 3 document", {"type": "object"})},
+            }
+        },
+    },
+}

@@ -1,0 +1,204 @@
+"""Savepoints, stop-with-savepoint and the graceful stops behind SIGTERM.
+
+A savepoint is a checkpoint triggered by hand into its own self-contained
+directory (the coordinator writes every state file and the ``_metadata``
+there; retention never touches it). Sinks are *not* told it completed, as in
+Flink's intermediate savepoints: their pre-committed output stays pending and
+is committed either by the next regular checkpoint or, after
+stop-with-savepoint, by the job restored from the savepoint (``recover``
+commits what the savepoint lists).
+
+Stop-with-savepoint first suspends periodic checkpoints: a checkpoint
+completing after the savepoint would commit output that the job restored from
+the savepoint produces again (a file sink can retract it on recovery, a Kafka
+transaction cannot). Records processed after the savepoint's barrier are only
+ever in open transactions, which the cancellation discards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiostream_ckpt.daemon.metrics import JobStats
+from aiostream_ckpt.daemon.settings import ShutdownMode
+from aiostream_ckpt.errors import AiostreamError, CheckpointError
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
+    from aiostream_ckpt.runtime.job import JobRunner
+
+log = logging.getLogger(__name__)
+
+#: How long a graceful stop waits for the sinks to act on a completed checkpoint.
+COMMIT_WAIT_SECONDS = 10.0
+
+
+class JobNotRunningError(AiostreamError):
+    """The request needs a running job (it is restarting, stopping or done)."""
+
+
+@dataclass(frozen=True)
+class SavepointResult:
+    checkpoint_id: int
+    path: Path
+    duration_ms: float
+    size_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.checkpoint_id,
+            "path": str(self.path),
+            "duration_ms": round(self.duration_ms, 1),
+            "size_bytes": self.size_bytes,
+        }
+
+
+class SavepointService:
+    """Triggers savepoints and stops the job of one :class:`JobRunner`."""
+
+    def __init__(self, runner: JobRunner, stats: JobStats, default_dir: Path) -> None:
+        self._runner = runner
+        self._stats = stats
+        self.default_dir = default_dir
+        self._lock = asyncio.Lock()
+        self.stopping = False
+        #: the savepoint a stop-with-savepoint ended the job with
+        self.final_savepoint: SavepointResult | None = None
+
+    def _coordinator(self) -> CheckpointCoordinator:
+        from aiostream_ckpt.runtime.job import JobStatus
+
+        run = self._runner.run_state
+        if self.stopping:
+            raise JobNotRunningError("the job is stopping")
+        if run.status is not JobStatus.RUNNING or run.coordinator is None:
+            raise JobNotRunningError(f"the job is {run.status.value}, not running")
+        return run.coordinator
+
+    def _new_dir(self, directory: str | Path | None) -> Path:
+        base = Path(directory).expanduser() if directory else self.default_dir
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        name = f"savepoint-{self._runner.env.job_name}-{stamp}-{secrets.token_hex(3)}"
+        path = base.resolve() / name
+        try:
+            path.mkdir(parents=True)
+        except OSError as exc:
+            raise CheckpointError(f"cannot create savepoint directory {path}: {exc}") from exc
+        return path
+
+    async def _take(
+        self, coordinator: CheckpointCoordinator, directory: str | Path | None
+    ) -> SavepointResult:
+        path = self._new_dir(directory)
+        fut = coordinator.trigger(savepoint_dir=path)
+        try:
+            completed = await fut
+        except BaseException as exc:
+            # a failed savepoint must not look like one: remove what was written
+            shutil.rmtree(path, ignore_errors=True)
+            log.error("savepoint into %s failed: %s", path, exc)
+            raise
+        result = SavepointResult(
+            completed.checkpoint_id, path, completed.duration_seconds * 1000, completed.size_bytes
+        )
+        log.info(
+            "savepoint %d stored at %s (%.0f ms, %d bytes)",
+            result.checkpoint_id,
+            path,
+            result.duration_ms,
+            result.size_bytes,
+        )
+        return result
+
+    async def trigger(self, directory: str | Path | None = None) -> SavepointResult:
+        """Take a savepoint while the job goes on."""
+        async with self._lock:
+            return await self._take(self._coordinator(), directory)
+
+    async def stop_with_savepoint(self, directory: str | Path | None = None) -> SavepointResult:
+        """Savepoint, then cancel the job (exit 0); on failure the job goes on."""
+        async with self._lock:
+            coordinator = self._coordinator()
+            coordinator.suspend_triggers()
+            try:
+                result = await self._take(coordinator, directory)
+            except BaseException:
+                coordinator.resume_triggers()
+                raise
+            self.stopping = True
+            self.final_savepoint = result
+            log.info(
+                "stop-with-savepoint: savepoint %d at %s; stopping the job",
+                result.checkpoint_id,
+                result.path,
+            )
+            self._runner.cancel()
+            return result
+
+    async def cancel(self) -> None:
+        """Stop now; the newest checkpoint stays for a later resume."""
+        self.stopping = True
+        self._runner.cancel()
+
+    # -- graceful stops (SIGTERM) ---------------------------------------------------
+
+    async def graceful_stop(self, mode: ShutdownMode) -> None:
+        """Stop the job the way ``shutdown.mode`` says; always ends in cancellation."""
+        try:
+            if mode is ShutdownMode.SAVEPOINT:
+                await self.stop_with_savepoint()
+                return
+            async with self._lock:
+                coordinator = self._coordinator()
+                coordinator.suspend_triggers()
+                self.stopping = True
+                last = await self._finish_in_flight(coordinator)
+                if mode is ShutdownMode.CHECKPOINT:
+                    started = asyncio.get_running_loop().time()
+                    completed = await coordinator.trigger()
+                    last = completed.checkpoint_id
+                    log.info(
+                        "shutdown: final checkpoint %d completed in %.0f ms",
+                        last,
+                        (asyncio.get_running_loop().time() - started) * 1000,
+                    )
+                if last is not None:
+                    await self._wait_committed(last)
+        except JobNotRunningError:
+            pass
+        except Exception as exc:  # stopping must go on: the older checkpoints stay valid
+            log.error("shutdown (%s): %s; cancelling", mode.value, exc)
+        finally:
+            self.stopping = True
+            self._runner.cancel()
+
+    async def _finish_in_flight(self, coordinator: CheckpointCoordinator) -> int | None:
+        """Let checkpoints already triggered complete (or fail); the newest completed id."""
+        pending = list(coordinator.pending_ids)
+        if not pending:
+            return None
+        log.info("shutdown: waiting for checkpoint(s) %s in flight", pending)
+        outcomes = await asyncio.wait_for(
+            self._stats.wait_for_outcomes(pending), coordinator.config.timeout + 5
+        )
+        done = [cid for cid, status in outcomes.items() if status == "completed"]
+        return max(done) if done else None
+
+    async def _wait_committed(self, checkpoint_id: int) -> None:
+        """Give the tasks time to commit checkpoint ``checkpoint_id``'s output before cancelling."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMMIT_WAIT_SECONDS
+        tasks = self._runner.run_state.tasks
+        while loop.time() < deadline:
+            notified = [t.metrics.last_notified_checkpoint for t in tasks]
+            if all(n is not None and n >= checkpoint_id for n in notified):
+                return
+            await asyncio.sleep(0.01)
+        log.warning("shutdown: sinks did not confirm checkpoint %d in time", checkpoint_id)

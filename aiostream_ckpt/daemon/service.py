@@ -1,0 +1,175 @@
+"""``aiostream-ckpt run`` as a long-running daemon: the job, its REST API, SIGTERM.
+
+The job runner knows nothing of HTTP or signals; this service puts the pieces
+around it: job-level statistics attached to every attempt, the savepoint
+service, the REST server, and the graceful stop chosen by ``shutdown.mode``
+(a second signal cancels at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.daemon.metrics import JobStats
+from aiostream_ckpt.daemon.rest import RestServer
+from aiostream_ckpt.daemon.savepoints import SavepointService
+from aiostream_ckpt.daemon.settings import DaemonSettings
+from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.api.environment import StreamEnvironment
+    from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+class JobDaemon:
+    """Runs one job with REST control; implements :class:`~.rest.JobControl`."""
+
+    def __init__(
+        self,
+        env: StreamEnvironment,
+        settings: DaemonSettings | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.env = env
+        self.settings = settings or DaemonSettings()
+        clock = clock or SystemClock()
+        self.stats = JobStats(clock.monotonic)
+        self.runner = JobRunner(env, clock=clock, on_started=self.stats.attach)
+        ckpt_dir = self.runner.config.checkpoint.directory
+        assert ckpt_dir is not None  # JobRunner refuses a job without one
+        self.savepoints = SavepointService(
+            self.runner, self.stats, self.settings.savepoint_dir or ckpt_dir / "savepoints"
+        )
+        s = self.settings
+        self.rest: RestServer | None = (
+            RestServer(self, bind=s.rest_bind, port=s.rest_port, token=s.rest_token)
+            if s.rest_enabled
+            else None
+        )
+        self._shutdown: asyncio.Task[None] | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def run(self) -> JobResult:
+        """Serve the REST API while the job runs; stop serving when it ends."""
+        async with self.stats:
+            if self.rest is not None:
+                await self.rest.start()
+            try:
+                return await self.runner.run()
+            finally:
+                if self._shutdown is not None:
+                    self._shutdown.cancel()
+                    await asyncio.gather(self._shutdown, return_exceptions=True)
+                if self.rest is not None:
+                    await self.rest.stop()
+
+    def request_shutdown(self) -> None:
+        """Signal handler: the first signal stops gracefully, the next one at once."""
+        if self._shutdown is None:
+            mode = self.settings.shutdown_mode
+            log.info("stop requested by signal (shutdown.mode=%s)", mode.value)
+            self._shutdown = asyncio.create_task(
+                self.savepoints.graceful_stop(mode), name="graceful-stop"
+            )
+        else:
+            log.warning("second stop signal: cancelling now")
+            self.runner.cancel()
+
+    # -- JobControl -----------------------------------------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        status = self.runner.run_state.status
+        ok = status is not JobStatus.FAILED
+        return ok, {"status": "ok" if ok else "failing", "job": status.value}
+
+    def job_view(self) -> dict[str, Any]:
+        run = self.runner.run_state
+        config = self.runner.config
+        final = self.savepoints.final_savepoint
+        return {
+            "name": self.env.job_name,
+            "status": run.status.value,
+            "attempt": run.attempt,
+            "restarts": run.restarts,
+            "last_checkpoint": run.last_checkpoint(),
+            "stopping": self.savepoints.stopping,
+            "savepoint": final.to_json() if final is not None else None,
+            "config": {
+                "parallelism": config.parallelism,
+                "max_parallelism": config.max_parallelism,
+                "checkpoint_interval_s": config.checkpoint.interval,
+                "checkpointing_mode": config.checkpoint.mode.value,
+                "restored_from": str(config.restore_from) if config.restore_from else None,
+            },
+            "graph": {
+                "operators": [
+                    {
+                        "uid": t.uid,
+                        "name": t.name,
+                        "kind": t.kind.value,
+                        "parallelism": t.parallelism,
+                        "inputs": [i.uid for i in t.inputs],
+                        "partitioning": t.partitioning.value,
+                    }
+                    for t in self.env.transformations
+                ],
+                "tasks": [
+                    {
+                        "id": row["task"],
+                        "subtask": row["subtask"],
+                        "parallelism": row["parallelism"],
+                        "operators": row["operators"],
+                        "state": row["state"],
+                    }
+                    for row in self.stats.task_rows()
+                ],
+            },
+        }
+
+    def operators_view(self) -> dict[str, Any]:
+        return {"window_seconds": self.stats.window, "tasks": list(self.stats.task_rows())}
+
+    def checkpoints_view(self) -> dict[str, Any]:
+        coordinator = self.runner.run_state.coordinator
+        counts = {
+            ("" if kind == "checkpoint" else "savepoints_") + status: n
+            for (kind, status), n in sorted(self.stats.counts.items())
+        }
+        return {
+            "counts": counts,
+            "in_progress": list(coordinator.pending_ids) if coordinator is not None else [],
+            "history": list(reversed(self.stats.history)),
+        }
+
+    def latest_checkpoint_view(self) -> dict[str, Any] | None:
+        coordinator = self.runner.run_state.coordinator
+        chk: CompletedCheckpoint | None = None
+        if coordinator is not None:
+            chk = coordinator.latest_completed
+        if chk is None:
+            chk = self.runner.storage.latest_valid()
+        if chk is None:
+            return None
+        return {
+            "id": chk.checkpoint_id,
+            "path": str(chk.directory),
+            "final": chk.is_final,
+            "trigger_time": chk.trigger_time,
+            "completion_time": chk.completion_time,
+            "duration_ms": round(chk.duration_seconds * 1000, 3),
+            "size_bytes": chk.size_bytes,
+            "tasks": chk.tasks,
+            "operator_parallelism": {uid: op["parallelism"] for uid, op in chk.operators.items()},
+        }
+
+    def metrics(self) -> tuple[bytes, str]:
+        return self.stats.render(), CONTENT_TYPE_LATEST

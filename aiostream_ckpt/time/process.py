@@ -1,0 +1,89 @@
+"""``key_by(...).process(fn)`` when ``fn`` has timers (overrides ``on_timer``).
+
+The record path is the plain :class:`KeyedProcessOperator`'s, untouched; this
+subclass only adds the timer service and the two firing entry points the task
+calls on a watermark and on a processing-time tick.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiostream_ckpt.api.functions import (
+    Context,
+    KeyedProcessFunction,
+    OnTimerContext,
+    RuntimeContext,
+    TimeDomain,
+)
+from aiostream_ckpt.runtime.operators import KeyedProcessOperator, StreamOperator
+from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
+
+
+def has_timers(function: object) -> bool:
+    """Whether ``function`` overrides ``KeyedProcessFunction.on_timer``."""
+    return getattr(type(function), "on_timer", None) is not KeyedProcessFunction.on_timer
+
+
+class TimedKeyedProcessOperator(KeyedProcessOperator):
+    """A keyed process operator whose function gets ``ctx.timer_service()``."""
+
+    def __init__(
+        self,
+        uid: str,
+        function: KeyedProcessFunction[Any, Any],
+        key_selector: Callable[[Any], Any],
+    ) -> None:
+        super().__init__(uid, function, key_selector)
+        self._function = function
+        self._timers: InternalTimerService | None = None
+        self._scheduler: ProcessingTimeScheduler | None = None
+        self._out_list: list[Any] = []
+
+    def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
+        self._scheduler = scheduler
+
+    def open(self, ctx: RuntimeContext) -> None:
+        assert self.backend is not None
+        timers = self._timers = InternalTimerService(self.backend)
+        if self._scheduler is not None:
+            timers.bind(self._scheduler)
+        super().open(ctx)
+        self._ctx = Context(self._key_context, timers)
+        self._event_ctx = OnTimerContext(self._key_context, timers, TimeDomain.EVENT_TIME)
+        self._proc_ctx = OnTimerContext(self._key_context, timers, TimeDomain.PROCESSING_TIME)
+        timers.open()
+
+    def process_watermark(self, timestamp: int) -> list[Any]:
+        assert self._timers is not None
+        out = self._out_list = []
+        self._out.collect = out.append
+        self._timers.advance_watermark(timestamp, self._on_event_timer)
+        return out
+
+    def process_processing_time(self, now_ms: int) -> list[Any]:
+        assert self._timers is not None
+        out = self._out_list = []
+        self._out.collect = out.append
+        self._timers.advance_processing_time(now_ms, self._on_processing_timer)
+        return out
+
+    def _on_event_timer(self, timestamp: int, key: Any) -> None:
+        self._function.on_timer(timestamp, self._event_ctx, self._out)
+
+    def _on_processing_timer(self, timestamp: int, key: Any) -> None:
+        self._function.on_timer(timestamp, self._proc_ctx, self._out)
+
+    @property
+    def timer_service(self) -> InternalTimerService | None:
+        return self._timers
+
+
+def make_keyed_process_operator(
+    uid: str, function: KeyedProcessFunction[Any, Any], key_selector: Callable[[Any], Any]
+) -> StreamOperator:
+    """Build the plain operator, or the timed one when the function handles timers."""
+    if has_timers(function):
+        return TimedKeyedProcessOperator(uid, function, key_selector)
+    return KeyedProcessOperator(uid, function, key_selector)

@@ -1,0 +1,218 @@
+"""Keyed timers kept in keyed state, with in-memory queues rebuilt on restore.
+
+Each timer is one entry of a map state per key (timestamp -> 0), so timers are
+in every checkpoint and savepoint like any other keyed state and follow their
+key group when the parallelism changes. The priority queues (a heap per time
+domain plus the set of live ``(timestamp, key)`` pairs) are a derived index:
+rebuilt in :meth:`InternalTimerService.open` from ``backend.keys()``. Deleting
+a timer drops it from the set and the state; its heap entry is skipped when
+it surfaces.
+
+Processing-time timers wake the task through a :class:`ProcessingTimeScheduler`
+on the injected clock. The scheduler does not fire them itself: it enqueues a
+tick that the task handles between elements, so a timer never fires between
+a snapshot and its barrier.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.state.backend import KeyedStateBackend
+from aiostream_ckpt.state.descriptors import MapStateDescriptor
+
+#: ``on_timer(timestamp, key)``; the key context is already set to ``key``.
+TimerCallback = Callable[[int, Any], None]
+
+EVENT_TIMERS = "_timers.event"
+PROCESSING_TIMERS = "_timers.proc"
+
+
+def now_millis(clock: Clock) -> int:
+    return round(clock.time() * 1000)
+
+
+def fire_chain(operators: Sequence[Any], fire: Callable[[Any], list[Any]]) -> list[Any]:
+    """Fire timers along a chain; what an operator emits goes through the ones after it.
+
+    Records an earlier operator emits reach a later one before that one fires,
+    so they are not late there.
+    """
+    out: list[Any] = []
+    for op in operators:
+        if out:
+            out = op.process_batch(out)
+        fired = fire(op)
+        if fired:
+            out = out + fired if out else fired
+    return out
+
+
+class ProcessingTimeScheduler:
+    """Wakes one task when its earliest processing-time timer is due.
+
+    ``spawn`` is the task's way to run a background coroutine it owns (so its
+    failure fails the task); ``wake`` puts a tick into the task's inbox.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        spawn: Callable[[Coroutine[Any, Any, None], str], object],
+        wake: Callable[[], Awaitable[None]],
+        name: str,
+    ) -> None:
+        self.clock = clock
+        self._spawn = spawn
+        self._wake = wake
+        self._name = name
+        self._due: int | None = None
+        self._generation = 0
+
+    def schedule(self, due_ms: int) -> None:
+        """Make sure the task is woken at ``due_ms`` (or earlier)."""
+        if self._due is not None and self._due <= due_ms:
+            return
+        self._due = due_ms
+        self._generation += 1
+        self._spawn(self._sleep(due_ms, self._generation), f"{self._name}-ptimer")
+
+    async def _sleep(self, due_ms: int, generation: int) -> None:
+        delay = (due_ms - now_millis(self.clock)) / 1000
+        if delay > 0:
+            await self.clock.sleep(delay)
+        if generation != self._generation:
+            return  # an earlier deadline replaced this one
+        self._due = None
+        await self._wake()
+
+
+class _Queue:
+    """One time domain: state, heap and live set."""
+
+    __slots__ = ("heap", "live", "state")
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.heap: list[tuple[int, int, Any]] = []
+        self.live: set[tuple[int, Any]] = set()
+
+    def head(self) -> int | None:
+        heap, live = self.heap, self.live
+        while heap and (heap[0][0], heap[0][2]) not in live:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+
+class InternalTimerService:
+    """Timers of one keyed operator instance; the user sees it as a ``TimerService``.
+
+    Timer time stamps are milliseconds: event time is compared with the
+    watermark, processing time with the clock's wall time.
+    """
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self._backend = backend
+        self._kc = backend.key_context
+        self._seq = itertools.count()
+        self._event = _Queue(backend.create_state(MapStateDescriptor(EVENT_TIMERS)))
+        self._proc = _Queue(backend.create_state(MapStateDescriptor(PROCESSING_TIMERS)))
+        self._clock: Clock | None = None
+        self._scheduler: ProcessingTimeScheduler | None = None
+        self.watermark = MIN_WATERMARK
+
+    def bind(self, scheduler: ProcessingTimeScheduler) -> None:
+        """Attach the task's clock and wake-up (before the first record)."""
+        self._scheduler = scheduler
+        self._clock = scheduler.clock
+
+    def open(self) -> None:
+        """Rebuild the queues from restored state (after restore, before records)."""
+        kc = self._kc
+        for name, queue in ((EVENT_TIMERS, self._event), (PROCESSING_TIMERS, self._proc)):
+            for key in list(self._backend.keys(name)):
+                kc.key = key
+                for ts in list(queue.state.keys()):
+                    self._push(queue, int(ts), key)
+        kc.key = None
+        self._reschedule()
+
+    def _push(self, queue: _Queue, ts: int, key: Any) -> bool:
+        entry = (ts, key)
+        if entry in queue.live:
+            return False
+        queue.live.add(entry)
+        heapq.heappush(queue.heap, (ts, next(self._seq), key))
+        return True
+
+    # -- the user's TimerService -----------------------------------------------------
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        if self._push(self._event, timestamp, self._kc.key):
+            self._event.state.put(timestamp, 0)
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        if self._push(self._proc, timestamp, self._kc.key):
+            self._proc.state.put(timestamp, 0)
+            self._reschedule()
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._delete(self._event, timestamp)
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._delete(self._proc, timestamp)
+
+    def _delete(self, queue: _Queue, timestamp: int) -> None:
+        entry = (timestamp, self._kc.key)
+        if entry in queue.live:
+            queue.live.discard(entry)
+            queue.state.remove(timestamp)
+
+    def current_watermark(self) -> int:
+        return self.watermark
+
+    def current_processing_time(self) -> int:
+        if self._clock is None:
+            raise RuntimeError("the timer service is not bound to a task's clock yet")
+        return now_millis(self._clock)
+
+    # -- firing ------------------------------------------------------------------------
+
+    def advance_watermark(self, watermark: int, on_timer: TimerCallback) -> None:
+        """Fire every event-time timer at or before ``watermark``, in time order."""
+        if watermark > self.watermark:
+            self.watermark = watermark
+        self._fire(self._event, watermark, on_timer)
+
+    def advance_processing_time(self, now_ms: int, on_timer: TimerCallback) -> None:
+        """Fire every processing-time timer due at ``now_ms``; re-arm for the next."""
+        self._fire(self._proc, now_ms, on_timer)
+        self._reschedule()
+
+    def _fire(self, queue: _Queue, until: int, on_timer: TimerCallback) -> None:
+        heap, live, state, kc = queue.heap, queue.live, queue.state, self._kc
+        while heap and heap[0][0] <= until:
+            ts, _, key = heapq.heappop(heap)
+            entry = (ts, key)
+            if entry not in live:
+                continue  # deleted, or a duplicate of a fired one
+            live.discard(entry)
+            kc.key = key
+            state.remove(ts)
+            on_timer(ts, key)
+
+    def _reschedule(self) -> None:
+        if self._scheduler is None:
+            return
+        head = self._proc.head()
+        if head is not None:
+            self._scheduler.schedule(head)
+
+    def pending(self) -> tuple[int, int]:
+        """How many event-time and processing-time timers are set (tests, metrics)."""
+        return len(self._event.live), len(self._proc.live)

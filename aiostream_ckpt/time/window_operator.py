@@ -1,0 +1,246 @@
+"""The window operator: keyed window contents and timers, all in keyed state.
+
+Per key, one map state holds every open window of that key, ``(start, end) ->
+contents`` (an accumulator, a reduced value, or the list of elements). For
+session windows the map's keys *are* the key's window set, so merging is a
+rewrite of that map and survives checkpoints as is: nothing else needs to be
+restored. Timers are the operator's :class:`InternalTimerService` (keyed state
+too): one at ``window.max_timestamp`` to fire, one at ``max_timestamp +
+allowed_lateness`` to drop the contents. A timer carries no window, only a
+time; on a timer the operator fires/cleans the key's windows whose time it
+is. Timers left behind by merged sessions find nothing and do nothing.
+
+Lateness follows Flink: a window is late once ``max_timestamp +
+allowed_lateness <= watermark``; a record whose windows are all late goes to
+the late side output (or is dropped and counted), nowhere else. A record for a
+window whose time has passed but that is not late yet fires it again at once,
+with the updated result.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from aiostream_ckpt.api.functions import Collector, RuntimeContext
+from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.side_outputs import OutputTag
+from aiostream_ckpt.state.descriptors import MapStateDescriptor, Serializer
+from aiostream_ckpt.time.functions import AggregateFunction, ProcessWindowFunction, WindowContext
+from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
+from aiostream_ckpt.time.watermarks import TimestampAssigner
+from aiostream_ckpt.time.windows import TimeWindow, WindowAssigner
+
+WINDOW_CONTENTS = "window-contents"
+_MISSING = object()
+
+
+class WindowKind(Enum):
+    AGGREGATE = "aggregate"
+    REDUCE = "reduce"
+    PROCESS = "process"
+
+
+@dataclass
+class WindowSpec:
+    """Everything a window transformation needs; builds one operator per instance."""
+
+    assigner: WindowAssigner
+    kind: WindowKind
+    timestamp_assigner: TimestampAssigner
+    function: Any  # AggregateFunction, a reduce callable, or a ProcessWindowFunction
+    window_function: ProcessWindowFunction[Any, Any, Any] | None = None
+    allowed_lateness: int = 0
+    late_tag: OutputTag[Any] | None = None
+    serializer: Serializer = "json"
+
+    def create_operator(self, uid: str, key_selector: Callable[[Any], Any]) -> WindowOperator:
+        return WindowOperator(uid, copy.deepcopy(self), key_selector)
+
+
+class WindowOperator(StreamOperator):
+    keyed = True
+
+    def __init__(self, uid: str, spec: WindowSpec, key_selector: Callable[[Any], Any]) -> None:
+        super().__init__(uid)
+        self.spec = spec
+        self._key_selector = key_selector
+        self._ts = spec.timestamp_assigner
+        self._lateness = spec.allowed_lateness
+        self._scheduler: ProcessingTimeScheduler | None = None
+        self._timers: InternalTimerService | None = None
+        self._contents: Any = None
+        self._out: Collector[Any] = Collector()
+        self.watermark = MIN_WATERMARK
+        #: Late records dropped because nobody reads the late side output.
+        self.late_dropped = 0
+
+    def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
+        self._scheduler = scheduler
+
+    def open(self, ctx: RuntimeContext) -> None:
+        assert self.backend is not None
+        self._kc = self.backend.key_context
+        self._contents = self.backend.create_state(
+            MapStateDescriptor(WINDOW_CONTENTS, serializer=self.spec.serializer)
+        )
+        timers = self._timers = InternalTimerService(self.backend)
+        if self._scheduler is not None:
+            timers.bind(self._scheduler)
+        timers.open()
+        if self.spec.window_function is not None:
+            self.spec.window_function.open(ctx)
+        if isinstance(self.spec.function, ProcessWindowFunction):
+            self.spec.function.open(ctx)
+
+    def close(self) -> None:
+        for fn in (self.spec.window_function, self.spec.function):
+            if isinstance(fn, ProcessWindowFunction):
+                fn.close()
+
+    # -- records ------------------------------------------------------------------------
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        self._out.collect = out.append
+        kc = self._kc
+        ks = self._key_selector
+        tsf = self._ts
+        merging = self.spec.assigner.merging
+        assign = self.spec.assigner.assign
+        for rec in batch:
+            kc.key = ks(rec)
+            ts = tsf(rec)
+            if merging:
+                if not self._add_to_session(rec, ts):
+                    self._late(rec)
+                continue
+            skipped = True
+            for window in assign(ts):
+                if window.end - 1 + self._lateness <= self.watermark:
+                    continue
+                skipped = False
+                self._add(window, rec)
+                self._after_add(window)
+            if skipped:
+                self._late(rec)
+        return out
+
+    def _late(self, record: Any) -> None:
+        side = self.side_output
+        if side is not None and self.spec.late_tag is not None:
+            side.append((self.spec.late_tag, record))
+        else:
+            self.late_dropped += 1
+
+    def _add(self, window: tuple[int, int], record: Any) -> None:
+        window = (window[0], window[1])  # a plain tuple: the JSON map key
+        contents = self._contents
+        current = contents.get(window, _MISSING)
+        kind = self.spec.kind
+        if kind is WindowKind.AGGREGATE:
+            fn: AggregateFunction[Any, Any, Any] = self.spec.function
+            acc = fn.create_accumulator() if current is _MISSING else current
+            contents.put(window, fn.add(record, acc))
+        elif kind is WindowKind.REDUCE:
+            reduce = self.spec.function
+            contents.put(window, record if current is _MISSING else reduce(current, record))
+        else:
+            # A new list each time: the state may still hold the old one for a snapshot.
+            contents.put(window, [record] if current is _MISSING else [*current, record])
+
+    def _after_add(self, window: TimeWindow) -> None:
+        """Set the window's timers, or fire it now if its time has passed (late firing)."""
+        timers = self._timers
+        assert timers is not None
+        max_ts = window.end - 1
+        if max_ts <= self.watermark:
+            self._fire(window, self._contents.get((window.start, window.end)))
+        else:
+            timers.register_event_time_timer(max_ts)
+        if self._lateness:
+            timers.register_event_time_timer(max_ts + self._lateness)
+
+    def _add_to_session(self, record: Any, ts: int) -> bool:
+        """Add to the key's sessions, merging those the new one touches; False if late."""
+        new = self.spec.assigner.assign(ts)[0]
+        contents = self._contents
+        merged = new
+        touched: list[tuple[tuple[int, int], Any]] = []
+        for window, value in contents.items():
+            if new.intersects(window):
+                touched.append((window, value))
+                merged = merged.cover(window)
+        if merged.end - 1 + self._lateness <= self.watermark:
+            return False  # only possible with nothing touched: those were cleaned up
+        if touched:
+            touched.sort()
+            combined = self._merge_contents([v for _, v in touched])
+            for window, _ in touched:
+                if window != merged:
+                    contents.remove(window)
+            contents.put((merged.start, merged.end), combined)
+        self._add(merged, record)
+        self._after_add(merged)
+        return True
+
+    def _merge_contents(self, values: list[Any]) -> Any:
+        kind = self.spec.kind
+        acc = values[0]
+        for v in values[1:]:
+            if kind is WindowKind.AGGREGATE:
+                acc = self.spec.function.merge(acc, v)
+            elif kind is WindowKind.REDUCE:
+                acc = self.spec.function(acc, v)
+            else:
+                acc = [*acc, *v]
+        return acc
+
+    # -- time ---------------------------------------------------------------------------
+
+    def process_watermark(self, timestamp: int) -> list[Any]:
+        assert self._timers is not None
+        if timestamp > self.watermark:
+            self.watermark = timestamp
+        out: list[Any] = []
+        self._out.collect = out.append
+        self._timers.advance_watermark(timestamp, self._on_timer)
+        return out
+
+    def _on_timer(self, timestamp: int, key: Any) -> None:
+        contents = self._contents
+        lateness = self._lateness
+        for raw, value in list(contents.items()):
+            window = TimeWindow(*raw)
+            max_ts = window.end - 1
+            if max_ts == timestamp:
+                self._fire(window, value)
+            if max_ts + lateness == timestamp:
+                contents.remove(raw)
+
+    def _fire(self, window: TimeWindow, value: Any) -> None:
+        spec = self.spec
+        kind = spec.kind
+        if kind is WindowKind.AGGREGATE:
+            result = spec.function.get_result(value)
+        elif kind is WindowKind.REDUCE:
+            result = value
+        else:
+            spec.function.process(
+                self._kc.key, WindowContext(window, self.watermark), value, self._out
+            )
+            return
+        if spec.window_function is None:
+            self._out.collect(result)
+        else:
+            spec.window_function.process(
+                self._kc.key, WindowContext(window, self.watermark), [result], self._out
+            )
+
+    @property
+    def timer_service(self) -> InternalTimerService | None:
+        return self._timers

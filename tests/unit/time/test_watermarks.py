@@ -1,0 +1,224 @@
+"""Watermarks: strategies, per-split minimum, idleness, the per-channel valve, and a job.
+
+Time is a ManualClock (or a counter standing in for ``monotonic``): no sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.api import StreamEnvironment
+from aiostream_ckpt.clock import ManualClock
+from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.time import TumblingEventTimeWindows, WatermarkStrategy
+from aiostream_ckpt.time.valve import WatermarkValve
+from aiostream_ckpt.time.watermarks import SourceWatermarks, WatermarkUpdate
+from tests.helpers import ScriptedSource, wait_until
+from tests.unit.time.support import SplitSource, SpySink, config, start, strategy
+
+
+class _Now:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _PlainReader:
+    """A reader that cannot tell splits apart."""
+
+    def __init__(self, batches: list[list[Any]]) -> None:
+        self._batches = batches
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        return self._batches.pop(0) if self._batches else None
+
+
+class _Splits:
+    """A split-aware reader the test scripts call by call."""
+
+    def __init__(self, active: list[str]) -> None:
+        self.active = active
+        self.next: list[tuple[str, list[Any]]] | None = []
+
+    async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
+        return self.next
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        raise AssertionError("event time must read per split")
+
+    def active_splits(self) -> list[str]:
+        return self.active
+
+
+def _ev(ts: int) -> dict[str, int]:
+    return {"ts": ts}
+
+
+async def test_bounded_out_of_orderness_and_monotonous() -> None:
+    now = _Now()
+    bounded = SourceWatermarks(strategy(max_delay=100), _PlainReader([[_ev(500), _ev(450)]]), now)  # type: ignore[arg-type]
+    assert await bounded.read_batch(10) == [_ev(500), _ev(450)]
+    assert bounded.poll() == WatermarkUpdate(watermark=500 - 100 - 1)
+    assert bounded.poll() is None  # nothing new: nothing to send
+    mono = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(lambda e: e["ts"])
+    m = SourceWatermarks(mono, _PlainReader([[_ev(7)]]), now)  # type: ignore[arg-type]
+    await m.read_batch(10)
+    assert m.poll() == WatermarkUpdate(watermark=6)
+
+
+def test_strategy_needs_a_timestamp_assigner() -> None:
+    with pytest.raises(ConfigError, match="timestamp assigner"):
+        StreamEnvironment("x").from_source(
+            ScriptedSource("s"), watermark_strategy=WatermarkStrategy.for_monotonous_timestamps()
+        )
+    with pytest.raises(ConfigError):
+        WatermarkStrategy.for_bounded_out_of_orderness(-1)
+
+
+async def test_source_watermark_is_min_over_active_splits() -> None:
+    now = _Now()
+    reader = _Splits(["p0", "p1"])
+    sw = SourceWatermarks(strategy(), reader, now)  # type: ignore[arg-type]
+    reader.next = [("p0", [_ev(1000)]), ("p1", [_ev(200)])]
+    assert await sw.read_batch(10) == [_ev(1000), _ev(200)]
+    assert sw.poll() == WatermarkUpdate(watermark=199)
+    reader.next = [("p0", [_ev(2000)])]
+    await sw.read_batch(10)
+    assert sw.poll() is None, "p1 still holds the watermark at 199"
+    reader.active = ["p0"]  # p1 finished: it no longer holds anything back
+    assert sw.poll() == WatermarkUpdate(watermark=1999)
+
+
+async def test_idle_split_is_excluded_after_the_timeout() -> None:
+    now = _Now()
+    reader = _Splits(["p0", "p1"])
+    sw = SourceWatermarks(strategy(idle_ms=5000), reader, now)  # type: ignore[arg-type]
+    reader.next = [("p0", [_ev(1000)])]
+    await sw.read_batch(10)
+    assert sw.poll() is None, "p1 has sent nothing: it holds the watermark at the minimum"
+    now.t = 4.0
+    reader.next = [("p0", [_ev(3000)])]
+    await sw.read_batch(10)
+    assert sw.poll() is None
+    now.t = 5.0  # p1 silent for 5 s: left out
+    assert sw.poll() == WatermarkUpdate(watermark=2999)
+    now.t = 9.0  # p0 silent for 5 s too: the whole instance is idle
+    assert sw.poll() == WatermarkUpdate(idle=True)
+    assert sw.poll() is None
+    reader.next = [("p0", [_ev(4000)])]
+    await sw.read_batch(10)
+    assert sw.poll() == WatermarkUpdate(idle=False, watermark=3999)
+    reader.next = [("p1", [_ev(100)])]  # p1 wakes up behind: holds further progress
+    await sw.read_batch(10)
+    reader.next = [("p0", [_ev(9000)])]
+    await sw.read_batch(10)
+    assert sw.poll() is None
+    assert sw.watermark == 3999, "a watermark never goes backwards"
+
+
+async def test_reader_without_splits_goes_idle() -> None:
+    sw = SourceWatermarks(strategy(), _Splits([]), _Now())  # type: ignore[arg-type]
+    assert sw.poll() == WatermarkUpdate(idle=True)
+    assert sw.poll() is None
+
+
+async def test_reader_whose_splits_finished_does_not_go_idle() -> None:
+    """End of input (a watermark at the maximum) follows; idleness now would make late data."""
+    reader = _Splits(["f"])
+    sw = SourceWatermarks(strategy(idle_ms=1), reader, _Now())  # type: ignore[arg-type]
+    reader.next = [("f", [_ev(100)])]
+    await sw.read_batch(10)
+    assert sw.poll() == WatermarkUpdate(watermark=99)
+    reader.active = []
+    assert sw.poll() is None
+    assert not sw.idle
+
+
+def test_valve_min_over_channels_never_backwards() -> None:
+    v = WatermarkValve(3)
+    assert v.on_watermark(0, 100) is None
+    assert v.on_watermark(1, 50) is None
+    assert v.on_watermark(2, 70) == WatermarkUpdate(watermark=50)
+    assert v.on_watermark(1, 40) is None, "a channel's watermark never goes back"
+    assert v.on_watermark(1, 90) == WatermarkUpdate(watermark=70)
+    assert v.on_watermark(2, 200) == WatermarkUpdate(watermark=90)
+    assert v.on_end(1) == WatermarkUpdate(watermark=100), "an ended channel is left out"
+    assert v.watermark == 100
+
+
+def test_valve_idle_channels() -> None:
+    v = WatermarkValve(2)
+    v.on_watermark(0, 100)
+    assert v.on_status(1, idle=True) == WatermarkUpdate(watermark=100)
+    assert v.on_status(0, idle=True) == WatermarkUpdate(idle=True)
+    assert v.on_status(0, idle=False) == WatermarkUpdate(idle=False)
+    # channel 1 returns behind the output: the output stays until it catches up
+    assert v.on_watermark(1, 20) is None
+    assert v.watermark == 100
+    assert v.on_watermark(0, 300) is None
+    assert v.on_watermark(1, 250) == WatermarkUpdate(watermark=250)
+    assert v.watermark >= 100 > MIN_WATERMARK
+
+
+def _count_job(env: StreamEnvironment, stream: Any, sink: SpySink) -> None:
+    (
+        stream.key_by(lambda e: e["k"])
+        .window(TumblingEventTimeWindows.of(10_000))
+        .reduce(lambda a, b: {**a, "n": a.get("n", 1) + 1}, uid="win")
+        .sink_to(sink, uid="spy")
+    )
+
+
+async def test_idle_split_does_not_stall_the_job(tmp_path: Path) -> None:
+    clock = ManualClock()
+    env = StreamEnvironment("idle", config=config(tmp_path))
+    src = SplitSource("src", ["p0", "p1"])
+    spy = SpySink()
+    events = env.from_source(src, uid="src", watermark_strategy=strategy(idle_ms=30_000))
+    _count_job(env, events, spy)
+    job, run, _ = await start(env, clock)
+    head = run.tasks[0]
+    src.feed("p0", [{"k": "a", "ts": 1_000}])
+    await wait_until(lambda: head.metrics.records_in == 1)  # p1's idle clock starts at 0
+    clock.advance(20.0)
+    src.feed("p0", [{"k": "a", "ts": 25_000}])
+    await wait_until(lambda: head.metrics.records_in == 2)
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert spy.records == [], "p1 has sent nothing: event time must not move yet"
+    clock.advance(10.0)  # p1 silent for 30 s; p0 was active 10 s ago
+    await wait_until(lambda: len(spy.records) == 1)
+    assert spy.records == [{"k": "a", "ts": 1_000}], "window [0, 10 s) fired once p1 went idle"
+    src.end()
+    await asyncio.wait_for(job, 30)
+    assert spy.records[1:] == [{"k": "a", "ts": 25_000}]
+
+
+async def test_task_watermark_is_min_over_its_inputs(tmp_path: Path) -> None:
+    env = StreamEnvironment("minwm", config=config(tmp_path))
+    fast, slow = SplitSource("fast", ["f"]), SplitSource("slow", ["s"])
+    spy = SpySink()
+    a = env.from_source(fast, uid="fast", watermark_strategy=strategy())
+    b = env.from_source(slow, uid="slow", watermark_strategy=strategy())
+    _count_job(env, a.union(b), spy)
+    job, run, _ = await start(env)
+    fast.feed("f", [{"k": "x", "ts": 1_000}, {"k": "x", "ts": 50_000}])
+    slow.feed("s", [{"k": "y", "ts": 2_000}])
+    win = next(t for t in run.tasks if t.task_id.startswith("win"))
+    await wait_until(lambda: win.metrics.records_in == 3)
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert spy.records == [], "the slow input is at 2 s: window [0, 10 s) must wait"
+    slow.feed("s", [{"k": "y", "ts": 60_000}])
+    await wait_until(lambda: len(spy.records) == 2)
+    assert sorted(r["k"] for r in spy.records) == ["x", "y"]
+    fast.end()
+    slow.end()
+    await asyncio.wait_for(job, 30)
