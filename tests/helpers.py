@@ -137,9 +137,12 @@ class _ScriptedReader:
             self._s.parked = False
         if self._ended:
             return None
+        # poll rather than wait_for: on 3.11 wait_for can swallow a cancellation
+        # that races with the get() finishing
         try:
-            batch = await asyncio.wait_for(self._s.queue.get(), 0.005)
-        except TimeoutError:
+            batch = self._s.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            await asyncio.sleep(0.002)
             return []
         if batch is None:
             self._ended = True
