@@ -103,7 +103,9 @@ def build(env: StreamEnvironment) -> None:
             rate=float(p["rate"]) if "rate" in p else None,
         )
     elif "input" in p:
-        source = JsonLinesFileSource([s for s in str(p["input"]).split(",") if s])
+        source = JsonLinesFileSource(
+            [s for s in str(p["input"]).split(",") if s], required={"app_id": str}
+        )
     else:
         raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
     events = env.from_source(source, uid="events")

@@ -38,7 +38,8 @@ def recount(*paths: Path) -> collections.Counter[str]:
                     event = orjson.loads(line)
                 except orjson.JSONDecodeError:
                     continue
-                counts[event["app_id"]] += 1
+                if isinstance(event, dict) and isinstance(event.get("app_id"), str):
+                    counts[event["app_id"]] += 1
     return counts
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,7 +66,10 @@ class JsonLinesFileSource:
     Readers take files round-robin by subtask index. ``parse=False`` yields each
     line's raw bytes (without the newline) instead of parsed events.
     ``with_position=True`` adds ``"_pos": [file, line_start_offset]`` to every
-    event, so a validator can tie output back to input.
+    event, so a validator can tie output back to input. ``required`` maps field
+    names to types every event must have (``{"app_id": str}``): an event that is
+    not an object with those fields is dead-lettered like an unparsable line,
+    instead of failing the job later in a key selector.
     """
 
     bounded = True
@@ -78,6 +81,7 @@ class JsonLinesFileSource:
         name: str = "file-source",
         parse: bool = True,
         with_position: bool = False,
+        required: Mapping[str, type | tuple[type, ...]] | None = None,
         block_size: int = _BLOCK_SIZE,
     ) -> None:
         if with_position and not parse:
@@ -88,6 +92,9 @@ class JsonLinesFileSource:
         self.splits = _expand(path)
         self.parse = parse
         self.with_position = with_position
+        self.required = dict(required or {})
+        if self.required and not parse:
+            raise ConfigError("required fields need parse=True")
         self.block_size = block_size
 
     def create_reader(self, ctx: ConnectorContext) -> JsonLinesFileReader:
@@ -240,10 +247,13 @@ class JsonLinesFileReader:
                 continue
             if not self._src.with_position:
                 try:
-                    out.extend([orjson.loads(ln) for ln in chunk])
-                    continue
+                    events = [orjson.loads(ln) for ln in chunk]
                 except orjson.JSONDecodeError:
                     pass  # some line is empty or malformed: take them one by one
+                else:
+                    if not self._src.required or not _violations(events, self._src.required):
+                        out.extend(events)
+                        continue
             self._parse_slowly(chunk, line_start, out)
         if not out and self._current >= len(self._splits):
             return None
@@ -252,6 +262,7 @@ class JsonLinesFileReader:
     def _parse_slowly(self, chunk: list[bytes], offset: int, out: list[Any]) -> None:
         split = self._splits[self._current]
         with_position = self._src.with_position
+        required = self._src.required
         dead_letter = self._ctx.dead_letter
         for ln in chunk:
             start, offset = offset, offset + len(ln) + 1
@@ -262,12 +273,37 @@ class JsonLinesFileReader:
             except orjson.JSONDecodeError as e:
                 dead_letter(ln, f"invalid JSON: {e}", {"file": split, "offset": start})
                 continue
+            problem = _problem(event, required) if required else None
+            if problem is None and with_position and not isinstance(event, dict):
+                problem = "not a JSON object"
+            if problem is not None:
+                dead_letter(ln, problem, {"file": split, "offset": start})
+                continue
             if with_position:
-                if not isinstance(event, dict):
-                    dead_letter(ln, "not a JSON object", {"file": split, "offset": start})
-                    continue
                 event["_pos"] = [split, start]
             out.append(event)
+
+
+def _violations(events: list[Any], required: Mapping[str, Any]) -> bool:
+    """Whether any event lacks a required field (one comprehension per field: cheap)."""
+    for field, typ in required.items():
+        if isinstance(typ, type):
+            if [1 for e in events if e.__class__ is not dict or e.get(field).__class__ is not typ]:
+                return True
+        elif [1 for e in events if not isinstance(e, dict) or not isinstance(e.get(field), typ)]:
+            return True
+    return False
+
+
+def _problem(event: Any, required: Mapping[str, Any]) -> str | None:
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    for field, typ in required.items():
+        value = event.get(field)
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            names = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            return f"field {field!r} must be {names}, got {type(value).__name__}"
+    return None
 
 
 class ExactlyOnceFileSink:

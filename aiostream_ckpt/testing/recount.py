@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -33,8 +34,13 @@ def python_recount(inputs: list[Path], output: Path) -> Verdict:
                 if not line.strip():
                     continue
                 try:
-                    expected[orjson.loads(line)["app_id"]] += 1
-                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    event = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    malformed += 1
+                    continue
+                if isinstance(event, dict) and isinstance(event.get("app_id"), str):
+                    expected[event["app_id"]] += 1
+                else:
                     malformed += 1
     nxt: dict[str, int] = collections.defaultdict(lambda: 1)
     problems: list[str] = []
@@ -80,6 +86,10 @@ def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: P
     text = buf.getvalue().strip()
     last = text.splitlines()[-1] if text else "validation: FAIL no output"
     report = orjson.loads(json_path.read_bytes()) if json_path.exists() else {}
-    events = int(report.get("events_in", 0))
-    keys = int(report.get("keys", 0))
+    counts: dict[str, Any] = next(
+        (r["counts"] for r in report.get("results", []) if "events_in" in r.get("counts", {})),
+        {},
+    )
+    events = int(counts.get("events_in", 0))
+    keys = int(counts.get("keys", 0))
     return Verdict(code == 0, events, keys, last, "spark " + text)

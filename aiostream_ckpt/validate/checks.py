@@ -1,27 +1,27 @@
 """The exactly-once checks: recompute from the input, compare with committed output.
 
 Every output record gets at most one failure *kind*, tried in this order:
-``unexpected`` (its key is not in the input, or its value is outside what the
-input allows), ``duplicate`` (the same value was committed earlier for the
-key), ``out_of_order`` (a larger value was committed earlier for the key).
+``malformed_out`` (does not parse), ``unexpected`` (its key or position is
+not in the input, or its value is outside what the input allows),
+``duplicate`` (the same value or position was committed before),
+``out_of_order`` (a larger value was committed before for the key).
 ``missing`` values and ``mismatched`` keys (final value differs) come from the
-input side. A record that does not parse is ``malformed_out``. Counts are
-computed in one Spark pass per side; examples are fetched only for failures.
+input side. Both checks take one Spark pass over each side plus cheap passes
+over small cached results; examples are fetched only for failed categories.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiostream_ckpt.validate import parse
-from aiostream_ckpt.validate.readers import OutputSource, read_input
+from aiostream_ckpt.validate.readers import ORDER, OutputSource, Place, read_input
 from aiostream_ckpt.validate.result import CheckResult
 
 MAX_EXAMPLES = 20
-_ORDER = ("o1", "o2", "o3")
 
 
 def pv_count_check(
@@ -51,75 +51,91 @@ def pv_count_check(
         F.sum(F.when(F.col("status") == parse.BLANK, F.col("count"))).alias("blank"),
         F.count(F.when(F.col("valid"), 1)).alias("keys"),
     ).first()
+    n_valid = _int(stats["valid"])
     expected = by_key.where("valid").select("key", F.col("count").alias("expected"))
 
     parser = parse.udf(parse.count_parser(key_field, count_field), parse.COUNT_SCHEMA)
-    out = (
-        output.df.withColumn("p", parser("value"))
-        .select("at", *_ORDER, "p.key", F.col("p.n").alias("pv"), "p.error")
-        .cache()
-    )
-    # Both windows partition by key alone, so Spark shuffles once. In (pv, commit)
-    # order a record whose predecessor has the same pv is a repeat of it.
-    by_value = Window.partitionBy("key").orderBy("pv", *_ORDER)
-    before = Window.partitionBy("key").orderBy(*_ORDER).rowsBetween(Window.unboundedPreceding, -1)
-    good = (
-        out.where(F.col("error").isNull())
-        .join(expected, "key", "left")
-        .withColumn("repeat", F.lag("pv").over(by_value) == F.col("pv"))
-        .withColumn("earlier_at", F.lag("at").over(by_value))
-        .withColumn("after_pv", F.max("pv").over(before))
-    )
+    place = F.struct(*ORDER)
+    # Both windows partition by key alone, so the output is shuffled once. In
+    # (pv, commit) order, a record whose predecessor has the same pv repeats it.
+    by_value = Window.partitionBy("key").orderBy("pv", *ORDER)
+    before = Window.partitionBy("key").orderBy(*ORDER).rowsBetween(Window.unboundedPreceding, -1)
     kind = (
-        F.when(
+        F.when(F.col("error").isNotNull(), "malformed_out")
+        .when(
             F.col("expected").isNull() | (F.col("pv") < 1) | (F.col("pv") > F.col("expected")),
             "unexpected",
         )
-        .when(F.col("repeat"), "duplicate")
-        .when(F.col("after_pv") > F.col("pv"), "out_of_order")
+        .when(F.lag("pv").over(by_value) == F.col("pv"), "duplicate")
+        .when(F.max("pv").over(before) > F.col("pv"), "out_of_order")
     )
-    records = good.withColumn("kind", kind).cache()
-    bad_out = out.where(F.col("error").isNotNull())
-
-    last = records.groupBy("key").agg(
-        F.max_by("pv", F.struct(*_ORDER)).alias("last_pv"),
-        F.max_by("at", F.struct(*_ORDER)).alias("at"),
+    records = (
+        output.df.select(*ORDER, parser("value").alias("p"))
+        .select(*ORDER, "p.key", F.col("p.n").alias("pv"), "p.error")
+        .join(expected, "key", "left")
+        .select(
+            "key",
+            "pv",
+            "expected",
+            "error",
+            place.alias("place"),
+            F.lag(place).over(by_value).alias("earlier"),
+            F.max("pv").over(before).alias("after_pv"),
+            kind.alias("kind"),
+        )
+        .cache()
+    )
+    kinds = _kind_counts(records)
+    good = records.where(F.col("error").isNull())
+    last = good.groupBy("key").agg(
+        F.max_by("pv", "place").alias("last_pv"), F.max("place").alias("place")
     )
     mismatched = last.join(expected, "key", "full_outer").where(
-        ~F.coalesce(F.col("last_pv"), F.lit(0)).eqNullSafe(F.coalesce(F.col("expected"), F.lit(0)))
+        F.coalesce(F.col("last_pv"), F.lit(0)) != F.coalesce(F.col("expected"), F.lit(0))
     )
-    missing = expected.select(
-        "key", "expected", F.explode(F.sequence(F.lit(1), F.col("expected"))).alias("pv")
-    ).join(records.select("key", "pv"), ["key", "pv"], "left_anti")
-
-    kinds = _kind_counts(records)
-    n_bad = bad_out.count()
+    # Each record of kind None or out_of_order is the first commit of a value in
+    # 1..n, so what they don't cover is missing; no need to list 1..n per key.
+    covered = kinds.get(None, 0) + kinds.get("out_of_order", 0)
     counts = {
         "events_in": _int(stats["events"]),
-        "malformed_in": _int(stats["events"]) - _int(stats["valid"]),
-        "records_out": sum(kinds.values()) + n_bad,
+        "malformed_in": _int(stats["events"]) - n_valid,
+        "records_out": sum(kinds.values()),
         "keys": _int(stats["keys"]),
         "duplicates": kinds.get("duplicate", 0),
-        "missing": missing.count(),
+        "missing": n_valid - covered,
         "mismatched": mismatched.count(),
         "out_of_order": kinds.get("out_of_order", 0),
         "unexpected": kinds.get("unexpected", 0),
-        "malformed_out": n_bad,
+        "malformed_out": kinds.get("malformed_out", 0),
     }
-    record_cols = ["key", "pv", "at"]
+
+    def missing() -> Any:
+        first_commits = good.where(F.col("kind").isNull() | (F.col("kind") == "out_of_order"))
+        short = (
+            first_commits.groupBy("key")
+            .count()
+            .join(expected, "key", "right")
+            .where(F.coalesce(F.col("count"), F.lit(0)) < F.col("expected"))
+        )
+        return short.select(
+            "key", F.explode(F.sequence(F.lit(1), F.col("expected"))).alias("pv"), "expected"
+        ).join(good.select("key", "pv"), ["key", "pv"], "left_anti")
+
+    def of_kind(name: str, *cols: str) -> Callable[[], Any]:
+        return lambda: records.where(F.col("kind") == name).select(*cols)
+
     examples = _collect_examples(
         counts,
         max_examples,
-        duplicates=lambda: records.where("kind = 'duplicate'").select(*record_cols, "earlier_at"),
-        out_of_order=lambda: records.where("kind = 'out_of_order'").select(
-            *record_cols, "after_pv"
-        ),
-        unexpected=lambda: records.where("kind = 'unexpected'").select(*record_cols, "expected"),
-        missing=lambda: missing.select("key", "pv", "expected"),
-        mismatched=lambda: mismatched.select("key", "expected", "last_pv", "at"),
-        malformed_out=lambda: bad_out.select("at", "error"),
+        output.locate,
+        duplicates=of_kind("duplicate", "key", "pv", "place", "earlier"),
+        out_of_order=of_kind("out_of_order", "key", "pv", "place", "after_pv"),
+        unexpected=of_kind("unexpected", "key", "pv", "place", "expected"),
+        missing=missing,
+        mismatched=lambda: mismatched.select("key", "expected", "last_pv", "place"),
+        malformed_out=of_kind("malformed_out", "place", "error"),
     )
-    for df in (records, out, by_key):
+    for df in (records, by_key):
         df.unpersist()
     notes = list(output.notes)
     if _int(stats["blank"]):
@@ -150,58 +166,66 @@ def positions_check(
     valid = F.col("status") == parse.OK
     if require_field:
         valid &= F.col("key").isNotNull()
-    inp = inp.withColumn("valid", valid).cache()
+    inp = inp.select(
+        "src", "off", "line", valid.alias("valid"), (F.col("status") == parse.BLANK).alias("blank")
+    ).cache()
     stats = inp.agg(
-        F.count(F.when(F.col("status") != parse.BLANK, 1)).alias("events"),
+        F.count(F.when(~F.col("blank"), 1)).alias("events"),
         F.count(F.when(F.col("valid"), 1)).alias("valid"),
     ).first()
-    positions = inp.where("valid").select("src", "off", F.col("at").alias("input_at"))
+    n_valid = _int(stats["valid"])
+    positions = inp.where("valid").select("src", "off", "line")
 
     parser = parse.udf(parse.position_parser(pos_field), parse.POSITION_SCHEMA)
-    out = (
-        output.df.withColumn("p", parser("value"))
-        .select("at", *_ORDER, "p.src", "p.off", "p.error")
-        .cache()
+    place = F.struct(*ORDER)
+    per_pos = Window.partitionBy("src", "off").orderBy(*ORDER)
+    kind = (
+        F.when(F.col("error").isNotNull(), "malformed_out")
+        .when(F.col("line").isNull(), "unexpected")
+        .when(F.lag(place).over(per_pos).isNotNull(), "duplicate")
     )
-    per_pos = Window.partitionBy("src", "off").orderBy(*_ORDER)
     records = (
-        out.where(F.col("error").isNull())
+        output.df.select(*ORDER, parser("value").alias("p"))
+        .select(*ORDER, "p.src", "p.off", "p.error")
         .join(positions, ["src", "off"], "left")
-        .withColumn("earlier_at", F.lag("at").over(per_pos))
-        .withColumn(
-            "kind",
-            F.when(F.col("input_at").isNull(), "unexpected").when(
-                F.col("earlier_at").isNotNull(), "duplicate"
-            ),
+        .select(
+            "src",
+            "off",
+            "error",
+            F.concat_ws(":", "src", F.col("line").cast("string")).alias("input_at"),
+            place.alias("place"),
+            F.lag(place).over(per_pos).alias("earlier"),
+            kind.alias("kind"),
         )
         .cache()
     )
-    bad_out = out.where(F.col("error").isNotNull())
-    missing = positions.join(records.select("src", "off"), ["src", "off"], "left_anti")
-
     kinds = _kind_counts(records)
-    n_bad = bad_out.count()
     counts = {
         "events_in": _int(stats["events"]),
-        "malformed_in": _int(stats["events"]) - _int(stats["valid"]),
-        "records_out": sum(kinds.values()) + n_bad,
+        "malformed_in": _int(stats["events"]) - n_valid,
+        "records_out": sum(kinds.values()),
         "duplicates": kinds.get("duplicate", 0),
-        "missing": missing.count(),
+        # Records of kind None are the first commit of each valid position.
+        "missing": n_valid - kinds.get(None, 0),
         "unexpected": kinds.get("unexpected", 0),
-        "malformed_out": n_bad,
+        "malformed_out": kinds.get("malformed_out", 0),
     }
-    pos_cols = ["src", "off", "at"]
+
+    def of_kind(name: str, *cols: str) -> Callable[[], Any]:
+        return lambda: records.where(F.col("kind") == name).select(*cols)
+
     examples = _collect_examples(
         counts,
         max_examples,
-        duplicates=lambda: records.where("kind = 'duplicate'").select(
-            *pos_cols, "earlier_at", "input_at"
+        output.locate,
+        duplicates=of_kind("duplicate", "src", "off", "place", "earlier", "input_at"),
+        unexpected=of_kind("unexpected", "src", "off", "place"),
+        missing=lambda: positions.join(records, ["src", "off"], "left_anti").select(
+            "src", "off", F.concat_ws(":", "src", F.col("line").cast("string")).alias("input_at")
         ),
-        unexpected=lambda: records.where("kind = 'unexpected'").select(*pos_cols),
-        missing=lambda: missing.select("src", "off", "input_at"),
-        malformed_out=lambda: bad_out.select("at", "error"),
+        malformed_out=of_kind("malformed_out", "place", "error"),
     )
-    for df in (records, out, inp):
+    for df in (records, inp):
         df.unpersist()
     return _result("positions", counts, examples, list(output.notes), started, informational=3)
 
@@ -212,15 +236,33 @@ def _kind_counts(records: Any) -> dict[str | None, int]:
 
 
 def _collect_examples(
-    counts: dict[str, int], limit: int, **queries: Any
+    counts: dict[str, int],
+    limit: int,
+    locate: Callable[[Sequence[Place]], list[str]],
+    **queries: Callable[[], Any],
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run the example query of each failed category, in a stable order."""
+    """Run the example query of each failed category, in a stable order.
+
+    Columns holding a place (``place``, ``earlier``) become ``at`` and
+    ``earlier_at`` strings naming the file and line or partition and offset.
+    """
     examples: dict[str, list[dict[str, Any]]] = {}
     for category, query in queries.items():
-        if counts.get(category, 0) > 0 and limit > 0:
-            df = query()
-            rows = df.orderBy(*df.columns).limit(limit).collect()
-            examples[category] = [r.asDict() for r in rows]
+        if counts.get(category, 0) <= 0 or limit <= 0:
+            continue
+        df = query()
+        rows = [r.asDict() for r in df.orderBy(*df.columns).limit(limit).collect()]
+        for col in ("place", "earlier"):
+            if col not in df.columns:
+                continue
+            found = [i for i, r in enumerate(rows) if r[col] is not None]
+            names = locate([tuple(int(v) for v in rows[i][col]) for i in found])  # type: ignore[misc]
+            named = dict(zip(found, names, strict=True))
+            label = "at" if col == "place" else f"{col}_at"
+            for i, r in enumerate(rows):
+                r[label] = named.get(i)
+                del r[col]
+        examples[category] = rows
     return examples
 
 

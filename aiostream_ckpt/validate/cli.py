@@ -140,6 +140,15 @@ def _run(args: argparse.Namespace, kafka: bool) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    """Say what went wrong in one line; for a JVM error, its root cause, not py4j's wrapper."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            while java.getCause() is not None:
+                java = java.getCause()
+            return str(java.toString())[:500]
+        except Exception:
+            pass  # the gateway may be gone; fall back to the Python text
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[0] if lines else type(exc).__name__
     if not isinstance(exc, ValidationError):

@@ -185,7 +185,11 @@ class _LineLocator:
 
 
 def committed_name(name: str, prefix: str = "part") -> tuple[int, int] | None:
-    """Return ``(checkpoint id, subtask)`` of a committed file name, None for other names."""
+    """Return ``(checkpoint id, subtask)`` of a committed file name, None for other names.
+
+    A name of committed output whose order can't be told raises: skipping it
+    would hide output from the proof.
+    """
     m = re.fullmatch(rf"{re.escape(prefix)}-(\d+)-(\d+)\.jsonl", name)
     if m is None:
         return None
@@ -194,7 +198,9 @@ def committed_name(name: str, prefix: str = "part") -> tuple[int, int] | None:
         return int(b), int(a)
     if len(a) >= 10 and len(b) == 4:
         return int(a), int(b)
-    return None
+    raise ValidationConfigError(
+        f"committed file {name}: expected a 4-digit subtask and a 10-digit checkpoint id"
+    )
 
 
 def read_kafka_output(
@@ -203,14 +209,17 @@ def read_kafka_output(
     topic: str,
     *,
     isolation: str = "read_committed",
+    timeout_s: float = 20.0,
 ) -> OutputSource:
     """Read a whole topic in batch mode, ordered by (partition, offset).
 
     Order: ``o1`` partition, ``o2`` offset. ``read_committed`` makes "latest"
-    the last stable offset and skips aborted
-    records and transaction markers; ``read_uncommitted`` exists to show that
-    the checks catch aborted records. ``failOnDataLoss`` is off for the
-    latter, since its offset gaps (markers) are not lost data.
+    the last stable offset and skips aborted records and transaction markers;
+    ``read_uncommitted`` exists to show that the checks catch aborted records.
+    ``failOnDataLoss`` stays on: Spark tells marker gaps from lost data under
+    both levels (tried), and records deleted by retention must not pass silently.
+    ``timeout_s`` bounds each offset lookup; Spark's defaults (60 s, 3 tries)
+    take almost two minutes to report an unreachable broker.
     """
     from pyspark.sql import functions as F
 
@@ -226,7 +235,9 @@ def read_kafka_output(
             .option("startingOffsets", "earliest")
             .option("endingOffsets", "latest")
             .option("kafka.isolation.level", isolation)
-            .option("failOnDataLoss", str(isolation == "read_committed").lower())
+            .option("kafka.default.api.timeout.ms", str(int(timeout_s * 1000)))
+            .option("kafka.request.timeout.ms", str(int(timeout_s * 1000)))
+            .option("fetchOffset.numRetries", "1")
             .load()
         )
     except Exception as exc:

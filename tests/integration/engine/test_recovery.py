@@ -141,6 +141,8 @@ def test_malformed_input_fail_fast(tmp_path: Path) -> None:
 
 def test_malformed_input_dead_lettered_once(tmp_path: Path) -> None:
     inp = make_pv_input(tmp_path / "in.jsonl", 50_000, malformed=3)
+    with open(inp, "ab") as f:  # valid JSON, but not a page view: no string app_id
+        f.write(b'{"user_id": "u-1"}\n{"app_id": 17}\n')
     r = cli("run", "apps.pv_count", *pv_args(tmp_path, inp))
     assert r.returncode == 0, r.stderr[-2000:]
     from aiostream_ckpt.connectors.staging import read_committed_output
@@ -148,6 +150,7 @@ def test_malformed_input_dead_lettered_once(tmp_path: Path) -> None:
     dead = list(
         read_committed_output(tmp_path / "ckpt" / "dead-letter" / "events", prefix="dead-letter")
     )
-    assert len(dead) == 3
+    assert len(dead) == 5
     assert all(d["origin"]["file"].endswith("in.jsonl") and "reason" in d for d in dead)
+    assert sum("field 'app_id' must be str" in d["reason"] for d in dead) == 2
     assert check_pv_output(tmp_path / "out", recount(inp)).exact

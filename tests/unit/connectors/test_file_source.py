@@ -173,3 +173,26 @@ async def test_replay_does_not_report_consumed_malformed_lines_again(tmp_path: P
     replay = await open_reader(src, ctx(dead=dead), r.snapshot_position())
     assert await drain(replay, 10) == []
     assert len(dead) == 1
+
+
+async def test_required_fields_dead_letter_with_offsets(tmp_path) -> None:
+    from aiostream_ckpt.connectors.base import ConnectorContext
+    from aiostream_ckpt.connectors.files import JsonLinesFileSource
+
+    lines = [b'{"app_id": "a"}', b'{"user": 1}', b'{"app_id": 5}', b"[1, 2]", b'{"app_id": "b"}']
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    dead: list[tuple[bytes, str, dict]] = []
+    ctx = ConnectorContext("j", "src", 0, 1, dead_letter=lambda r, why, o: dead.append((r, why, o)))
+    reader = JsonLinesFileSource(path, required={"app_id": str}).create_reader(ctx)
+    await reader.start(None)
+    events = await reader.read_batch(100)
+    assert events == [{"app_id": "a"}, {"app_id": "b"}]
+    offsets = [len(b"\n".join(lines[:i])) + (1 if i else 0) for i in range(len(lines))]
+    assert [(r, o["offset"]) for r, _, o in dead] == [
+        (lines[1], offsets[1]),
+        (lines[2], offsets[2]),
+        (lines[3], offsets[3]),
+    ]
+    assert dead[0][1] == "field 'app_id' must be str, got NoneType"
+    assert dead[2][1] == "not a JSON object"
