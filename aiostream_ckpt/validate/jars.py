@@ -18,20 +18,15 @@ plaintext local broker) to the nearest version there and say so in the manifest.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
 import re
 import shutil
-import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
+from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.maven import MAVEN_CENTRAL, cache_root, copy_dependencies, file_lock, find_mvn
 from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
 
-DEPENDENCY_PLUGIN_VERSION = "3.8.1"
-MAVEN_CENTRAL = "https://repo.maven.apache.org/maven2"
 _MANIFEST = "jars.txt"
 _JAR_NAME = re.compile(r"(?P<artifact>.+?)-(?P<version>\d[^/]*)\.jar")
 
@@ -82,12 +77,6 @@ _SETTINGS = f"""\
 """
 
 
-def cache_root() -> Path:
-    """Return ``$AIOSTREAM_CACHE_DIR`` or ``~/.cache/aiostream-ckpt`` (shared with the broker)."""
-    env = os.environ.get("AIOSTREAM_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "aiostream-ckpt"
-
-
 def pyspark_jars_dir() -> Path:
     import pyspark
 
@@ -117,7 +106,7 @@ def spark_kafka_jars(spark_version: str | None = None, cache_dir: Path | None = 
     if cached is not None:
         return cached
     base.mkdir(parents=True, exist_ok=True)
-    with _file_lock(base / ".lock"):
+    with file_lock(base / ".lock"):
         cached = _read_manifest(base)
         if cached is not None:
             return cached
@@ -134,11 +123,10 @@ def _read_manifest(base: Path) -> list[Path] | None:
 
 
 def _fetch(base: Path, version: str) -> list[Path]:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ValidationConfigError(
-            "Maven ('mvn') not found on PATH; it is needed once to fetch Spark's Kafka source"
-        )
+    try:
+        find_mvn("Spark's Kafka source")
+    except ConfigError as exc:
+        raise ValidationConfigError(str(exc)) from None
     shipped = {a for p in pyspark_jars_dir().glob("*.jar") if (a := artifact_of(p.name))}
     with tempfile.TemporaryDirectory(dir=base, prefix=".fetch-") as tmp:
         work = Path(tmp)
@@ -147,7 +135,9 @@ def _fetch(base: Path, version: str) -> list[Path]:
         for pin in (None, *TOKEN_PROVIDER_FALLBACKS):
             management = "" if pin is None else _MANAGEMENT.format(version=pin)
             (work / "pom.xml").write_text(_POM.format(version=version, management=management))
-            proc = _copy_dependencies(mvn, work, staging)
+            proc = copy_dependencies(
+                work / "pom.xml", staging, settings=work / "settings.xml", refresh=True
+            )
             if proc.returncode == 0:
                 break
             output = proc.stdout + proc.stderr
@@ -170,31 +160,3 @@ def _fetch(base: Path, version: str) -> list[Path]:
             shutil.move(staging / name, final / name)
     (base / _MANIFEST).write_text("\n".join(keep) + "\n")
     return [final / n for n in keep]
-
-
-def _copy_dependencies(mvn: str, work: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        mvn,
-        "-q",
-        "-B",
-        "-U",  # a "not found" cached by an earlier, failed resolution must not stick
-        "-s",
-        str(work / "settings.xml"),
-        "-f",
-        str(work / "pom.xml"),
-        f"org.apache.maven.plugins:maven-dependency-plugin:{DEPENDENCY_PLUGIN_VERSION}"
-        ":copy-dependencies",
-        f"-DoutputDirectory={out}",
-        "-DincludeScope=runtime",
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)

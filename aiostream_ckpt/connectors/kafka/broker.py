@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -33,11 +32,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt.maven import (
+    DEPENDENCY_PLUGIN_VERSION,
+    cache_root,
+    copy_dependencies,
+    file_lock,
+    find_mvn,
+)
 
 KAFKA_VERSION = "4.1.1"
 SCALA_VERSION = "2.13"
@@ -45,7 +51,6 @@ SCALA_VERSION = "2.13"
 # one (log4j-slf4j-impl, not -slf4j2-), because Kafka pins slf4j-api 1.7.36.
 LOG4J_VERSION = "2.24.3"
 # Maven 3.8's default dependency plugin (2.8) predates features we rely on.
-DEPENDENCY_PLUGIN_VERSION = "3.8.1"
 
 _STAMP = ".complete"
 _LOOPBACK = "127.0.0.1"
@@ -114,12 +119,6 @@ _LOG4J2_XML = """\
 """
 
 
-def cache_root() -> Path:
-    """Return the cache root: ``$AIOSTREAM_CACHE_DIR`` or ``~/.cache/aiostream-ckpt``."""
-    env = os.environ.get("AIOSTREAM_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "aiostream-ckpt"
-
-
 def ensure_kafka_jars(cache_dir: Path | None = None) -> Path:
     """Return a directory holding the broker's classpath, resolving it with Maven once.
 
@@ -134,32 +133,17 @@ def ensure_kafka_jars(cache_dir: Path | None = None) -> Path:
     if stamp.exists():
         return libs
     base.mkdir(parents=True, exist_ok=True)
-    with _file_lock(base / ".lock"):
+    with file_lock(base / ".lock"):
         if stamp.exists():  # another caller finished while we waited
             return libs
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise ConfigError(
-                "Maven ('mvn') not found on PATH; it is needed once to fetch the Kafka jars"
-            )
+        find_mvn("the Kafka broker's jars")
         staging = base / "libs.partial"
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(libs, ignore_errors=True)
         staging.mkdir()
         pom = base / "pom.xml"
         pom.write_text(_POM)
-        cmd = [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            f"org.apache.maven.plugins:maven-dependency-plugin:{DEPENDENCY_PLUGIN_VERSION}"
-            ":copy-dependencies",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        proc = copy_dependencies(pom, staging)
         if proc.returncode != 0:
             output = (proc.stdout + proc.stderr).strip().splitlines()
             tail = "\n".join(output[-25:])
@@ -174,16 +158,6 @@ def ensure_kafka_jars(cache_dir: Path | None = None) -> Path:
         staging.rename(libs)
         stamp.write_text("\n".join(jars) + "\n")
     return libs
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def java_executable() -> str:
