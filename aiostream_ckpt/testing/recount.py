@@ -90,6 +90,6 @@ def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: P
         (r["counts"] for r in report.get("results", []) if "events_in" in r.get("counts", {})),
         {},
     )
-    events = int(counts.get("events_in", 0))
+    events = int(counts.get("events_in", 0)) - int(counts.get("malformed_in", 0))
     keys = int(counts.get("keys", 0))
     return Verdict(code == 0, events, keys, last, "spark " + text)
