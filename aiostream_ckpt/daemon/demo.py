@@ -71,6 +71,8 @@ def demo_main(argv: list[str]) -> int:
         f"app.input={','.join(str(p) for p in inputs)}",
         "--set",
         f"app.output={output}",
+        "--set",
+        "rest.port=0",
         "--progress",
         "1",
     ]

@@ -12,7 +12,14 @@ from abc import ABC, abstractmethod
 from collections import deque
 
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.errors import AppLoadError, ConfigError, JobGraphError, StateMigrationError
+from aiostream_ckpt.errors import (
+    AppLoadError,
+    ConfigError,
+    ConnectorError,
+    JobGraphError,
+    RecordError,
+    StateMigrationError,
+)
 from aiostream_ckpt.runtime.config import RestartConfig, RestartStrategyKind
 
 NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
@@ -20,7 +27,15 @@ NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
     AppLoadError,
     JobGraphError,
     StateMigrationError,
+    RecordError,  # fail-fast on a malformed record: a restart reads the same record again
 )
+
+
+def restartable(failure: BaseException) -> bool:
+    """Whether a restart can help: not for bad config/apps/state, nor a connector that says so."""
+    if isinstance(failure, NOT_RESTARTABLE):
+        return False
+    return not (isinstance(failure, ConnectorError) and not failure.retriable)
 
 
 class RestartStrategy(ABC):
@@ -30,7 +45,7 @@ class RestartStrategy(ABC):
 
     def next_delay(self, failure: BaseException) -> float | None:
         """Seconds to wait before restarting, or ``None`` to fail the job."""
-        if isinstance(failure, NOT_RESTARTABLE):
+        if not restartable(failure):
             return None
         delay = self._next_delay()
         if delay is not None:

@@ -167,7 +167,8 @@ class StreamTask:
     async def run(self) -> None:
         """Open, process until the end (or cancellation), close. Raises on failure."""
         self._transition(TaskState.RUNNING)
-        notifier = asyncio.create_task(self._run_notifier(), name=f"{self.task_id}-notify")
+        # watched like every background task: a failed commit must fail the task
+        self._bg.spawn(self._run_notifier(), f"{self.task_id}-notify")
         work: asyncio.Future[Any] | None = None
         try:
             await self._open()
@@ -189,8 +190,6 @@ class StreamTask:
             if work is not None and not work.done():
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
-            notifier.cancel()
-            await asyncio.gather(notifier, return_exceptions=True)
             await self._bg.cancel_all()
             await self._close()
 
@@ -598,5 +597,14 @@ class StreamTask:
                 if spec.reader is not None:
                     await spec.reader.notify_checkpoint_complete(cid)
                 self.metrics.last_notified_checkpoint = cid
-            if self._end_checkpoint is not None and cid >= self._end_checkpoint:
+            # Stay until the job's final checkpoint (taken after *every* source ended)
+            # completes: a subtask leaving after its own end would never ack the
+            # checkpoints that other, still running sources trigger.
+            final = self._coord.finished
+            if (
+                self._end_checkpoint is not None
+                and cid >= self._end_checkpoint
+                and final.done()
+                and cid >= final.result()
+            ):
                 self._done.set()

@@ -1,0 +1,184 @@
+"""What the Kafka source and sink share: config checks, bounded connects, error mapping.
+
+A job that can't reach its broker must fail at start with one line that names
+the cause, not hang in a client's retry loop. aiokafka retries some things
+forever (the producer's InitProducerId loop, metadata waits), so every connect
+here runs under a deadline and turns into a :class:`ConnectorError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from aiokafka import errors as kafka_errors
+from aiokafka.client import AIOKafkaClient
+
+from aiostream_ckpt.errors import ConfigError, ConnectorError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+_CLIENT_KEYS = frozenset(inspect.signature(AIOKafkaClient.__init__).parameters) - {
+    "self",
+    "loop",
+    "bootstrap_servers",
+}
+
+
+def check_bootstrap_servers(value: str) -> str:
+    """Return ``value`` if it is ``host:port[,host:port...]``; else raise ``ConfigError``.
+
+    aiokafka would raise a bare ``ValueError`` from deep in its client (or try
+    port 9092 on an empty host); a config error is reported once, not retried.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"invalid Kafka bootstrap servers {value!r}: expected host:port")
+    for part in value.split(","):
+        m = _HOST_PORT.match(part.strip())
+        if m is None or not 0 < int(m.group(1)) < 65536:
+            raise ConfigError(
+                f"invalid Kafka bootstrap servers {value!r}: {part.strip()!r} is not host:port"
+            )
+    return value
+
+
+def client_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep the keys of a consumer/producer config a bare ``AIOKafkaClient`` accepts (TLS, SASL)."""
+    return {k: v for k, v in config.items() if k in _CLIENT_KEYS}
+
+
+def connector_error(what: str, exc: BaseException) -> ConnectorError:
+    """Wrap a client error, keeping aiokafka's ``retriable`` verdict."""
+    retriable = bool(getattr(exc, "retriable", False)) or isinstance(
+        exc, TimeoutError | kafka_errors.KafkaConnectionError
+    )
+    detail = str(exc) or type(exc).__name__
+    return ConnectorError(f"{what}: {type(exc).__name__}: {detail}", retriable=retriable)
+
+
+async def start_with_deadline(
+    make: Callable[[], T],
+    start: Callable[[T], Awaitable[None]],
+    stop: Callable[[T], Awaitable[None]],
+    *,
+    bootstrap_servers: str,
+    timeout_s: float,
+    what: str,
+    backoff_s: float = 0.5,
+) -> T:
+    """Create and start a client, retrying connection failures until ``timeout_s``.
+
+    A fresh client per attempt: aiokafka's ``start()`` may only be called once.
+    Raises a retriable ``ConnectorError`` (one line) when the deadline passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while True:
+        client = make()
+        remaining = deadline - time.monotonic()
+        try:
+            await asyncio.wait_for(start(client), max(remaining, 0.01))
+            return client
+        except (kafka_errors.KafkaError, OSError, TimeoutError) as exc:
+            last = exc
+            await _quiet_stop(stop, client)
+            if isinstance(exc, kafka_errors.KafkaError) and not _is_connect_error(exc):
+                raise connector_error(f"{what} failed on {bootstrap_servers}", exc) from exc
+        except BaseException:
+            await _quiet_stop(stop, client)
+            raise
+        if time.monotonic() + backoff_s >= deadline:
+            reason = "timed out" if isinstance(last, TimeoutError) else _short(last)
+            raise ConnectorError(
+                f"cannot reach Kafka at {bootstrap_servers} within {timeout_s:g}s "
+                f"({what}): {reason}",
+                retriable=True,
+            ) from last
+        await asyncio.sleep(backoff_s)
+
+
+def _is_connect_error(exc: BaseException) -> bool:
+    return isinstance(
+        exc,
+        kafka_errors.KafkaConnectionError
+        | kafka_errors.NodeNotReadyError
+        | kafka_errors.KafkaTimeoutError
+        | kafka_errors.CoordinatorNotAvailableError
+        | kafka_errors.NotCoordinatorError
+        | kafka_errors.CoordinatorLoadInProgressError,
+    )
+
+
+def _short(exc: BaseException | None) -> str:
+    if exc is None:
+        return "no attempt"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+
+
+async def _quiet_stop(stop: Callable[[T], Awaitable[None]], client: T) -> None:
+    try:
+        await asyncio.wait_for(stop(client), 5.0)
+    except Exception as exc:  # cleanup after a failed start must not mask its cause
+        log.debug("ignoring error while closing a half-started Kafka client: %r", exc)
+
+
+async def bootstrap_client(
+    bootstrap_servers: str, config: Mapping[str, Any], *, timeout_s: float, what: str
+) -> Any:
+    """Return a bootstrapped ``AIOKafkaClient``, for metadata checks and EndTxn."""
+
+    async def start(c: Any) -> None:
+        await c.bootstrap()
+
+    async def stop(c: Any) -> None:
+        await c.close()
+
+    return await start_with_deadline(
+        lambda: AIOKafkaClient(bootstrap_servers=bootstrap_servers, **client_kwargs(config)),
+        start,
+        stop,
+        bootstrap_servers=bootstrap_servers,
+        timeout_s=timeout_s,
+        what=what,
+    )
+
+
+async def require_topics(
+    client: Any, topics: Iterable[str], *, bootstrap_servers: str
+) -> dict[str, list[int]]:
+    """Partitions of each topic, sorted; ``ConnectorError`` naming any that is missing.
+
+    Asks for the metadata of *all* topics: a request for a named topic would
+    auto-create it on brokers with ``auto.create.topics.enable`` (the default).
+    """
+    try:
+        cluster = await client.fetch_all_metadata()
+    except kafka_errors.KafkaError as exc:
+        raise connector_error(f"metadata request to {bootstrap_servers} failed", exc) from exc
+    out: dict[str, list[int]] = {}
+    missing = []
+    for topic in topics:
+        parts = cluster.partitions_for_topic(topic)
+        if not parts:
+            missing.append(topic)
+        else:
+            out[topic] = sorted(parts)
+    if missing:
+        names = ", ".join(repr(t) for t in missing)
+        raise ConnectorError(
+            f"Kafka topic {names} does not exist on {bootstrap_servers}", retriable=False
+        )
+    return out
+
+
+def split_id(topic: str, partition: int) -> str:
+    """Name a partition's split in source positions: ``"topic:partition"``."""
+    return f"{topic}:{partition}"

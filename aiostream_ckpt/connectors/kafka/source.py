@@ -1,0 +1,332 @@
+"""A replayable Kafka source: explicit partition assignment, offsets in the checkpoint.
+
+Why no consumer group: a group rebalances partitions on its own schedule,
+while a checkpointed job must know which instance read which offsets at
+barrier n. So, as Flink's KafkaSource does, the job assigns partitions itself
+(every partition of the topics, sorted, dealt round-robin over the subtasks),
+and the position of each split (``"topic:partition" -> next offset``) goes into
+the checkpoint. A restarted reader seeks to its restored offsets; Kafka's
+committed group offsets are never read back. With ``commit_offsets_to_kafka``
+they are written after a checkpoint completes, for lag monitoring only.
+
+``read_committed`` is the default isolation: a source must not emit records of
+transactions that may still abort (an upstream exactly-once job's in-flight
+output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import errors as kafka_errors
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.kafka.common import (
+    bootstrap_client,
+    check_bootstrap_servers,
+    connector_error,
+    require_topics,
+    split_id,
+    start_with_deadline,
+)
+from aiostream_ckpt.errors import ConfigError, ConnectorError
+
+log = logging.getLogger(__name__)
+
+Deserializer = Callable[[bytes], Any]
+Starting = Literal["earliest", "latest"] | dict[str, int]
+
+#: Snapshots kept for offset commits to Kafka; more only when checkpoints abort.
+_MAX_SNAPSHOTS = 32
+
+
+class KafkaSource:
+    """Events from Kafka topics; replayable from checkpointed offsets.
+
+    Events are ``deserializer(value)``, or ``(key_deserializer(key), value)``
+    pairs when ``key_deserializer`` is given. Records that don't deserialize go
+    to the job's dead-letter output with their topic, partition and offset.
+
+    ``starting`` applies only to a fresh start (no restored position):
+    ``"earliest"``, ``"latest"`` or ``{"timestamp": epoch_ms}`` (the first
+    offset at or after it). ``stop_at_end`` makes the source bounded: each
+    reader captures its partitions' end offsets at start (the last stable
+    offset under ``read_committed``) and ends once it has read up to them.
+    ``consumer_config`` is passed to ``AIOKafkaConsumer`` (TLS, SASL, fetch sizes).
+    """
+
+    def __init__(
+        self,
+        topics: str | Sequence[str],
+        bootstrap_servers: str,
+        *,
+        starting: Starting = "earliest",
+        isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
+        deserializer: Deserializer = orjson.loads,
+        key_deserializer: Deserializer | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        commit_offsets_to_kafka: bool = False,
+        group_id: str | None = None,
+        stop_at_end: bool = False,
+        poll_timeout_ms: int = 100,
+        connect_timeout_s: float = 30.0,
+        name: str = "kafka-source",
+    ) -> None:
+        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        if not self.topics or len(set(self.topics)) != len(self.topics):
+            raise ConfigError(f"KafkaSource needs distinct topic names, got {self.topics}")
+        self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
+        if isinstance(starting, dict):
+            if set(starting) != {"timestamp"} or not isinstance(starting["timestamp"], int):
+                raise ConfigError(f"starting must be {{'timestamp': epoch_ms}}, got {starting}")
+        elif starting not in ("earliest", "latest"):
+            raise ConfigError(f"starting must be earliest, latest or a timestamp: {starting!r}")
+        if isolation_level not in ("read_committed", "read_uncommitted"):
+            raise ConfigError(f"unknown isolation_level {isolation_level!r}")
+        if connect_timeout_s <= 0 or poll_timeout_ms < 0:
+            raise ConfigError("connect_timeout_s must be > 0 and poll_timeout_ms >= 0")
+        self.starting = starting
+        self.isolation_level = isolation_level
+        self.deserializer = deserializer
+        self.key_deserializer = key_deserializer
+        self.consumer_config = dict(consumer_config or {})
+        self.commit_offsets_to_kafka = commit_offsets_to_kafka
+        self.group_id = group_id
+        self.bounded = stop_at_end
+        self.poll_timeout_ms = poll_timeout_ms
+        self.connect_timeout_s = connect_timeout_s
+        self.name = name
+
+    def create_reader(self, ctx: ConnectorContext) -> KafkaSourceReader:
+        return KafkaSourceReader(self, ctx)
+
+
+class KafkaSourceReader:
+    """One subtask's partitions; positions are the next offset to emit per partition."""
+
+    def __init__(self, source: KafkaSource, ctx: ConnectorContext) -> None:
+        self._src = source
+        self._ctx = ctx
+        self._consumer: Any = None
+        self._own: list[Any] = []
+        self._positions: dict[Any, int] = {}
+        self._end: dict[Any, int] = {}
+        self._active: list[Any] = []
+        self._snapshots: deque[dict[Any, int]] = deque()
+        self._closed = False
+
+    @property
+    def partitions(self) -> list[tuple[str, int]]:
+        """The partitions this reader owns, as ``(topic, partition)``."""
+        return [(tp.topic, tp.partition) for tp in self._own]
+
+    # -- start ------------------------------------------------------------------
+
+    async def start(self, restored: dict[str, Any] | None) -> None:
+        src, ctx = self._src, self._ctx
+        group = None
+        if src.commit_offsets_to_kafka:
+            group = src.group_id or f"{ctx.job_name}-{ctx.operator_uid}"
+        config: dict[str, Any] = {
+            "isolation_level": src.isolation_level,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            **src.consumer_config,
+            "group_id": group,
+        }
+
+        async def start(c: Any) -> None:
+            await c.start()
+
+        async def stop(c: Any) -> None:
+            await c.stop()
+
+        self._consumer = await start_with_deadline(
+            lambda: AIOKafkaConsumer(bootstrap_servers=src.bootstrap_servers, **config),
+            start,
+            stop,
+            bootstrap_servers=src.bootstrap_servers,
+            timeout_s=src.connect_timeout_s,
+            what="consumer start",
+        )
+        try:
+            await asyncio.wait_for(self._assign(restored or {}), src.connect_timeout_s)
+        except TimeoutError as exc:
+            raise ConnectorError(
+                f"Kafka source {src.name}: no offsets from {src.bootstrap_servers} within "
+                f"{src.connect_timeout_s:g}s",
+                retriable=True,
+            ) from exc
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"Kafka source {src.name}: cannot seek", exc) from exc
+        log.info(
+            "%s[%d]: reading %s from %s",
+            src.name,
+            ctx.subtask_index,
+            ", ".join(f"{tp.topic}:{tp.partition}@{self._positions[tp]}" for tp in self._own)
+            or "no partitions",
+            "restored offsets" if restored else f"{src.starting} (fresh start)",
+        )
+
+    async def _assign(self, restored: dict[str, Any]) -> None:
+        src, ctx, consumer = self._src, self._ctx, self._consumer
+        client = await bootstrap_client(
+            src.bootstrap_servers,
+            src.consumer_config,
+            timeout_s=src.connect_timeout_s,
+            what="source metadata",
+        )
+        try:
+            topics = await require_topics(
+                client, src.topics, bootstrap_servers=src.bootstrap_servers
+            )
+        finally:
+            await client.close()
+        every = [TopicPartition(t, p) for t in sorted(topics) for p in topics[t]]
+        self._own = every[ctx.subtask_index :: ctx.parallelism]
+        consumer.assign(self._own)
+        if not self._own:
+            return
+        fresh = [tp for tp in self._own if split_id(tp.topic, tp.partition) not in restored]
+        for tp in self._own:
+            if tp not in fresh:
+                self._positions[tp] = int(restored[split_id(tp.topic, tp.partition)])
+        if fresh:
+            self._positions.update(await self._starting_offsets(fresh))
+        for tp, offset in self._positions.items():
+            consumer.seek(tp, offset)
+        if src.bounded:
+            self._end = {tp: int(o) for tp, o in (await consumer.end_offsets(self._own)).items()}
+            self._active = [tp for tp in self._own if self._positions[tp] < self._end[tp]]
+            done = [tp for tp in self._own if tp not in self._active]
+            if done:
+                consumer.pause(*done)
+        else:
+            self._active = list(self._own)
+
+    async def _starting_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        consumer, starting = self._consumer, self._src.starting
+        if starting == "earliest":
+            return {tp: int(o) for tp, o in (await consumer.beginning_offsets(tps)).items()}
+        end = {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
+        if starting == "latest":
+            return end
+        assert isinstance(starting, dict)
+        found = await consumer.offsets_for_times(dict.fromkeys(tps, starting["timestamp"]))
+        return {tp: int(found[tp].offset) if found.get(tp) else end[tp] for tp in tps}
+
+    # -- reading ----------------------------------------------------------------
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        src = self._src
+        if not self._active:
+            if src.bounded:
+                return None
+            await asyncio.sleep(src.poll_timeout_ms / 1000)
+            return []
+        try:
+            data = await self._consumer.getmany(
+                *self._active, timeout_ms=src.poll_timeout_ms, max_records=max_records
+            )
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"Kafka source {src.name}: fetch failed", exc) from exc
+        out: list[Any] = []
+        for tp, records in data.items():
+            if src.bounded and records[-1].offset >= self._end[tp]:
+                # Everything before the end offset has been returned now.
+                records = [r for r in records if r.offset < self._end[tp]]
+                self._positions[tp] = self._end[tp]
+            else:
+                self._positions[tp] = records[-1].offset + 1
+            if records:
+                self._emit(tp, records, out)
+        if src.bounded:
+            await self._retire_finished(data)
+        return out
+
+    def _emit(self, tp: Any, records: list[Any], out: list[Any]) -> None:
+        loads, key_loads = self._src.deserializer, self._src.key_deserializer
+        try:
+            if key_loads is None:
+                out.extend([loads(r.value) for r in records])
+            else:
+                out.extend(
+                    [(None if r.key is None else key_loads(r.key), loads(r.value)) for r in records]
+                )
+            return
+        except Exception:  # some record is bad: take them one by one
+            dead_letter = self._ctx.dead_letter
+        for r in records:
+            try:
+                value = loads(r.value)
+                out.append(
+                    value
+                    if key_loads is None
+                    else (None if r.key is None else key_loads(r.key), value)
+                )
+            except Exception as exc:  # any deserializer error is the record's, not ours
+                origin = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset}
+                raw = r.value if r.value is not None else b""
+                dead_letter(raw, f"cannot deserialize: {type(exc).__name__}: {exc}", origin)
+
+    async def _retire_finished(self, data: dict[Any, list[Any]]) -> None:
+        """Drop partitions that reached their end offset from the active set.
+
+        A partition with no records left may still be short of its end offset:
+        the rest are transaction markers or aborted records, which the
+        consumer skips. Its consumer position tells.
+        """
+        consumer = self._consumer
+        finished = []
+        for tp in self._active:
+            end = self._end[tp]
+            if self._positions[tp] < end and tp not in data:
+                pos = await consumer.position(tp)
+                if pos >= end:
+                    self._positions[tp] = end
+            if self._positions[tp] >= end:
+                finished.append(tp)
+        if finished:
+            consumer.pause(*finished)
+            self._active = [tp for tp in self._active if tp not in finished]
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def snapshot_position(self) -> dict[str, int]:
+        positions = dict(self._positions)
+        if self._src.commit_offsets_to_kafka and len(self._snapshots) < _MAX_SNAPSHOTS:
+            self._snapshots.append(positions)
+        return {split_id(tp.topic, tp.partition): o for tp, o in positions.items()}
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Commit offsets to Kafka (monitoring only) once a checkpoint covers them.
+
+        The reader isn't told which checkpoint a snapshot belongs to, so it
+        commits its oldest outstanding snapshot. Snapshots and completions come
+        in checkpoint order, so that snapshot is never newer than the completed
+        checkpoint: committed offsets may trail the job, never run ahead of it.
+        """
+        if not self._snapshots or self._consumer is None:
+            return
+        positions = self._snapshots.popleft()
+        try:
+            await asyncio.wait_for(self._consumer.commit(positions), 10.0)
+        except (kafka_errors.KafkaError, TimeoutError) as exc:
+            log.warning("%s: offset commit failed (monitoring only): %r", self._src.name, exc)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await asyncio.wait_for(consumer.stop(), 10.0)
+            except (kafka_errors.KafkaError, TimeoutError) as exc:
+                log.warning("%s: error while closing the consumer: %r", self._src.name, exc)

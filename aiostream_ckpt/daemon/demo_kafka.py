@@ -1,0 +1,334 @@
+"""``aiostream-ckpt demo-kafka``: pv_count Kafka to Kafka under SIGKILL, proven exactly-once.
+
+1. Start a local Kafka broker (the real one, :class:`KafkaBroker`), create
+   the input and output topics, and load the generated events into the input.
+2. Run ``aiostream-ckpt run apps.pv_count`` in Kafka mode (exactly-once sink,
+   1 s checkpoints, bounded by the input's end offsets) as a worker process;
+   SIGKILL it at random moments and start it again on the same checkpoints.
+3. Read the output topic with ``read_committed`` and compare with a recount of
+   the input: every key's updates are exactly ``1..n`` in order, ``n`` its
+   input count. With Spark (``aiostream_ckpt.validate``) when it runs here,
+   else in Python; the output says which.
+4. Stop the broker, also on failure.
+
+The loading and checking helpers are used by the Kafka tests too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from aiostream_ckpt.connectors.generator import write_generated_jsonl
+from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
+from aiostream_ckpt.testing.chaos import run_with_kills
+
+_LOAD_BLOCK = 4 << 20
+_LOAD_BATCH_LINES = 4000
+
+
+# -- helpers shared with the tests ----------------------------------------------------
+
+
+async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
+    """Create ``{name: partitions}`` topics (replication 1)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in topics.items()]
+        )
+    finally:
+        await admin.close()
+    # Producing before the partitions have leaders only earns retry warnings.
+    client = await bootstrap_client(bootstrap, {}, timeout_s=30, what="topic leaders")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cluster = await client.fetch_all_metadata()
+            if all(
+                cluster.partitions_for_topic(t)
+                and all(
+                    (cluster.leader_for_partition(TopicPartition(t, p)) or -1) >= 0
+                    for p in cluster.partitions_for_topic(t)
+                )
+                for t in topics
+            ):
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+
+
+def _line_chunks(path: Path) -> Iterator[list[bytes]]:
+    carry = b""
+    with open(path, "rb") as f:
+        while block := f.read(_LOAD_BLOCK):
+            lines = (carry + block).split(b"\n")
+            carry = lines.pop()
+            for i in range(0, len(lines), _LOAD_BATCH_LINES):
+                yield [ln for ln in lines[i : i + _LOAD_BATCH_LINES] if ln.strip()]
+    if carry.strip():
+        yield [carry]
+
+
+async def load_jsonl(bootstrap: str, topic: str, path: Path) -> int:
+    """Produce every line of ``path`` as one record, batches dealt round-robin over partitions.
+
+    Batches are built directly (``create_batch``/``send_batch``): per-record
+    ``send()`` costs a coroutine and a future per event.
+    """
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
+    )
+    await producer.start()
+    sent = 0
+    try:
+        partitions = sorted(await producer.partitions_for(topic))
+        futures = []
+        for i, lines in enumerate(_line_chunks(path)):
+            p = partitions[i % len(partitions)]
+            batch = producer.create_batch()
+            for line in lines:
+                if batch.append(timestamp=None, key=None, value=line) is None:
+                    futures.append(await producer.send_batch(batch, topic, partition=p))
+                    batch = producer.create_batch()
+                    batch.append(timestamp=None, key=None, value=line)
+            futures.append(await producer.send_batch(batch, topic, partition=p))
+            sent += len(lines)
+        await producer.flush()
+        for fut in futures:
+            fut.result()
+    finally:
+        await producer.stop()
+    return sent
+
+
+async def read_topic_values(
+    bootstrap: str, topic: str, *, isolation_level: str = "read_committed", timeout_s: float = 120
+) -> list[bytes]:
+    """All values of ``topic`` up to its end offsets now, partition by partition, in order."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level=isolation_level,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 << 20,
+    )
+    await consumer.start()
+    try:
+        client = await bootstrap_client(bootstrap, {}, timeout_s=30, what="read topic")
+        try:
+            parts = (await require_topics(client, [topic], bootstrap_servers=bootstrap))[topic]
+        finally:
+            await client.close()
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        got: dict[TopicPartition, list[bytes]] = {tp: [] for tp in tps}
+
+        async def drain() -> None:
+            active = [tp for tp in tps if end[tp] > 0]
+            while active:
+                batch = await consumer.getmany(*active, timeout_ms=200, max_records=50_000)
+                for tp, records in batch.items():
+                    got[tp].extend(r.value for r in records if r.offset < end[tp])
+                active = [tp for tp in active if await consumer.position(tp) < end[tp]]
+
+        await asyncio.wait_for(drain(), timeout_s)
+        return [v for tp in tps for v in got[tp]]
+    finally:
+        await consumer.stop()
+
+
+def recount_jsonl(*paths: Path) -> collections.Counter[str]:
+    """Count events per ``app_id`` in JSON-lines inputs (malformed lines skipped)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for path in paths:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    counts[orjson.loads(line)["app_id"]] += 1
+                except (orjson.JSONDecodeError, KeyError, TypeError):
+                    continue
+    return counts
+
+
+@dataclass
+class PvVerdict:
+    records: int
+    keys: int
+    events: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return not self.problems
+
+
+def check_pv_updates(values: list[bytes], expected: collections.Counter[str]) -> PvVerdict:
+    """Check that, in partition order, each key's updates are exactly ``1..n``."""
+    nxt: dict[str, int] = collections.defaultdict(lambda: 1)
+    problems: list[str] = []
+    for raw in values:
+        rec = orjson.loads(raw)
+        key, pv = rec["app_id"], rec["pv"]
+        if pv != nxt[key]:
+            problems.append(f"{key}: expected pv {nxt[key]}, got {pv}")
+        nxt[key] = max(nxt[key], pv + 1)
+    for key, n in expected.items():
+        if nxt[key] - 1 != n:
+            problems.append(f"{key}: final pv {nxt[key] - 1}, input has {n}")
+    problems.extend(f"{k}: in output, not in input" for k in sorted(set(nxt) - set(expected)))
+    return PvVerdict(len(values), len(expected), sum(expected.values()), problems)
+
+
+def worker_flags() -> list[str]:
+    """CLI flags for worker processes: no REST listener (workers, tests and demos run side by side).
+
+    Only when this build has the REST API (``rest.*`` keys): an unknown key is an error.
+    """
+    try:
+        from aiostream_ckpt.daemon.settings import DAEMON_KEYS
+    except ImportError:
+        return []
+    return ["--set", "rest.enabled=false"] if "rest.enabled" in DAEMON_KEYS else []
+
+
+# -- the demo -------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aiostream-ckpt demo-kafka", description=(__doc__ or "").split("\n")[0]
+    )
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--keys", type=int, default=10_000)
+    p.add_argument("--partitions", type=int, default=4, help="input and output partitions")
+    p.add_argument("--kills", type=int, default=2)
+    p.add_argument("--seed", type=int, default=None, help="default: random")
+    p.add_argument("--workdir", type=Path, default=Path(".demo") / "kafka")
+    p.add_argument("--interval", default="1s", help="checkpoint interval")
+    p.add_argument("--parallelism", type=int, default=1)
+    p.add_argument("--no-spark", action="store_true", help="verify in Python only")
+    return p
+
+
+def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[bool, str] | None:
+    """Run the Spark validator in a child process; None when it can't run here.
+
+    A child, so the JVM's own output goes to a log file instead of the terminal.
+    """
+    try:
+        import pyspark  # noqa: F401
+
+        import aiostream_ckpt.validate  # noqa: F401
+    except ImportError as exc:
+        print(f"demo-kafka: Spark validator not available ({exc}); Python check only")
+        return None
+    cmd = [sys.executable, "-m", "aiostream_ckpt.validate", "--check", "pv_count"]
+    cmd += ["--input", str(inputs), "--kafka-bootstrap", bootstrap, "--kafka-topic", topic]
+    cmd += ["--json", str(work / "validation.json")]
+    log = work / "spark.log"
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        print("demo-kafka: Spark validator timed out; Python check only")
+        return None
+    log.write_text(proc.stdout + proc.stderr)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    last = lines[-1] if lines else (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    if proc.returncode in (0, 1):
+        return proc.returncode == 0, last
+    print(f"demo-kafka: Spark validator could not run ({last}; see {log}); Python check only")
+    return None
+
+
+def demo_kafka_main(argv: list[str]) -> int:
+    from aiostream_ckpt.connectors.kafka.broker import KafkaBroker
+
+    args = _parser().parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    work: Path = args.workdir.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    inputs = work / "events.jsonl"
+    print(f"demo-kafka: generating {args.events:,} events over {args.keys:,} app_ids (seed {seed})")
+    write_generated_jsonl(inputs, args.events, seed=seed, keys=args.keys)
+    print("demo-kafka: starting the local Kafka broker", flush=True)
+    with KafkaBroker(work / "broker", start_timeout_s=300) as broker:
+        return _run(args, seed, work, inputs, broker.bootstrap_servers)
+
+
+def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstrap: str) -> int:
+    in_topic, out_topic = f"pv-events-{seed}", f"pv-counts-{seed}"
+    asyncio.run(create_topics(bootstrap, {in_topic: args.partitions, out_topic: args.partitions}))
+    started = time.monotonic()
+    loaded = asyncio.run(load_jsonl(bootstrap, in_topic, inputs))
+    took = time.monotonic() - started
+    print(f"demo-kafka: loaded {loaded:,} events into {in_topic} in {took:.1f}s ({bootstrap})")
+    cmd = [
+        sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count",
+        "--set", f"job.name=demo-kafka-{seed}",
+        "--set", f"checkpoint.dir={work / 'checkpoints'}",
+        "--set", f"checkpoint.interval={args.interval}",
+        "--set", f"job.parallelism={args.parallelism}",
+        "--set", f"app.kafka_bootstrap={bootstrap}",
+        "--set", f"app.input_topic={in_topic}",
+        "--set", f"app.output_topic={out_topic}",
+        "--set", "app.stop_at_end=1",
+        "--progress", "1",
+        *worker_flags(),
+    ]  # fmt: skip
+
+    def show(line: str) -> None:
+        if line.startswith("progress:") or "completed in" in line or "recovery" in line:
+            print("  worker " + line.split(" INFO    ")[-1], flush=True)
+
+    print(f"demo-kafka: running pv_count Kafka -> Kafka, SIGKILL x{args.kills} at random moments")
+    result = run_with_kills(
+        cmd,
+        kills=args.kills,
+        seed=seed,
+        log_path=work / "worker.log",
+        on_line=show,
+        max_delay_after_checkpoint=1.0,
+        timeout=1800,
+    )
+    if result.exit_code != 0:
+        print(f"demo-kafka: worker failed with exit code {result.exit_code}; see {work}/worker.log")
+        return 1
+    print(f"demo-kafka: job finished in {result.elapsed:.1f}s after {result.kills} SIGKILLs")
+    expected = recount_jsonl(inputs)
+    values = asyncio.run(read_topic_values(bootstrap, out_topic))
+    verdict = check_pv_updates(values, expected)
+    print(
+        f"python read_committed recount: {verdict.records:,} updates, {verdict.keys:,} keys, "
+        f"{len(verdict.problems)} problems" + "".join(f"\n  {p}" for p in verdict.problems[:20])
+    )
+    passed = verdict.exact and verdict.records == verdict.events
+    if not args.no_spark:
+        spark = _spark_check(work, inputs, bootstrap, out_topic)
+        if spark is not None:
+            print(f"spark validator (read_committed): {spark[1]}")
+            passed = passed and spark[0]
+    if not passed or result.kills < args.kills:
+        print(f"exactly-once FAILED ({result.kills} of {args.kills} kills happened)")
+        return 1
+    print(
+        f"exactly-once verified: {verdict.events} events, {verdict.keys} keys, "
+        f"{result.kills} restarts"
+    )
+    return 0

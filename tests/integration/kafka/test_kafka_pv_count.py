@@ -1,0 +1,261 @@
+"""pv_count Kafka -> Kafka as a worker process: kill -9, the 2PC crash window, broker restart.
+
+Every check reads the output topic with ``read_committed`` and requires
+exactly the failure-free result: per key the updates ``1..n`` in order, ``n``
+the key's count in the input; nothing missing, nothing doubled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from aiostream_ckpt.connectors.generator import write_generated_jsonl
+from aiostream_ckpt.connectors.kafka.broker import free_port
+from aiostream_ckpt.connectors.staging import read_committed_output
+from aiostream_ckpt.daemon.demo_kafka import (
+    check_pv_updates,
+    load_jsonl,
+    recount_jsonl,
+    worker_flags,
+)
+from aiostream_ckpt.testing.chaos import run_with_kills
+from tests.helpers import REPO, cli_cmd
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+CRASH_APP = Path(__file__).parent / "crash_at_commit_app.py"
+MALFORMED = [b'{"app_id": "app-1", oops', b"\xff\xfe not utf-8"]
+
+
+@dataclass
+class KafkaJob:
+    bootstrap: str
+    input_topic: str
+    output_topic: str
+    input_file: Path
+    work: Path
+
+    def cmd(self, *extra: str, app: str = "apps.pv_count", interval: str = "200ms") -> list[str]:
+        sets = {
+            "job.name": f"pv-{self.output_topic}",
+            "checkpoint.dir": str(self.work / "ckpt"),
+            "checkpoint.interval": interval,
+            "app.kafka_bootstrap": self.bootstrap,
+            "app.input_topic": self.input_topic,
+            "app.output_topic": self.output_topic,
+            "app.stop_at_end": "1",
+        }
+        args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        return cli_cmd("run", app, *args, *worker_flags(), *extra)
+
+
+@pytest.fixture
+def kafka_job(kafka_broker, new_topic, tmp_path):
+    async def make(
+        events: int,
+        *,
+        seed: int = 0,
+        in_parts: int = 3,
+        out_parts: int = 2,
+        malformed: bool = False,
+    ) -> KafkaJob:
+        path = tmp_path / "events.jsonl"
+        write_generated_jsonl(path, events, seed=seed, keys=300)
+        if malformed:
+            path.write_bytes(path.read_bytes() + b"\n".join(MALFORMED) + b"\n")
+        job = KafkaJob(
+            kafka_broker.bootstrap_servers,
+            await new_topic(in_parts, prefix="in"),
+            await new_topic(out_parts, prefix="out"),
+            path,
+            tmp_path,
+        )
+        assert await load_jsonl(job.bootstrap, job.input_topic, path) == events + (
+            len(MALFORMED) if malformed else 0
+        )
+        return job
+
+    return make
+
+
+async def assert_exactly_once(read_topic, job: KafkaJob) -> None:
+    verdict = check_pv_updates(await read_topic(job.output_topic, timeout_s=60), expected(job))
+    assert verdict.exact, verdict.problems[:10]
+    assert verdict.records == verdict.events
+
+
+def expected(job: KafkaJob):
+    return recount_jsonl(job.input_file)
+
+
+def run_chaos(job: KafkaJob, *, seed: int, kills: int, extra: tuple[str, ...] = ()):
+    log = job.work / "worker.log"
+    result = run_with_kills(
+        job.cmd(*extra),
+        kills=kills,
+        seed=seed,
+        max_delay_after_checkpoint=0.4,
+        timeout=240,
+        log_path=log,
+        cwd=REPO,
+    )
+    assert result.exit_code == 0, log.read_text()[-4000:]
+    return result, log
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_exactly_once_under_kill9(kafka_job, read_topic, seed):
+    # Parallelism 1: at 2, a bounded source subtask that ends before the other exits
+    # after its own end checkpoint and later checkpoints stall (runtime issue, reported).
+    job = await kafka_job(600_000, seed=seed, malformed=True)
+    result, log = await asyncio.to_thread(run_chaos, job, seed=seed, kills=3)
+    assert result.kills >= 2, log.read_text()[-3000:]
+    await assert_exactly_once(read_topic, job)
+    # Undeserializable records reach the dead-letter output exactly once, with their origin.
+    dead = list(
+        read_committed_output(job.work / "ckpt" / "dead-letter" / "events", prefix="dead-letter")
+    )
+    assert len(dead) == len(MALFORMED), dead
+    assert {d["origin"]["topic"] for d in dead} == {job.input_topic}
+    assert all({"partition", "offset"} <= set(d["origin"]) for d in dead)
+
+
+async def test_crash_after_checkpoint_durable_before_commit(kafka_job, read_topic):
+    """Exit at the start of commit(2): checkpoint 2 is durable, its transaction pre-committed."""
+    job = await kafka_job(400_000, seed=7)
+    marker = job.work / "crashed"
+    cmd = job.cmd(
+        "--set", "app.crash_at_commit=2", "--set", f"app.crash_marker={marker}",
+        app=str(CRASH_APP), interval="100ms",
+    )  # fmt: skip
+    first = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert first.returncode == 137, first.stderr[-3000:]
+    assert marker.read_text() == "2"
+    assert "checkpoint 2 completed" in first.stderr
+    # Transaction 2 is on the broker, pre-committed and not visible to read_committed.
+    committed = await read_topic(job.output_topic)
+    assert len(await read_topic(job.output_topic, isolation_level="read_uncommitted")) > len(
+        committed
+    )
+
+    second = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "restoring from checkpoint 2" in second.stderr
+    assert re.search(
+        r"committed transaction \S+ \(epoch \d+\) of checkpoint 2 on recovery", second.stderr
+    )
+    await assert_exactly_once(read_topic, job)
+
+
+def run_with_broker_restart(cmd: list[str], broker) -> tuple[int, str, float]:
+    """Run the worker; kill -9 and restart the broker once the job has completed a checkpoint."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO)
+    lines: list[str] = []
+    checkpointed = threading.Event()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace")
+            lines.append(line)
+            if re.search(r"checkpoint \d+ completed", line):
+                checkpointed.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        assert checkpointed.wait(60), "".join(lines)[-3000:]
+        started = time.monotonic()
+        broker.restart(graceful=False)  # kill -9 and start again
+        outage = time.monotonic() - started
+        code = proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(5)
+    return code, "".join(lines), outage
+
+
+async def test_broker_restart_mid_run(kafka_broker, kafka_job, read_topic):
+    job = await kafka_job(600_000, seed=3)
+    cmd = job.cmd(
+        "--set", "restart.strategy=fixed_delay", "--set", "restart.attempts=30",
+        "--set", "restart.delay=1s", "--set", "checkpoint.timeout=10s",
+    )  # fmt: skip
+    code, text, outage = await asyncio.to_thread(run_with_broker_restart, cmd, kafka_broker)
+    assert code == 0, text[-4000:]
+    status = json.loads(text.strip().splitlines()[-1])
+    print(f"broker restart took {outage:.1f}s; job restarts: {status['restarts']}")
+    print("\n".join(ln for ln in text.splitlines() if "completed in" not in ln)[-3000:])
+    # Whether aiokafka rides out the outage or the job fails over (restart strategy)
+    # depends on timing; either way the output must be exact.
+    await assert_exactly_once(read_topic, job)
+
+
+async def test_at_least_once_loses_nothing_under_kill9(kafka_job, read_topic):
+    job = await kafka_job(500_000, seed=11)
+    extra = ("--set", "app.kafka_semantic=at_least_once", "--set", "checkpoint.mode=at_least_once")
+    result, log = await asyncio.to_thread(run_chaos, job, seed=11, kills=2, extra=extra)
+    assert result.kills >= 1, log.read_text()[-3000:]
+    verdict = check_pv_updates(await read_topic(job.output_topic, timeout_s=60), expected(job))
+    missing = [p for p in verdict.problems if "final pv" in p or "not in input" in p]
+    assert not missing, missing[:10]
+    print(f"at-least-once: {verdict.records - verdict.events} duplicate updates")
+
+
+async def test_startup_errors_are_one_line_and_write_nothing(
+    kafka_broker, new_topic, read_topic, tmp_path
+):
+    out = await new_topic(1, prefix="out")
+    base = ["--set", f"checkpoint.dir={tmp_path / 'ckpt'}", "--set", "restart.strategy=none"]
+    base += [*worker_flags(), "--set", f"app.output_topic={out}"]
+    cases = {
+        "missing topic": (
+            [
+                f"app.kafka_bootstrap={kafka_broker.bootstrap_servers}",
+                f"app.input_topic=nope-{uuid.uuid4().hex[:6]}",
+            ],
+            1,
+            "does not exist",
+        ),
+        "unreachable": (
+            [
+                f"app.kafka_bootstrap=127.0.0.1:{free_port()}",
+                "app.input_topic=x",
+                "app.kafka_connect_timeout=1",
+            ],
+            1,
+            "cannot reach Kafka",
+        ),
+        "bad bootstrap": (
+            ["app.kafka_bootstrap=localhost", "app.input_topic=x"],
+            2,
+            "bootstrap servers",
+        ),
+    }
+    for name, (sets, code, message) in cases.items():
+        args = [a for s in sets for a in ("--set", s)]
+        proc = await asyncio.to_thread(
+            subprocess.run, cli_cmd("run", "apps.pv_count", *base, *args),
+            capture_output=True, text=True, timeout=60, cwd=REPO,
+        )  # fmt: skip
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("aiostream-ckpt:")]
+        assert proc.returncode == code, (name, proc.stderr[-2000:])
+        assert len(errors) == 1 and message in errors[0], (name, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr, (name, proc.stderr[-2000:])
+    assert await read_topic(out, isolation_level="read_uncommitted") == []

@@ -1,0 +1,202 @@
+"""The Kafka source against the real broker: splits, positions, starting points, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.kafka.broker import free_port
+from aiostream_ckpt.connectors.kafka.source import KafkaSource
+from aiostream_ckpt.errors import ConfigError, ConnectorError
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+
+
+def ctx(subtask: int = 0, parallelism: int = 1, dead: list | None = None) -> ConnectorContext:
+    c = ConnectorContext("job", "src", subtask, parallelism)
+    if dead is not None:
+        c.dead_letter = lambda raw, reason, origin: dead.append((raw, reason, origin))
+    return c
+
+
+async def produce(bootstrap: str, topic: str, values_by_partition: dict[int, list[bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for p, values in values_by_partition.items():
+            for v in values:
+                await producer.send(topic, v, partition=p)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def ev(p: int, i: int) -> bytes:
+    return orjson.dumps({"p": p, "i": i})
+
+
+async def read_all(reader: Any, limit: int = 1000, max_records: int = 7) -> list[Any]:
+    out: list[Any] = []
+    deadline = time.monotonic() + 20
+    while len(out) < limit and time.monotonic() < deadline:
+        batch = await reader.read_batch(max_records)
+        if batch is None:
+            break
+        out.extend(batch)
+    return out
+
+
+async def test_partitions_split_over_subtasks_and_resume_from_positions(kafka_broker, new_topic):
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(4)
+    await produce(bootstrap, topic, {p: [ev(p, i) for i in range(10)] for p in range(4)})
+    src = KafkaSource(topic, bootstrap, stop_at_end=True)
+    readers = [src.create_reader(ctx(s, 2)) for s in range(2)]
+    first: list[Any] = []
+    positions: dict[str, int] = {}
+    for r in readers:
+        await r.start(None)
+        first += await read_all(r, limit=9)
+        positions.update(r.snapshot_position())
+        await r.close()
+    assert [rd.partitions for rd in readers] == [[(topic, 0), (topic, 2)], [(topic, 1), (topic, 3)]]
+    assert sum(positions.values()) == len(first)
+    # Restart at another parallelism from the union of positions: exactly the rest.
+    rest: list[Any] = []
+    for s in range(3):
+        r = src.create_reader(ctx(s, 3))
+        await r.start(positions)
+        rest += await read_all(r)
+        assert await r.read_batch(10) is None  # bounded: done
+        await r.close()
+    seen = sorted((e["p"], e["i"]) for e in first + rest)
+    assert seen == [(p, i) for p in range(4) for i in range(10)]
+
+
+async def test_starting_latest_and_timestamp(kafka_broker, new_topic):
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(1)
+    await produce(bootstrap, topic, {0: [ev(0, i) for i in range(5)]})
+    await asyncio.sleep(0.02)
+    cut = int(time.time() * 1000)
+    await asyncio.sleep(0.02)
+    await produce(bootstrap, topic, {0: [ev(0, i) for i in range(5, 8)]})
+
+    latest = KafkaSource(topic, bootstrap, starting="latest").create_reader(ctx())
+    await latest.start(None)
+    assert latest.snapshot_position() == {f"{topic}:0": 8}
+    await produce(bootstrap, topic, {0: [ev(0, 8)]})
+    assert [e["i"] for e in await read_all(latest, limit=1)] == [8]
+    await latest.close()
+
+    by_ts = KafkaSource(topic, bootstrap, starting={"timestamp": cut}, stop_at_end=True)
+    r = by_ts.create_reader(ctx())
+    await r.start(None)
+    assert [e["i"] for e in await read_all(r)] == [5, 6, 7, 8]
+    await r.close()
+
+
+async def test_stop_at_end_stops_at_the_last_stable_offset(kafka_broker, new_topic):
+    """An open transaction holds the end back (read_committed); its records never show."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(1)
+    await produce(bootstrap, topic, {0: [ev(0, 0), ev(0, 1)]})
+    txn = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=uuid.uuid4().hex)
+    await txn.start()
+    try:
+        await txn.begin_transaction()
+        await txn.send_and_wait(topic, ev(0, 99), partition=0)
+        await produce(bootstrap, topic, {0: [ev(0, 2)]})  # after the open txn: beyond the LSO
+        r = KafkaSource(topic, bootstrap, stop_at_end=True).create_reader(ctx())
+        await r.start(None)
+        assert [e["i"] for e in await read_all(r)] == [0, 1]
+        assert r.snapshot_position() == {f"{topic}:0": 2}
+        await r.close()
+    finally:
+        await txn.abort_transaction()
+        await txn.stop()
+    # After the abort the marker and aborted record are skipped: 0, 1, 2 and done.
+    r = KafkaSource(topic, bootstrap, stop_at_end=True).create_reader(ctx())
+    await r.start(None)
+    assert [e["i"] for e in await read_all(r)] == [0, 1, 2]
+    assert r.snapshot_position() == {f"{topic}:0": 5}  # 0,1,aborted,2,abort marker
+    await r.close()
+
+
+async def test_undeserializable_records_go_to_dead_letter_with_their_origin(
+    kafka_broker, new_topic
+):
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(2)
+    await produce(bootstrap, topic, {0: [ev(0, 0), b"{not json", ev(0, 2)], 1: [ev(1, 0)]})
+    dead: list = []
+    r = KafkaSource(topic, bootstrap, stop_at_end=True).create_reader(ctx(dead=dead))
+    await r.start(None)
+    got = await read_all(r, max_records=100)
+    await r.close()
+    assert sorted((e["p"], e["i"]) for e in got) == [(0, 0), (0, 2), (1, 0)]
+    assert len(dead) == 1
+    raw, reason, origin = dead[0]
+    assert raw == b"{not json"
+    assert "deserialize" in reason
+    assert origin == {"topic": topic, "partition": 0, "offset": 1}
+    assert r.snapshot_position() == {f"{topic}:0": 3, f"{topic}:1": 1}
+
+
+async def test_offsets_committed_to_kafka_only_after_checkpoint_complete(kafka_broker, new_topic):
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(1)
+    await produce(bootstrap, topic, {0: [ev(0, i) for i in range(6)]})
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    src = KafkaSource(topic, bootstrap, commit_offsets_to_kafka=True, group_id=group)
+    r = src.create_reader(ctx())
+    await r.start(None)
+    await read_all(r, limit=4, max_records=4)
+    assert r.snapshot_position() == {f"{topic}:0": 4}
+    await read_all(r, limit=2, max_records=2)
+
+    async def committed() -> int | None:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
+        await c.start()
+        try:
+            return await c.committed(TopicPartition(topic, 0))
+        finally:
+            await c.stop()
+
+    assert await committed() is None
+    await r.notify_checkpoint_complete(1)
+    assert await committed() == 4  # the snapshot's offset, not the reader's current one
+    await r.close()
+
+
+async def test_missing_topic_and_unreachable_broker_fail_fast(kafka_broker):
+    r = KafkaSource("no-such-topic-x", kafka_broker.bootstrap_servers).create_reader(ctx())
+    with pytest.raises(ConnectorError, match="does not exist") as info:
+        await r.start(None)
+    await r.close()
+    assert "\n" not in str(info.value)
+
+    dead = f"127.0.0.1:{free_port()}"
+    r = KafkaSource("t", dead, connect_timeout_s=1.5).create_reader(ctx())
+    started = time.monotonic()
+    with pytest.raises(ConnectorError, match="cannot reach Kafka") as info:
+        await r.start(None)
+    await r.close()
+    assert time.monotonic() - started < 10
+    assert info.value.retriable
+
+
+def test_bad_arguments_are_config_errors():
+    with pytest.raises(ConfigError, match="bootstrap"):
+        KafkaSource("t", "localhost")
+    with pytest.raises(ConfigError, match="starting"):
+        KafkaSource("t", "localhost:9092", starting="middle")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="distinct"):
+        KafkaSource(["a", "a"], "localhost:9092")
