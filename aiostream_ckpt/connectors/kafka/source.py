@@ -224,6 +224,25 @@ class KafkaSourceReader:
     # -- reading ----------------------------------------------------------------
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
+        parts = await self._fetch(max_records)
+        if parts is None:
+            return None
+        if len(parts) == 1:
+            return parts[0][1]
+        return [event for _, events in parts for event in events]
+
+    async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
+        """Event time: the same fetch, grouped by partition for per-partition watermarks."""
+        parts = await self._fetch(max_records)
+        if parts is None:
+            return None
+        return [(split_id(tp.topic, tp.partition), events) for tp, events in parts]
+
+    def active_splits(self) -> list[str]:
+        """Return the partitions still being read (finished ones release the watermark)."""
+        return [split_id(tp.topic, tp.partition) for tp in self._active]
+
+    async def _fetch(self, max_records: int) -> list[tuple[Any, list[Any]]] | None:
         src = self._src
         if not self._active:
             if src.bounded:
@@ -236,7 +255,7 @@ class KafkaSourceReader:
             )
         except kafka_errors.KafkaError as exc:
             raise connector_error(f"Kafka source {src.name}: fetch failed", exc) from exc
-        out: list[Any] = []
+        parts: list[tuple[Any, list[Any]]] = []
         for tp, records in data.items():
             if src.bounded and records[-1].offset >= self._end[tp]:
                 # Everything before the end offset has been returned now.
@@ -245,10 +264,12 @@ class KafkaSourceReader:
             else:
                 self._positions[tp] = records[-1].offset + 1
             if records:
+                out: list[Any] = []
                 self._emit(tp, records, out)
+                parts.append((tp, out))
         if src.bounded:
             await self._retire_finished(data)
-        return out
+        return parts
 
     def _emit(self, tp: Any, records: list[Any], out: list[Any]) -> None:
         loads, key_loads = self._src.deserializer, self._src.key_deserializer

@@ -200,3 +200,47 @@ def test_bad_arguments_are_config_errors():
         KafkaSource("t", "localhost:9092", starting="middle")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="distinct"):
         KafkaSource(["a", "a"], "localhost:9092")
+
+
+async def test_per_partition_watermarks(kafka_broker, new_topic):
+    """The source's watermark is the minimum over its partitions (issue 7)."""
+    from aiostream_ckpt.time.watermarks import SourceWatermarks, WatermarkStrategy
+
+    topic = await new_topic(2)
+    bootstrap = kafka_broker.bootstrap_servers
+
+    def at(ts: int) -> bytes:
+        return orjson.dumps({"ts": ts})
+
+    await produce(bootstrap, topic, {0: [at(5000), at(6000)], 1: [at(1000)]})
+    source = KafkaSource(topic, bootstrap)  # unbounded: partitions stay active
+    reader = source.create_reader(ctx())
+    await reader.start(None)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(0).with_timestamp_assigner(
+        lambda e: e["ts"]
+    )
+    sw = SourceWatermarks(strategy, reader, time.monotonic)
+    seen: list[Any] = []
+    marks: list[int] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        batch = await sw.read_batch(100)
+        if batch is None:
+            break
+        seen.extend(batch)
+        update = sw.poll()
+        if update is not None and update.watermark is not None:
+            marks.append(update.watermark)
+        if len(seen) == 3 and marks:
+            break
+    assert sorted(e["ts"] for e in seen) == [1000, 5000, 6000]
+    assert marks[-1] == 999, "partition 1 (ts 1000) holds the watermark back"
+    assert set(reader.active_splits()) == {f"{topic}:0", f"{topic}:1"}
+    await produce(bootstrap, topic, {1: [at(7000)]})
+    while time.monotonic() < deadline and marks[-1] == 999:
+        await sw.read_batch(100)
+        update = sw.poll()
+        if update is not None and update.watermark is not None:
+            marks.append(update.watermark)
+    assert marks[-1] == 5999, "now partition 0 (ts 6000) is the slowest"
+    await reader.close()
