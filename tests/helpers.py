@@ -14,6 +14,7 @@ import orjson
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
+from aiostream_ckpt.testing.recount import recount_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,17 +31,8 @@ def make_pv_input(
 
 
 def recount(*paths: Path) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
-    for path in paths:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    event = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(event, dict) and isinstance(event.get("app_id"), str):
-                    counts[event["app_id"]] += 1
-    return counts
+    """Valid events per app_id (the job's rule: a JSON object with a string app_id)."""
+    return recount_inputs(paths)[0]
 
 
 @dataclass

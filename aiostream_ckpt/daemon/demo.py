@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt.testing.chaos import ChaosResult, run_with_kills
 from aiostream_ckpt.testing.recount import check_pv_count
 
 MALFORMED_LINES = 3
@@ -37,6 +37,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--no-spark", action="store_true", help="verify in Python, not Spark")
     return p
+
+
+def run_demo_worker(
+    label: str, cmd: list[str], *, kills: int, seed: int, work: Path
+) -> ChaosResult | None:
+    """Run the worker to the end under ``kills`` random SIGKILLs, echoing its progress."""
+
+    def show(line: str) -> None:
+        if line.startswith("progress:") or "completed in" in line or "restor" in line:
+            print("  worker " + line.split(" INFO    ")[-1], flush=True)
+
+    print(f"{label}: running pv_count, SIGKILL x{kills} at random moments")
+    log = work / "worker.log"
+    result = run_with_kills(
+        cmd, kills=kills, seed=seed, log_path=log, on_line=show,
+        max_delay_after_checkpoint=1.0, timeout=1800,
+    )  # fmt: skip
+    if result.exit_code != 0:
+        print(f"{label}: worker failed with exit code {result.exit_code}; see {log}")
+        return None
+    print(
+        f"{label}: job finished in {result.elapsed:.1f}s after {result.kills} SIGKILLs "
+        f"({result.runs} runs)"
+    )
+    return result
 
 
 def demo_main(argv: list[str]) -> int:
@@ -77,27 +102,9 @@ def demo_main(argv: list[str]) -> int:
         "1",
     ]
 
-    def show(line: str) -> None:
-        if line.startswith("progress:") or "completed in" in line or "restoring" in line:
-            print("  worker " + line.split(" INFO    ")[-1], flush=True)
-
-    print(f"demo: running pv_count, SIGKILL x{args.kills} at random moments")
-    result = run_with_kills(
-        cmd,
-        kills=args.kills,
-        seed=seed,
-        log_path=work / "worker.log",
-        on_line=show,
-        max_delay_after_checkpoint=1.0,
-        timeout=1800,
-    )
-    if result.exit_code != 0:
-        print(f"demo: worker failed with exit code {result.exit_code}; see {work / 'worker.log'}")
+    result = run_demo_worker("demo", cmd, kills=args.kills, seed=seed, work=work)
+    if result is None:
         return 1
-    print(
-        f"demo: job finished in {result.elapsed:.1f}s after {result.kills} SIGKILLs "
-        f"({result.runs} runs)"
-    )
     verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)
     print(verdict.report)
     if not verdict.passed:

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -33,7 +31,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt.daemon.demo import run_demo_worker
+from aiostream_ckpt.testing.recount import check_pv_updates, recount_inputs
 
 _LOAD_BLOCK = 4 << 20
 _LOAD_BATCH_LINES = 4000
@@ -153,48 +152,6 @@ async def read_topic_values(
         await consumer.stop()
 
 
-def recount_jsonl(*paths: Path) -> collections.Counter[str]:
-    """Count events per ``app_id`` in JSON-lines inputs (malformed lines skipped)."""
-    counts: collections.Counter[str] = collections.Counter()
-    for path in paths:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    counts[orjson.loads(line)["app_id"]] += 1
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    continue
-    return counts
-
-
-@dataclass
-class PvVerdict:
-    records: int
-    keys: int
-    events: int
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def exact(self) -> bool:
-        return not self.problems
-
-
-def check_pv_updates(values: list[bytes], expected: collections.Counter[str]) -> PvVerdict:
-    """Check that, in partition order, each key's updates are exactly ``1..n``."""
-    nxt: dict[str, int] = collections.defaultdict(lambda: 1)
-    problems: list[str] = []
-    for raw in values:
-        rec = orjson.loads(raw)
-        key, pv = rec["app_id"], rec["pv"]
-        if pv != nxt[key]:
-            problems.append(f"{key}: expected pv {nxt[key]}, got {pv}")
-        nxt[key] = max(nxt[key], pv + 1)
-    for key, n in expected.items():
-        if nxt[key] - 1 != n:
-            problems.append(f"{key}: final pv {nxt[key] - 1}, input has {n}")
-    problems.extend(f"{k}: in output, not in input" for k in sorted(set(nxt) - set(expected)))
-    return PvVerdict(len(values), len(expected), sum(expected.values()), problems)
-
-
 def worker_flags() -> list[str]:
     """CLI flags for worker processes: no REST listener (workers, tests and demos run side by side).
 
@@ -293,32 +250,16 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         *worker_flags(),
     ]  # fmt: skip
 
-    def show(line: str) -> None:
-        if line.startswith("progress:") or "completed in" in line or "recovery" in line:
-            print("  worker " + line.split(" INFO    ")[-1], flush=True)
-
-    print(f"demo-kafka: running pv_count Kafka -> Kafka, SIGKILL x{args.kills} at random moments")
-    result = run_with_kills(
-        cmd,
-        kills=args.kills,
-        seed=seed,
-        log_path=work / "worker.log",
-        on_line=show,
-        max_delay_after_checkpoint=1.0,
-        timeout=1800,
-    )
-    if result.exit_code != 0:
-        print(f"demo-kafka: worker failed with exit code {result.exit_code}; see {work}/worker.log")
+    result = run_demo_worker("demo-kafka", cmd, kills=args.kills, seed=seed, work=work)
+    if result is None:
         return 1
-    print(f"demo-kafka: job finished in {result.elapsed:.1f}s after {result.kills} SIGKILLs")
-    expected = recount_jsonl(inputs)
+    expected, malformed = recount_inputs([inputs])
     values = asyncio.run(read_topic_values(bootstrap, out_topic))
-    verdict = check_pv_updates(values, expected)
-    print(
-        f"python read_committed recount: {verdict.records:,} updates, {verdict.keys:,} keys, "
-        f"{len(verdict.problems)} problems" + "".join(f"\n  {p}" for p in verdict.problems[:20])
+    verdict = check_pv_updates(
+        map(orjson.loads, values), expected, malformed=malformed, label="python read_committed"
     )
-    passed = verdict.exact and verdict.records == verdict.events
+    print(verdict.report)
+    passed = verdict.passed
     if not args.no_spark:
         spark = _spark_check(work, inputs, bootstrap, out_topic)
         if spark is not None:

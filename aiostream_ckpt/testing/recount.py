@@ -1,13 +1,19 @@
 """Checking pv_count output against its input: Spark when available, else Python.
 
 The Spark path is the proof (``aiostream_ckpt.validate``); the Python recount
-is the same check for machines without Java/PySpark.
+is the same check for machines without Java/PySpark, and the one place that
+defines it for the demos and tests: an input line counts when it is a JSON
+object with a string ``app_id`` (everything else is dead-lettered by the job),
+and each key's committed updates must be exactly ``1..n``.
 """
 
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+import contextlib
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +29,15 @@ class Verdict:
     keys: int
     summary: str
     report: str
+    records: int = 0
+    problems: list[str] = field(default_factory=list)
 
 
-def python_recount(inputs: list[Path], output: Path) -> Verdict:
+def recount_inputs(paths: Iterable[Path]) -> tuple[collections.Counter[str], int]:
+    """Events per ``app_id`` in JSON-lines inputs, and how many lines are malformed."""
     expected: collections.Counter[str] = collections.Counter()
     malformed = 0
-    for path in inputs:
+    for path in paths:
         with open(path, "rb") as f:
             for line in f:
                 if not line.strip():
@@ -42,27 +51,43 @@ def python_recount(inputs: list[Path], output: Path) -> Verdict:
                     expected[event["app_id"]] += 1
                 else:
                     malformed += 1
+    return expected, malformed
+
+
+def check_pv_updates(
+    updates: Iterable[dict[str, Any]],
+    expected: collections.Counter[str],
+    *,
+    malformed: int = 0,
+    label: str = "python recount",
+) -> Verdict:
+    """Each key's updates, in commit order, must be exactly ``1..n`` for its ``n`` inputs."""
     nxt: dict[str, int] = collections.defaultdict(lambda: 1)
     problems: list[str] = []
     records = 0
-    for rec in read_committed_output(output):
+    for rec in updates:
         records += 1
         key, pv = rec["app_id"], rec["pv"]
         if pv != nxt[key]:
             problems.append(f"{key}: expected pv {nxt[key]}, got {pv}")
-        nxt[key] = pv + 1
+        nxt[key] = max(nxt[key], pv + 1)
     for key, n in expected.items():
         if nxt[key] - 1 != n:
             problems.append(f"{key}: final pv {nxt[key] - 1}, input has {n}")
-    extra = set(nxt) - set(expected)
-    problems.extend(f"{k}: in output, not in input" for k in sorted(extra)[:20])
+    problems.extend(f"{k}: in output, not in input" for k in sorted(set(nxt) - set(expected))[:20])
     events = sum(expected.values())
     summary = (
         f"{events} events in ({malformed} malformed), {records} records out, "
         f"{len(expected)} keys, {len(problems)} problems"
     )
-    report = "python recount: " + summary + "".join(f"\n  {p}" for p in problems[:20])
-    return Verdict(not problems and records == events, events, len(expected), summary, report)
+    report = f"{label}: {summary}" + "".join(f"\n  {p}" for p in problems[:20])
+    passed = not problems and records == events
+    return Verdict(passed, events, len(expected), summary, report, records, problems)
+
+
+def python_recount(inputs: list[Path], output: Path) -> Verdict:
+    expected, malformed = recount_inputs(inputs)
+    return check_pv_updates(read_committed_output(output), expected, malformed=malformed)
 
 
 def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: Path) -> Verdict:
@@ -73,9 +98,6 @@ def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: P
             use_spark = False
     if not use_spark:
         return python_recount(inputs, output)
-    import contextlib
-    import io
-
     buf = io.StringIO()
     json_path = work / "validation.json"
     argv = ["--check", "pv_count", "--output-dir", str(output), "--json", str(json_path)]
