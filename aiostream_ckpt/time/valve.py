@@ -11,10 +11,10 @@ until it catches up.
 from __future__ import annotations
 
 from aiostream_ckpt.runtime.elements import MIN_WATERMARK
-from aiostream_ckpt.time.watermarks import WatermarkUpdate
+from aiostream_ckpt.time.watermarks import WatermarkStatusTracker, WatermarkUpdate
 
 
-class WatermarkValve:
+class WatermarkValve(WatermarkStatusTracker):
     """Per-channel watermarks and status of one task's input gate.
 
     >>> v = WatermarkValve(2)
@@ -32,8 +32,7 @@ class WatermarkValve:
         self._marks = [MIN_WATERMARK] * num_channels
         self._idle = [False] * num_channels
         self._ended = [False] * num_channels
-        self.watermark = MIN_WATERMARK
-        self.idle = False
+        super().__init__()
 
     def on_watermark(self, channel: int, timestamp: int) -> WatermarkUpdate | None:
         if timestamp <= self._marks[channel]:
@@ -59,16 +58,4 @@ class WatermarkValve:
         for mark, idle, ended in zip(self._marks, self._idle, self._ended, strict=True):
             if not (idle or ended) and (low is None or mark < low):
                 low = mark
-        if low is None:
-            if self.idle or all(self._ended):
-                return None
-            self.idle = True
-            return WatermarkUpdate(idle=True)
-        status = None
-        if self.idle:
-            self.idle = False
-            status = False
-        if low > self.watermark:
-            self.watermark = low
-            return WatermarkUpdate(status, low)
-        return None if status is None else WatermarkUpdate(status)
+        return self.advance(low, silent=all(self._ended))

@@ -102,7 +102,36 @@ class WatermarkUpdate:
     watermark: int | None = None
 
 
-class SourceWatermarks:
+class WatermarkStatusTracker:
+    """The watermark a component last sent, and whether it declared itself idle.
+
+    Shared by sources and the per-channel valve: given the new minimum (``None``
+    when every input is idle), say what to send downstream — a status change
+    first, then the advance; the watermark never goes backwards.
+    """
+
+    def __init__(self) -> None:
+        self.watermark = MIN_WATERMARK
+        self.idle = False
+
+    def advance(self, low: int | None, *, silent: bool = False) -> WatermarkUpdate | None:
+        """Move to ``low``; ``silent`` suppresses the idle announcement (input over)."""
+        if low is None:
+            if self.idle or silent:
+                return None
+            self.idle = True
+            return WatermarkUpdate(idle=True)
+        status = None
+        if self.idle:
+            self.idle = False
+            status = False
+        if low > self.watermark:
+            self.watermark = low
+            return WatermarkUpdate(status, low)
+        return None if status is None else WatermarkUpdate(status)
+
+
+class SourceWatermarks(WatermarkStatusTracker):
     """Wraps a reader: reads (per split when it can) and keeps per-split watermarks.
 
     Lives in the source task; ``read_batch`` replaces the reader's own, then
@@ -127,8 +156,7 @@ class SourceWatermarks:
         self._ended = False
         self._had_splits = False
         #: Last watermark sent; never goes backwards.
-        self.watermark = MIN_WATERMARK
-        self.idle = False
+        super().__init__()
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
         split_reader = self._split_reader
@@ -198,17 +226,4 @@ class SourceWatermarks:
 
     def poll(self) -> WatermarkUpdate | None:
         """After a read: the status change and/or watermark advance to send, if any."""
-        low = self.current()
-        if low is None:
-            if self.idle:
-                return None
-            self.idle = True
-            return WatermarkUpdate(idle=True)
-        status = None
-        if self.idle:
-            self.idle = False
-            status = False
-        if low > self.watermark:
-            self.watermark = low
-            return WatermarkUpdate(status, low)
-        return None if status is None else WatermarkUpdate(status)
+        return self.advance(self.current())
