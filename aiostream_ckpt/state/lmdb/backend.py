@@ -57,6 +57,7 @@ from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
 from aiostream_ckpt.state.lmdb.map_state import MapStateImpl, TtlMapState
 from aiostream_ckpt.state.lmdb.snapshot import (
+    ChangeLog,
     ChangeTracker,
     PendingSnapshot,
     write_delta,
@@ -145,7 +146,7 @@ class _WriteSet:
 
     seq: int  # barrier/flush order: write sets are applied strictly in this order
     parts: list[tuple[KeyedStateBase, Any]]
-    changes: set[bytes] | None  # where applying records changed LMDB keys
+    changes: ChangeLog | None  # where applying logs what it wrote to LMDB
     run: _SnapshotRun | None  # the snapshot whose view is pinned right after this commit
 
 
@@ -312,7 +313,7 @@ class LmdbStateBackend:
     def _enqueue(
         self,
         parts: list[tuple[KeyedStateBase, Any]],
-        changes: set[bytes] | None,
+        changes: ChangeLog | None,
         run: _SnapshotRun | None,
     ) -> int:
         self._seq += 1
@@ -372,7 +373,7 @@ class LmdbStateBackend:
         cid = target.checkpoint_id
         if cid in self._runs or cid in self._tracker.pending:
             raise CheckpointError(f"snapshot {cid} of {self._file_stem} was already taken")
-        pending, sink, full, base_chain, change_sets = self._tracker.begin(cid, target.is_savepoint)
+        pending, sink, full, base_chain, change_logs = self._tracker.begin(cid, target.is_savepoint)
         run = _SnapshotRun(self._runs_cond)
         seq = self._enqueue(self._freeze(), sink, run)
         with self._runs_cond:
@@ -389,7 +390,7 @@ class LmdbStateBackend:
                 if txn is None:  # cannot happen: applying through seq pinned it
                     raise CheckpointError(f"snapshot {cid} of {self._file_stem} has no view")
                 return self._write_snapshot(
-                    target, txn, pending, full, base_chain, change_sets, states
+                    target, txn, pending, full, base_chain, change_logs, states
                 )
             finally:
                 run.finish()
@@ -405,7 +406,7 @@ class LmdbStateBackend:
         pending: PendingSnapshot,
         full: bool,
         base_chain: list[dict[str, Any]],
-        change_sets: list[set[bytes]],
+        change_logs: list[ChangeLog],
         states: dict[str, dict[str, Any]],
     ) -> StateHandle:
         started = time.perf_counter()
@@ -420,8 +421,7 @@ class LmdbStateBackend:
             records = None
         else:
             path = out_dir / f"{stem}-delta.bin"
-            keys = set().union(*change_sets)
-            size, digest, records = write_delta(txn, keys, path)
+            size, digest, records = write_delta(change_logs, path)
             entry = {"path": target.relative(path), "kind": "delta", "size": size, "sha256": digest}
             chain = [*base_chain, entry]
         pending.chain = chain

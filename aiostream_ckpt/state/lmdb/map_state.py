@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
 from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, capture, unwrap
 from aiostream_ckpt.state.serde import (
     TS_SIZE,
@@ -174,19 +175,19 @@ class MapStateImpl(KeyedStateBase):
         self._dirty, self._cleared = {}, set()
         return frozen
 
-    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: set[bytes] | None) -> int:
+    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: ChangeLog | None) -> int:
         dirty, cleared = frozen
-        n = 0
+        cleared_keys: list[Record] = []
         for key in cleared:
             prefix = self.db_key(key)
             cur = txn.cursor()
             if cur.set_range(prefix):
                 while (db_key := cur.key()).startswith(prefix):
-                    if changed is not None:
-                        changed.add(db_key)
-                    n += 1
+                    cleared_keys.append((db_key, None))
                     if not cur.delete():
                         break
+        puts: list[Put] = []
+        deletes: list[Record] = []
         for key, entries in dirty.items():
             base = self.db_key(key)
             for map_key, entry in entries.items():
@@ -198,13 +199,17 @@ class MapStateImpl(KeyedStateBase):
                         self.name, (key, map_key), unwrap(entry), exc
                     ) from exc
                 if raw is None:
-                    txn.delete(db_key)
+                    deletes.append((db_key, None))
                 else:
-                    txn.put(db_key, raw)
-                if changed is not None:
-                    changed.add(db_key)
-                n += 1
-        return n
+                    puts.append((db_key, b"%s" % raw))  # kept in the log: right-sized copy
+        # one dirty entry per LMDB key, so puts and deletes commute
+        txn.cursor().putmulti(puts)
+        delete = txn.delete
+        for db_key, _ in deletes:
+            delete(db_key)
+        if changed is not None:
+            changed.add(self.name, cleared_keys, puts, deletes, unique=not cleared_keys)
+        return len(cleared_keys) + len(puts) + len(deletes)
 
     def evict(self) -> None:
         cache = self._cache

@@ -22,8 +22,8 @@ import orjson
 from aiostream_ckpt.errors import CorruptCheckpointError, StateMigrationError
 from aiostream_ckpt.state.backend import StateHandle
 from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb.snapshot import read_delta, verify_file
-from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, key_group_of, name_part
+from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record, read_delta, verify_file
+from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, name_part
 
 SUPPORTED_FORMATS = (1,)
 
@@ -107,14 +107,23 @@ def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) 
                 finally:
                     src.close()
         for path, name in source.deltas:
-            with env.begin(write=True) as wtxn:
-                for _op, key, value in read_delta(path, name):
-                    if not own.start <= key_group_of(key) <= own.end:
-                        continue
-                    if value is not None:
-                        wtxn.put(key, value)
-                    else:
-                        wtxn.delete(key)
+            records = read_delta(path, name)
+            if source.base is not None:  # range-scanned base: keep only our key groups
+                records = [r for r in records if lo <= r[0] < hi]
+            _replay(env, records)
+
+
+def _replay(env: lmdb.Environment, records: list[Record]) -> None:
+    """Apply one delta's records: one ``putmulti`` (mostly in key order), then the deletes.
+
+    A delta holds each key at most once, so its puts and deletes commute.
+    """
+    with env.begin(write=True) as wtxn:
+        wtxn.cursor().putmulti([(k, v) for k, v in records if v is not None])
+        delete = wtxn.delete
+        for key, value in records:
+            if value is None:
+                delete(key)
 
 
 def _until(cur: Any, hi: bytes) -> Any:
@@ -129,12 +138,12 @@ def convert_pickle_to_json(
     name: str,
     own: KeyGroupRange,
     ttl: bool,
-    changed: set[bytes] | None,
+    changed: ChangeLog | None,
 ) -> int:
     """Rewrite a pickled state's values as orjson (only when the backend allows pickle)."""
     part = name_part(name)
     head = TS_SIZE if ttl else 0
-    converted: list[tuple[bytes, bytes]] = []
+    converted: list[Put] = []
     cur = txn.cursor()
     for kg in range(own.start, own.end + 1):
         prefix = key_group_bytes(kg) + part
@@ -146,14 +155,13 @@ def convert_pickle_to_json(
             value = pickle.loads(raw[head:])
             try:
                 # bytes(memoryview(...)): a kept orjson result holds a ~4 KB buffer
-                converted.append((key, raw[:head] + bytes(memoryview(orjson.dumps(value)))))
+                converted.append((key, raw[:head] + b"%s" % orjson.dumps(value)))
             except TypeError as exc:
                 raise StateMigrationError(
                     f"state {name!r}: pickled value of type {type(value).__name__} cannot be "
                     f"converted to json: {exc}"
                 ) from exc
-    for key, raw in converted:
-        txn.put(key, raw)
-        if changed is not None:
-            changed.add(key)
+    txn.cursor().putmulti(converted)
+    if changed is not None:
+        changed.add(name, converted)
     return len(converted)

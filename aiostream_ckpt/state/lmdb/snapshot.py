@@ -6,6 +6,12 @@ transaction pinned right after the snapshot's frozen write set was committed
 An *incremental* snapshot is a delta file holding, for every LMDB key changed
 since the last completed checkpoint, its value as of the pinned transaction or
 a delete mark. Restoring applies the chain ``full, delta, delta, ...`` in order.
+The delta is written from the :class:`ChangeLog` records (the exact bytes each
+applied write set put, or a delete), not read back from LMDB: the newest record
+of a key is its value in the pinned view, because every LMDB write between the
+base and the pin was recorded. Each key appears once per file; records come
+in sorted runs (the puts, then the deletes, of each state), so that restore's
+inserts are mostly in key order.
 
 Delta file format (all integers big-endian)::
 
@@ -22,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +48,7 @@ _HEADER = struct.Struct(">8sHH")
 _RECORD = struct.Struct(">BHI")
 _TRAILER = struct.Struct(">8sQ32s")
 _CHUNK = 1 << 20
+_BATCH = 1 << 14  # records per write() of a delta
 
 
 def _fsync_dir(path: Path) -> None:
@@ -72,47 +79,38 @@ def write_full(env: lmdb.Environment, txn: lmdb.Transaction[bytes], path: Path) 
     return path.stat().st_size, sha256_file(path)
 
 
-def write_delta(
-    txn: lmdb.Transaction[bytes], keys: Iterable[bytes], path: Path
-) -> tuple[int, str, int]:
-    """Write the values of ``keys`` as seen by ``txn``; return ``(size, sha256, records)``."""
+def write_delta(logs: Sequence[ChangeLog], path: Path) -> tuple[int, str, int]:
+    """Write the newest record of each key in ``logs``; return ``(size, sha256, records)``."""
     body = hashlib.sha256()
-    whole = hashlib.sha256()
     count = 0
     size = 0
-    buf: list[bytes] = []
-    buffered = 0
-    get = txn.get
     pack = _RECORD.pack
+    put, delete = OP_PUT, OP_DELETE
     with path.open("xb") as f:
 
         def emit(data: bytes) -> None:
             nonlocal size
             body.update(data)
-            whole.update(data)
             f.write(data)
             size += len(data)
 
         emit(_HEADER.pack(DELTA_MAGIC, DELTA_VERSION, 0))
-        for key in sorted(keys):
-            value = get(key)
-            if value is None:
-                buf.append(pack(OP_DELETE, len(key), 0))
-                buf.append(key)
-                buffered += 7 + len(key)
-            else:
-                buf.append(pack(OP_PUT, len(key), len(value)))
-                buf.append(key)
-                buf.append(value)
-                buffered += 7 + len(key) + len(value)
-            count += 1
-            if buffered >= _CHUNK:
-                emit(b"".join(buf))
-                buf.clear()
-                buffered = 0
-        if buf:
-            emit(b"".join(buf))
+        for batch in merge_logs(logs):
+            for i in range(0, len(batch), _BATCH):
+                chunk = batch[i : i + _BATCH]
+                emit(
+                    b"".join(
+                        [
+                            pack(put, len(k), len(v)) + k + v
+                            if v is not None
+                            else pack(delete, len(k), 0) + k
+                            for k, v in chunk
+                        ]
+                    )
+                )
+                count += len(chunk)
         trailer = _TRAILER.pack(TRAILER_MAGIC, count, body.digest())
+        whole = body.copy()  # sha256 of the whole file without hashing the body twice
         whole.update(trailer)
         f.write(trailer)
         size += len(trailer)
@@ -122,8 +120,8 @@ def write_delta(
     return size, whole.hexdigest(), count
 
 
-def read_delta(path: Path, name: str) -> Iterator[tuple[int, bytes, bytes | None]]:
-    """Yield ``(op, key, value)`` records of a delta file, validating its framing."""
+def read_delta(path: Path, name: str) -> list[Record]:
+    """Return the ``(key, value or None)`` records of a delta file, validating its framing."""
     data = path.read_bytes()
     hsize, tsize = _HEADER.size, _TRAILER.size
     if len(data) < hsize + tsize:
@@ -138,24 +136,28 @@ def read_delta(path: Path, name: str) -> Iterator[tuple[int, bytes, bytes | None
     off = hsize
     unpack = _RECORD.unpack_from
     rsize = _RECORD.size
-    seen = 0
-    while off < end:
-        if off + rsize > end:
-            raise CorruptCheckpointError(f"state file {name}: truncated record at {off}")
-        op, klen, vlen = unpack(data, off)
-        off += rsize
-        key = data[off : off + klen]
-        off += klen
-        if op == OP_PUT:
-            yield op, key, data[off : off + vlen]
-            off += vlen
-        elif op == OP_DELETE:
-            yield op, key, None
-        else:
-            raise CorruptCheckpointError(f"state file {name}: unknown record op {op}")
-        seen += 1
-    if off != end or seen != count:
-        raise CorruptCheckpointError(f"state file {name}: {seen} records, trailer says {count}")
+    put, delete = OP_PUT, OP_DELETE
+    out: list[Record] = []
+    append = out.append
+    try:
+        while off < end:
+            op, klen, vlen = unpack(data, off)
+            off += rsize
+            kend = off + klen
+            if op == put:
+                vend = kend + vlen
+                append((data[off:kend], data[kend:vend]))
+                off = vend
+            elif op == delete:
+                append((data[off:kend], None))
+                off = kend
+            else:
+                raise CorruptCheckpointError(f"state file {name}: unknown record op {op}")
+    except struct.error:
+        raise CorruptCheckpointError(f"state file {name}: truncated record at {off}") from None
+    if off != end or len(out) != count:
+        raise CorruptCheckpointError(f"state file {name}: {len(out)} records, trailer says {count}")
+    return out
 
 
 def verify_file(root: Path, entry: dict[str, Any]) -> Path:
@@ -175,12 +177,59 @@ def verify_file(root: Path, entry: dict[str, Any]) -> Path:
     return Path(path)
 
 
+#: One LMDB write: ``(key, value)``, value None for a delete.
+Record = tuple[bytes, bytes | bytearray | None]
+Put = tuple[bytes, bytes | bytearray]
+
+
+class ChangeLog:
+    """The LMDB writes of one epoch, in apply order, as batches of records.
+
+    Each entry is one apply of one state's write set: its state name, whether
+    its keys are unique, and its record lists. Entries of different states
+    never share a key (the name is part of it), so a state applied once per
+    epoch with unique keys -- the common case -- is written to a delta as is;
+    only a state applied more than once (early flushes) or with repeated keys
+    (map clears) is merged, the newest record of a key winning.
+    """
+
+    __slots__ = ("batches",)
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, bool, tuple[Sequence[Record], ...]]] = []
+
+    def add(self, state: str, *records: Sequence[Record], unique: bool = True) -> None:
+        """Log one apply of ``state``; unique means no key is in its records twice."""
+        if any(records):
+            self.batches.append((state, unique, records))
+
+    def clear(self) -> None:
+        self.batches.clear()
+
+
+def merge_logs(logs: Sequence[ChangeLog]) -> Iterator[Sequence[Record]]:
+    """Yield batches holding the newest record of every key written in ``logs`` (oldest first)."""
+    per_state: dict[str, list[tuple[bool, tuple[Sequence[Record], ...]]]] = {}
+    for log in logs:
+        for state, unique, lists in log.batches:
+            per_state.setdefault(state, []).append((unique, lists))
+    for entries in per_state.values():
+        if len(entries) == 1 and entries[0][0]:
+            yield from entries[0][1]
+        else:
+            merged: dict[bytes, bytes | bytearray | None] = {}
+            for _, lists in entries:
+                for records in lists:
+                    merged.update(records)
+            yield list(merged.items())
+
+
 @dataclass(slots=True, eq=False)
 class PendingSnapshot:
     """A snapshot taken but not yet completed: its chain and the changes it sealed."""
 
     checkpoint_id: int
-    changes: set[bytes]  # filled when its write set is applied, read only after that
+    changes: ChangeLog  # filled when its write set is applied, read only after that
     savepoint: bool
     chain: list[dict[str, Any]] | None = None  # set by the async part when it finishes
     usable: bool = True  # False once aborted: its changes still count, its files do not
@@ -188,28 +237,28 @@ class PendingSnapshot:
 
 @dataclass(slots=True)
 class ChangeTracker:
-    """Which LMDB keys changed since the last completed checkpoint.
+    """Which LMDB keys changed since the last completed checkpoint, and to what.
 
-    Every epoch (the writes between two barriers) has one change set: writes
+    Every epoch (the writes between two barriers) has one change log: writes
     flushed early (cache eviction) record into ``epoch``, and the barrier seals
     it into a :class:`PendingSnapshot` whose frozen write set, applied later,
-    records into the same set. A delta holds the union of every pending epoch
+    records into the same log. A delta holds the union of every pending epoch
     (all of them are newer than the base), so an aborted checkpoint's changes
     are simply carried into the next delta; completing checkpoint ``n`` makes
     its chain the base and drops every pending epoch up to ``n``. The backend
     applies write sets in barrier order under its write lock, so when snapshot
-    ``n``'s own write set has been applied, the sets of every epoch up to ``n``
+    ``n``'s own write set has been applied, the logs of every epoch up to ``n``
     are final and its thread can read them without locks.
     """
 
     full_every: int
-    epoch: set[bytes] = field(default_factory=set)
+    epoch: ChangeLog = field(default_factory=ChangeLog)
     pending: dict[int, PendingSnapshot] = field(default_factory=dict)
     base_id: int | None = None
     base_chain: list[dict[str, Any]] | None = None
 
-    def sink(self) -> set[bytes] | None:
-        """Return the change set of the current epoch, or None when no delta can need it.
+    def sink(self) -> ChangeLog | None:
+        """Return the change log of the current epoch, or None when no delta can need it.
 
         None when there is no base and no pending snapshot that could become one.
         """
@@ -220,17 +269,17 @@ class ChangeTracker:
 
     def begin(
         self, checkpoint_id: int, savepoint: bool
-    ) -> tuple[PendingSnapshot, set[bytes] | None, bool, list[dict[str, Any]], list[set[bytes]]]:
+    ) -> tuple[PendingSnapshot, ChangeLog | None, bool, list[dict[str, Any]], list[ChangeLog]]:
         """Seal the epoch.
 
         Returns ``(pending, sink for the epoch's frozen write set, full?, base
-        chain, change sets for a delta)``; the change sets fill up as earlier
-        write sets are applied.
+        chain, change logs for a delta, oldest first)``; the logs fill up as
+        earlier write sets are applied.
         """
         sink = self.sink()
         base = self.base_chain
         full = savepoint or base is None or len(base) >= self.full_every
-        sealed, self.epoch = self.epoch, set()
+        sealed, self.epoch = self.epoch, ChangeLog()
         sets = [p.changes for p in self.pending.values()]
         sets.append(sealed)
         pending = PendingSnapshot(checkpoint_id, sealed, savepoint)

@@ -49,8 +49,9 @@ thread and only reads the frozen write set and immutable configuration.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from itertools import islice
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import lmdb
@@ -65,6 +66,7 @@ from aiostream_ckpt.state.descriptors import (
     ValueStateDescriptor,
 )
 from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
 from aiostream_ckpt.state.serde import (
     MAX_DB_KEY_BYTES,
     TS_SIZE,
@@ -76,6 +78,9 @@ from aiostream_ckpt.state.serde import (
 )
 
 _LEN2 = [n.to_bytes(2, "big") for n in range(MAX_DB_KEY_BYTES + 1)]
+#: The ints orjson encodes (wider ones it refuses); ``b"%d" % v`` gives the same bytes.
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+_FIRST = itemgetter(0)
 _MISS: Any = object()  # not in the cache: ask LMDB
 _DELETED: Any = object()  # a map entry known to be absent
 
@@ -280,63 +285,72 @@ class KeyedStateBase:
         self._dirty = {}
         return dirty
 
-    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: set[bytes] | None) -> int:
-        """Write a frozen write set into ``txn``; record its LMDB keys in ``changed``.
+    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: ChangeLog | None) -> int:
+        """Write a frozen write set into ``txn``; log what was written in ``changed``.
 
-        This loop is the per-key cost of a snapshot (now in its asynchronous
-        part), hence the inlined key building and one ``putmulti`` instead of a
-        call per key.
+        This loop is the per-key cost of a snapshot's asynchronous part, which
+        holds the GIL against the event loop while it runs Python, hence the
+        inlined key building, the int fast path and one ``putmulti`` over a
+        list. The records are kept (the change log is the next delta's
+        content), so every value is a right-sized ``bytes``: a kept orjson
+        result holds a ~4 KB buffer.
         """
         plain = self._plain_codec
         encode = self._encode
         dumps = self._dumps
+        fast_int = dumps is orjson.dumps  # ints: the same bytes orjson writes, no buffer
         unencodable = Unencodable
         key_bytes = orjson.dumps
         crc32 = zlib.crc32
         prefixes = self._prefixes
         maxp, lo, hi = self._maxp, self._kg_start, self._kg_end
         len2 = _LEN2
-        deletes: list[bytes] = []
-        add = (lambda _k: None) if changed is None else changed.add
-        state: list[Any] = [None, None]  # key and entry being encoded, for the error message
-
-        def items() -> Iterator[tuple[bytes, bytes | bytearray]]:
-            # A generator, not a list: 1M keys would otherwise allocate (and
-            # page-fault in) ~150 MB of short-lived tuples.
+        max_kb = MAX_DB_KEY_BYTES - len(prefixes[0]) - 2  # longer keys make too long LMDB keys
+        puts: list[Put] = []
+        deletes: list[Record] = []
+        put = puts.append
+        key: Any = None
+        entry: Any = None
+        try:
             for key, entry in frozen.items():
-                state[0], state[1] = key, entry
                 kb = key_bytes(key)
                 kg = crc32(kb) % maxp
-                if kg < lo or kg > hi:
-                    raise ValueError("key group")
+                if kg < lo or kg > hi or len(kb) > max_kb:
+                    raise ValueError("key")
                 db_key = prefixes[kg] + len2[len(kb)] + kb
-                if len(db_key) > MAX_DB_KEY_BYTES:
-                    raise ValueError("key size")
                 raw: bytes | bytearray | None
                 if not plain:
                     raw = encode(entry)
-                elif entry is None:
-                    raw = None
-                elif entry.__class__ is bytearray:
-                    raw = entry
+                    if raw is not None and raw.__class__ is bytes:
+                        raw = b"%s" % raw
                 else:
-                    raw = dumps(entry.value if entry.__class__ is unencodable else entry)
-                add(db_key)
+                    cls = entry.__class__
+                    if cls is int and fast_int and _INT_MIN <= entry <= _INT_MAX:
+                        put((db_key, b"%d" % entry))
+                        continue
+                    if entry is None:
+                        raw = None
+                    elif cls is bytearray:
+                        raw = entry
+                    else:
+                        raw = b"%s" % dumps(entry.value if cls is unencodable else entry)
                 if raw is None:
-                    deletes.append(db_key)
+                    deletes.append((db_key, None))
                 else:
-                    yield db_key, raw
-
-        try:
-            txn.cursor().putmulti(items())
-        except lmdb.Error:
-            raise
+                    put((db_key, raw))
         except Exception as exc:
-            self.db_key(state[0])  # raises the precise error when the key is at fault
-            raise describe_encode_error(self.name, state[0], unwrap(state[1]), exc) from exc
+            self.db_key(key)  # raises the precise error when the key is at fault
+            raise describe_encode_error(self.name, key, unwrap(entry), exc) from exc
+        # sorted inserts touch each LMDB page once (~40% faster putmulti), and the
+        # change log, hence the delta, comes out in sorted runs for restore
+        puts.sort(key=_FIRST)
+        deletes.sort(key=_FIRST)
+        txn.cursor().putmulti(puts)
         delete = txn.delete
-        for db_key in deletes:
+        for db_key, _ in deletes:
             delete(db_key)
+        if changed is not None:
+            changed.add(self.name, puts, deletes)
         return len(frozen)
 
     def evict(self) -> None:
