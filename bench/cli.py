@@ -2,9 +2,11 @@
 
 Quick mode (default, < 3 minutes): ours, bare-loop and Bytewax on the embedded
 path, 1 M events, 3 repeats, one kill -9 recovery and a short latency run.
-Full mode (``--full``): also PyFlink, 5 repeats, Spark validation, and the
+Full mode (``--full``): also PyFlink, 5 repeats, Spark validation, the
 scaling curves (parallelism, key count, checkpoint interval, state size with
-full vs incremental checkpoints).
+full vs incremental checkpoints) and the Kafka path (ours, bare-aiokafka,
+Quix Streams, Faust on one local broker). ``--systems`` naming a Kafka-only
+system, or ``--path kafka|both``, runs the Kafka path in any mode.
 """
 
 from __future__ import annotations
@@ -18,9 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import kafka
-from bench.experiments import Plan, run_plan
+from bench.experiments import Plan, run_plan, workload
 from bench.peers_env import BENCH_DIR
-from bench.results import SYSTEMS, apply_refusal, compute_ratios, document, table, validate_document
+from bench.results import (
+    SYSTEMS,
+    RunResult,
+    apply_refusal,
+    compute_ratios,
+    document,
+    table,
+    validate_document,
+)
 from bench.runner import say
 
 
@@ -34,6 +44,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--work", type=Path, default=BENCH_DIR / ".work", help="scratch directory")
     p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    p.add_argument(
+        "--path",
+        choices=("embedded", "kafka", "both"),
+        help="which path(s) to run (default: quick embedded; full both; a --systems list "
+        "naming bare-aiokafka, quixstreams or faust adds kafka)",
+    )
     p.add_argument("--events", type=int, help="events in the compare workload (default 1M)")
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of key popularity")
@@ -102,9 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"python -m bench: unknown system(s) {unknown}; known: {SYSTEMS}", file=sys.stderr)
         return 2
+    run_embedded, run_kafka = kafka.select_paths(
+        args.path, full=full, systems=systems, explicit=bool(args.systems)
+    )
+    named = systems if args.systems else kafka.KAFKA_SYSTEMS
+    kafka_systems = [s for s in named if s in kafka.KAFKA_SYSTEMS]
+    embedded_systems = [s for s in systems if s not in kafka.KAFKA_ONLY]
     plan = Plan(
         full=full,
-        systems=systems,
+        systems=embedded_systems,
         events=args.events or 1_000_000,
         keys=args.keys,
         skew=args.skew,
@@ -141,8 +163,33 @@ def main(argv: list[str] | None = None) -> int:
         say(f"ours runs from {ENGINE_SRC[0]}")
     else:
         plan.extra["engine"] = "working tree"
-    runs, latencies = run_plan(plan)
-    runs += kafka.kafka_runs()
+    plan.extra["paths"] = [p for p, on in (("embedded", run_embedded), ("kafka", run_kafka)) if on]
+    runs: list[RunResult] = []
+    latencies: list[float] = []
+    if run_embedded:
+        runs, latencies = run_plan(plan)
+    if run_kafka:
+        plan.extra["kafka_systems"] = kafka_systems
+        runs += kafka.run_kafka_path(
+            kafka.KafkaPlan(
+                systems=kafka_systems,
+                source=workload(
+                    plan.work, plan.events, plan.keys, plan.seed, plan.skew, plan.event_size
+                ),
+                repeats=plan.repeats,
+                interval_s=plan.interval,
+                mode=plan.mode,
+                sets=plan.app_sets,
+                work=plan.work / "run-current",
+                spark=plan.validator == "spark" or (plan.validator == "auto" and full),
+            )
+        )
+    else:
+        runs += kafka.not_run(
+            kafka_systems,
+            "Kafka path not run: quick mode is embedded-only (run with --full, --path kafka, "
+            "or --systems naming bare-aiokafka, quixstreams or faust)",
+        )
     for r in runs:
         apply_refusal(r)
     compute_ratios(runs)

@@ -86,6 +86,13 @@ def _find_fd(pids: Sequence[int], target: str) -> tuple[int, str] | None:
     return None
 
 
+def _points_at(pid: int, fd: str, target: str) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}") == target
+    except OSError:
+        return False
+
+
 def _fd_pos(pid: int, fd: str) -> int | None:
     try:
         with open(f"/proc/{pid}/fdinfo/{fd}") as f:
@@ -143,14 +150,15 @@ class _Progress:
                 if found is not None:
                     self.where[t] = found
         for t, loc in list(self.where.items()):
-            pos = _fd_pos(*loc)
+            # the fd number may be reused for another file once the input is closed
+            pos = _fd_pos(*loc) if _points_at(*loc, t) else None
             if pos is None:
                 del self.where[t]
                 if self.pos[t] > 0:
                     self.done.add(t)
                     self.pos[t] = self.targets[t]
             else:
-                self.pos[t] = max(self.pos[t], pos)
+                self.pos[t] = max(self.pos[t], min(pos, self.targets[t]))
         if not self.where and not self.done:
             return None
         return float(sum(self.pos.values()))

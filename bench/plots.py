@@ -16,7 +16,7 @@ def plot_spec(doc: dict[str, Any], latencies_ms: list[float]) -> dict[str, Any]:
     return {
         "timeline": [
             {
-                "system": r["system"],
+                "system": f"{r['system']} ({r['path']})",
                 "progress": r.get("series", {}).get("progress", []),
                 "checkpoints": r.get("series", {}).get("checkpoints", []),
             }

@@ -96,11 +96,15 @@ def python_recount(
 _SPARK_SCRIPT = r"""
 import json, sys
 from aiostream_ckpt.validate import get_spark, pv_count_check, read_file_sink_output
+from aiostream_ckpt.validate.readers import read_kafka_output
 jobs = json.loads(sys.argv[1])
-spark = get_spark()
+spark = get_spark(kafka=any("kafka_topic" in job for job in jobs))
 for job in jobs:
     try:
-        out = read_file_sink_output(spark, job["output"])
+        if "kafka_topic" in job:
+            out = read_kafka_output(spark, job["kafka_bootstrap"], job["kafka_topic"])
+        else:
+            out = read_file_sink_output(spark, job["output"])
         res = pv_count_check(spark, [job["input"]], out)
         print("BENCH-RESULT " + json.dumps({"id": job["id"], "passed": bool(res.passed),
               "counts": res.counts, "seconds": res.seconds}, default=str), flush=True)
@@ -124,6 +128,9 @@ def spark_validate(
     jobs: list[dict[str, str]], *, timeout: float = 900.0
 ) -> tuple[dict[str, Verdict], str | None]:
     """Check every ``{"id", "input", "output"}`` in one Spark session.
+
+    A job with ``kafka_bootstrap`` and ``kafka_topic`` instead of ``output``
+    reads that topic ``read_committed`` (Spark's Kafka source, fetched once).
 
     Returns verdicts by id and, when Spark itself could not run, the reason.
     """

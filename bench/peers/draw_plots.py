@@ -30,7 +30,7 @@ def main(spec_path, out_dir):
         for t, _cid, _ms in s["checkpoints"]:
             ax.axvline(t, color=line.get_color(), alpha=0.25, linestyle=":")
     ax.set_xlabel("seconds since start")
-    ax.set_ylabel("events/s (input read rate)")
+    ax.set_ylabel("events/s (embedded: input read; kafka: output written)")
     ax.set_title("Throughput over time (dotted: checkpoint completed)")
     ax.legend()
     fig.tight_layout()
