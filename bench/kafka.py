@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,7 +347,7 @@ class KafkaSpec:
     timeout: float = 600.0
 
 
-class KafkaSystem:
+class KafkaSystem(ABC):
     name = ""
     path = "kafka"
 
@@ -356,8 +357,9 @@ class KafkaSystem:
     def version(self) -> str | None:
         return None
 
+    @abstractmethod
     def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:
-        raise NotImplementedError
+        """Run the system once on ``spec`` and report what was measured."""
 
 
 class OursKafka(KafkaSystem):

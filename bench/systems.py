@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,7 @@ class Attempt:
     completed: list[tuple[float, int, float, int]] = field(default_factory=list)
 
 
-class System:
+class System(ABC):
     name = ""
     path = "embedded"
 
@@ -94,8 +95,9 @@ class System:
     def version(self) -> str | None:
         return None
 
+    @abstractmethod
     def run(self, spec: RunSpec) -> Attempt:
-        raise NotImplementedError
+        """Run the system once on ``spec`` and report what was measured."""
 
 
 class _CheckpointPoller:
