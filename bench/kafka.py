@@ -50,8 +50,8 @@ import orjson
 from bench import runner
 from bench.monitor import run_monitored, wait_for_quiet
 from bench.results import RunResult, unavailable
-from bench.runner import Measured, attach_spark, checkpoint_summary, say
-from bench.stats import median, spread, steady_window
+from bench.runner import Measured, attach_spark, checkpoint_summary, say, summarize_repeats
+from bench.stats import steady_window
 from bench.systems import (
     PEERS_DIR,
     REPO,
@@ -462,6 +462,19 @@ class BareAiokafka(KafkaSystem):
         )
 
 
+def _peer_env(spec: KafkaSpec, interval: float) -> dict[str, str]:
+    """What every Kafka peer job reads from its environment."""
+    wl = spec.workload
+    return {
+        **os.environ,
+        "BENCH_BOOTSTRAP": wl.bootstrap,
+        "BENCH_INPUT_TOPIC": wl.input_topic,
+        "BENCH_OUTPUT_TOPIC": spec.output_topic,
+        "BENCH_INTERVAL_S": f"{interval:g}",
+        "BENCH_EVENTS": str(wl.events),
+    }
+
+
 class QuixStreams(_PeerSystem, KafkaSystem):
     """Quix Streams with ``processing_guarantee="exactly-once"``, 1 s commit interval."""
 
@@ -472,17 +485,11 @@ class QuixStreams(_PeerSystem, KafkaSystem):
     def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:  # type: ignore[override]
         env = self.env()
         assert env.python is not None
-        wl = spec.workload
         interval = spec.interval_s if spec.interval_s > 0 else 1.0
         run_env = {
-            **os.environ,
-            "BENCH_BOOTSTRAP": wl.bootstrap,
-            "BENCH_INPUT_TOPIC": wl.input_topic,
-            "BENCH_OUTPUT_TOPIC": spec.output_topic,
+            **_peer_env(spec, interval),
             "BENCH_GROUP": f"quix-{spec.output_topic}",
             "BENCH_STATE_DIR": str(spec.run_dir / "state"),
-            "BENCH_INTERVAL_S": f"{interval:g}",
-            "BENCH_EVENTS": str(wl.events),
         }
         rec = run_monitored(
             [str(env.python), str(PEERS_DIR / "quix_pv_count.py")],
@@ -522,14 +529,9 @@ class Faust(_PeerSystem, KafkaSystem):
         wl = spec.workload
         interval = spec.interval_s if spec.interval_s > 0 else 1.0
         run_env = {
-            **os.environ,
-            "BENCH_BOOTSTRAP": wl.bootstrap,
-            "BENCH_INPUT_TOPIC": wl.input_topic,
-            "BENCH_OUTPUT_TOPIC": spec.output_topic,
+            **_peer_env(spec, interval),
             "BENCH_APP_ID": f"faust-{spec.output_topic}",
             "BENCH_DATADIR": str(spec.run_dir / "faust-data"),
-            "BENCH_INTERVAL_S": f"{interval:g}",
-            "BENCH_EVENTS": str(wl.events),
             "BENCH_PARTITIONS": str(wl.partitions),
         }
         rec = run_monitored(
@@ -662,13 +664,7 @@ def measure_kafka(
             f"  {rate:,.0f} events/s steady, {rec.wall_s:.1f}s wall, "
             f"peak RSS {rec.peak_rss_kb / 1024:.0f} MB, read_committed recount: {verdict.summary}"
         )
-    sp = spread(rates)
-    res.events_per_s = median(rates)
-    res.events_per_s_spread = sp.to_json() if sp else None
-    res.events_per_s_repeats = [round(r) for r in rates]
-    res.wall_s = median(walls)
-    res.events_per_s_wall = wl.events / res.wall_s if res.wall_s else None
-    res.peak_rss_mb = median(rss)
+    summarize_repeats(res, wl.events, rates, walls, rss)
     order = sorted(range(len(rates)), key=rates.__getitem__)
     mid_attempt, mid_win, mid_samples = attempts[order[len(order) // 2]]
     res.config = {

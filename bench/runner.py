@@ -66,6 +66,19 @@ def checkpoint_summary(attempt: Attempt) -> dict[str, Any] | None:
     }
 
 
+def summarize_repeats(
+    res: RunResult, events: int, rates: list[float], walls: list[float], rss: list[float]
+) -> None:
+    """Fill the per-system figures from its repeats: medians, spread, rate with start-up."""
+    sp = spread(rates)
+    res.events_per_s = median(rates)
+    res.events_per_s_spread = sp.to_json() if sp else None
+    res.events_per_s_repeats = [round(r) for r in rates]
+    res.wall_s = median(walls)
+    res.events_per_s_wall = events / res.wall_s if res.wall_s else None
+    res.peak_rss_mb = median(rss)
+
+
 def measure(
     system: System,
     workload: Workload,
@@ -130,13 +143,7 @@ def measure(
             f"  {rate:,.0f} events/s steady, {rec.wall_s:.1f}s wall, "
             f"peak RSS {rec.peak_rss_kb / 1024:.0f} MB, recount: {verdict.summary}"
         )
-    sp = spread(rates)
-    res.events_per_s = median(rates)
-    res.events_per_s_spread = sp.to_json() if sp else None
-    res.events_per_s_repeats = [round(r) for r in rates]
-    res.wall_s = median(walls)
-    res.events_per_s_wall = workload.events / res.wall_s if res.wall_s else None
-    res.peak_rss_mb = median(rss)
+    summarize_repeats(res, workload.events, rates, walls, rss)
     # checkpoint figures and series from the median repeat
     order = sorted(range(len(rates)), key=rates.__getitem__)
     mid_attempt, mid_win = attempts[order[len(order) // 2]]

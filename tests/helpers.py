@@ -296,3 +296,26 @@ class DaemonProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def generated_pv_args(
+    ckpt: Path,
+    out: Path,
+    *extra: str,
+    events: int = 60_000,
+    splits: int = 2,
+    keys: int = 300,
+    parallelism: int = 2,
+) -> list[str]:
+    """``aiostream-ckpt run apps.pv_count`` over generated events, 100 ms checkpoints."""
+    return [
+        "run", "apps.pv_count",
+        "--set", f"checkpoint.dir={ckpt}",
+        "--set", f"app.output={out}",
+        "--set", f"app.generate={events}",
+        "--set", f"app.splits={splits}",
+        "--set", f"app.keys={keys}",
+        "--set", f"job.parallelism={parallelism}",
+        "--set", "checkpoint.interval=100ms",
+        *extra,
+    ]  # fmt: skip

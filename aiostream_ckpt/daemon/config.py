@@ -34,7 +34,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from aiostream_ckpt.daemon.settings import DAEMON_KEYS, DaemonSettings, parse_daemon_key
+from aiostream_ckpt.daemon.settings import (
+    DAEMON_KEYS,
+    DaemonSettings,
+    parse_bool,
+    parse_daemon_key,
+)
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.runtime.config import (
     CheckpointConfig,
@@ -66,17 +71,6 @@ def parse_duration(value: Any) -> float:
     if not m:
         raise ValueError("a duration like 500ms, 1s, 2m or a number of seconds")
     return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("true or false")
 
 
 def _parse_int(value: Any) -> int:
@@ -114,9 +108,9 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.max_parallelism": (None, "max_parallelism", _parse_int),
     "job.batch_size": (None, "batch_size", _parse_int),
     "job.channel_capacity": (None, "channel_capacity", _parse_int),
-    "job.chaining": (None, "chaining", _parse_bool),
+    "job.chaining": (None, "chaining", parse_bool),
     "job.restore_from": (None, "restore_from", _path),
-    "job.allow_non_restored_state": (None, "allow_non_restored_state", _parse_bool),
+    "job.allow_non_restored_state": (None, "allow_non_restored_state", parse_bool),
     "checkpoint.dir": ("checkpoint", "directory", _path),
     "checkpoint.interval": ("checkpoint", "interval", parse_duration),
     "checkpoint.timeout": ("checkpoint", "timeout", parse_duration),
@@ -133,7 +127,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     ),
     "state.local_dir": ("state", "local_dir", _path),
     "state.cache_max_entries": ("state", "cache_max_entries", _parse_int),
-    "state.allow_pickle": ("state", "allow_pickle", _parse_bool),
+    "state.allow_pickle": ("state", "allow_pickle", parse_bool),
     "restart.strategy": ("restart", "strategy", _enum(RestartStrategyKind)),
     "restart.attempts": ("restart", "attempts", _parse_int),
     "restart.delay": ("restart", "delay", parse_duration),

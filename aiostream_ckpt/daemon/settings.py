@@ -63,7 +63,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _bool(value: Any) -> bool:
+def parse_bool(value: Any) -> bool:
+    """Parse a boolean from TOML, an env var or --set (1/true/yes/on, 0/false/no/off)."""
     if isinstance(value, bool):
         return value
     s = str(value).strip().lower()
@@ -94,7 +95,7 @@ def _token(value: Any) -> str | None:
 
 #: config key -> (DaemonSettings field, parser)
 DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
-    "rest.enabled": ("rest_enabled", _bool),
+    "rest.enabled": ("rest_enabled", parse_bool),
     "rest.bind": ("rest_bind", lambda v: str(v).strip()),
     "rest.port": ("rest_port", _port),
     "rest.token": ("rest_token", _token),

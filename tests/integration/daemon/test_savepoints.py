@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from aiostream_ckpt.checkpoint.storage import read_checkpoint
-from tests.helpers import DaemonProcess, check_pv_output, cli, generated_counts
+from tests.helpers import DaemonProcess, check_pv_output, cli, generated_counts, generated_pv_args
 
 pytestmark = pytest.mark.integration
 
@@ -23,27 +23,10 @@ EVENTS, SPLITS, KEYS = 60_000, 2, 300
 
 
 def pv_args(ckpt: Path, out: Path, parallelism: int, *extra: str) -> list[str]:
-    return [
-        "run",
-        "apps.pv_count",
-        "--set",
-        f"checkpoint.dir={ckpt}",
-        "--set",
-        f"app.output={out}",
-        "--set",
-        f"app.generate={EVENTS}",
-        "--set",
-        f"app.splits={SPLITS}",
-        "--set",
-        f"app.keys={KEYS}",
-        "--set",
-        f"job.parallelism={parallelism}",
-        "--set",
-        "checkpoint.interval=100ms",
-        "--set",
-        "job.batch_size=256",
-        *extra,
-    ]
+    return generated_pv_args(
+        ckpt, out, "--set", "job.batch_size=256", *extra,
+        events=EVENTS, splits=SPLITS, keys=KEYS, parallelism=parallelism,
+    )  # fmt: skip
 
 
 def live(ckpt: Path, out: Path, parallelism: int, *extra: str) -> DaemonProcess:

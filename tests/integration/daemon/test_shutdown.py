@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.helpers import DaemonProcess, check_pv_output, cli, generated_counts
+from tests.helpers import DaemonProcess, check_pv_output, cli, generated_counts, generated_pv_args
 
 pytestmark = pytest.mark.integration
 
@@ -18,25 +18,7 @@ EVENTS, SPLITS, KEYS = 60_000, 2, 300
 
 
 def pv_args(ckpt: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "run",
-        "apps.pv_count",
-        "--set",
-        f"checkpoint.dir={ckpt}",
-        "--set",
-        f"app.output={out}",
-        "--set",
-        f"app.generate={EVENTS}",
-        "--set",
-        f"app.splits={SPLITS}",
-        "--set",
-        f"app.keys={KEYS}",
-        "--set",
-        "job.parallelism=2",
-        "--set",
-        "checkpoint.interval=100ms",
-        *extra,
-    ]
+    return generated_pv_args(ckpt, out, *extra, events=EVENTS, splits=SPLITS, keys=KEYS)
 
 
 def sigterm(tmp_path: Path, mode: str, *extra: str) -> DaemonProcess:
