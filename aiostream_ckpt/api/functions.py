@@ -14,7 +14,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
-from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
+from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -115,17 +115,18 @@ class TimerService(Protocol):
 
 
 class Context:
-    """Per-record context of a keyed process function."""
+    """Per-record context of a keyed process function.
 
-    __slots__ = ("_key_context", "_timers")
+    ``current_key`` is a plain attribute the operator sets with the state
+    backend's key before each call: read once or more per record, it must
+    cost a slot load, not a property call.
+    """
 
-    def __init__(self, key_context: KeyContext, timers: TimerService | None = None) -> None:
-        self._key_context = key_context
+    __slots__ = ("_timers", "current_key")
+
+    def __init__(self, timers: TimerService | None = None) -> None:
+        self.current_key: Any = None
         self._timers = timers
-
-    @property
-    def current_key(self) -> Any:
-        return self._key_context.key
 
     def timer_service(self) -> TimerService:
         """Event- and processing-time timers of the current key."""
@@ -144,11 +145,10 @@ class OnTimerContext(Context):
 
     def __init__(
         self,
-        key_context: KeyContext,
         timers: TimerService | None,
         time_domain: TimeDomain = TimeDomain.EVENT_TIME,
     ) -> None:
-        super().__init__(key_context, timers)
+        super().__init__(timers)
         self.time_domain = time_domain
 
 

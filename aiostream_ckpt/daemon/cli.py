@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
     from aiostream_ckpt.daemon.service import JobDaemon
+    from aiostream_ckpt.daemon.settings import tune_gc
     from aiostream_ckpt.runtime.job import JobStatus
 
     sets = list(args.sets)
@@ -105,6 +106,7 @@ def _run(args: argparse.Namespace) -> int:
     name = loaded.job_name or args.module.rsplit(".", 1)[-1].removesuffix(".py")
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(args.module, env)
+    tune_gc(loaded.daemon.gc_threshold)
 
     async def main() -> int:
         daemon = JobDaemon(env, loaded.daemon)

@@ -19,7 +19,7 @@ underscore between table and key). On the command line,
 suffixes or plain seconds. An unknown key is an error, so a typo never
 silently leaves a default in place.
 
-Daemon keys (``rest.*``, ``savepoint.dir``, ``shutdown.mode``) are described
+Daemon keys (``rest.*``, ``savepoint.dir``, ``shutdown.mode``, ``process.*``) are described
 in :mod:`aiostream_ckpt.daemon.settings`.
 """
 

@@ -93,8 +93,7 @@ class ProcessOperator(StreamOperator):
     def __init__(self, uid: str, function: ProcessFunction[Any, Any]) -> None:
         super().__init__(uid)
         self.function = function
-        self._key_context = KeyContext()
-        self._ctx = Context(self._key_context)
+        self._ctx = Context()
         self._out: Collector[Any] = Collector()
 
     def open(self, ctx: RuntimeContext) -> None:
@@ -127,11 +126,11 @@ class KeyedProcessOperator(ProcessOperator):
     ) -> None:
         super().__init__(uid, function)
         self._key_selector = key_selector
+        self._key_context = KeyContext()  # the backend's, from open()
 
     def open(self, ctx: RuntimeContext) -> None:
         assert self.backend is not None
         self._key_context = self.backend.key_context
-        self._ctx = Context(self._key_context)
         super().open(ctx)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
@@ -143,7 +142,8 @@ class KeyedProcessOperator(ProcessOperator):
         kc = self._key_context
         ks = self._key_selector
         for rec in batch:
-            kc.key = ks(rec)
+            # the states read the backend's key, the function ctx.current_key
+            kc.key = ctx.current_key = ks(rec)
             pe(rec, ctx, col)
         return out
 

@@ -152,6 +152,7 @@ class StreamTask:
         self._valve = WatermarkValve(spec.input_gate.num_channels) if spec.input_gate else None
         self._side = SideOutputRouter.for_chain(spec.operators, spec.outputs)
         self._push_records = self._push if self._side is None else self._push_with_side
+        self._backends = [op.backend for op in spec.operators if op.backend is not None]
         self._bind_timers()
         coordinator.register_task(self.task_id, self)
         if spec.reader is not None:
@@ -272,8 +273,11 @@ class StreamTask:
         for op in self.spec.operators:
             batch = op.process_batch(batch)
             if not batch:
-                return
-        await self._emit(batch)
+                break
+        for backend in self._backends:
+            backend.trim_caches()
+        if batch:
+            await self._emit(batch)
 
     async def _emit(self, batch: list[Any]) -> None:
         self.metrics.records_out += len(batch)
@@ -432,6 +436,8 @@ class StreamTask:
         """Fire the chain's event-time timers, emit what they made, then forward the watermark."""
         self._last_watermark = timestamp
         out = fire_chain(self.spec.operators, lambda op: op.process_watermark(timestamp))
+        for backend in self._backends:
+            backend.trim_caches()
         if out:
             await self._emit(out)
         if self._side is not None:
@@ -444,6 +450,8 @@ class StreamTask:
             return  # after the end of input nothing more is emitted
         now = now_millis(self._clock)
         out = fire_chain(self.spec.operators, lambda op: op.process_processing_time(now))
+        for backend in self._backends:
+            backend.trim_caches()
         if out:
             await self._emit(out)
         if self._side is not None:

@@ -50,9 +50,9 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         if self._scheduler is not None:
             timers.bind(self._scheduler)
         super().open(ctx)
-        self._ctx = Context(self._key_context, timers)
-        self._event_ctx = OnTimerContext(self._key_context, timers, TimeDomain.EVENT_TIME)
-        self._proc_ctx = OnTimerContext(self._key_context, timers, TimeDomain.PROCESSING_TIME)
+        self._ctx = Context(timers)
+        self._event_ctx = OnTimerContext(timers, TimeDomain.EVENT_TIME)
+        self._proc_ctx = OnTimerContext(timers, TimeDomain.PROCESSING_TIME)
         timers.open()
 
     def process_watermark(self, timestamp: int) -> list[Any]:
@@ -70,10 +70,14 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         return out
 
     def _on_event_timer(self, timestamp: int, key: Any) -> None:
-        self._function.on_timer(timestamp, self._event_ctx, self._out)
+        ctx = self._event_ctx
+        ctx.current_key = key
+        self._function.on_timer(timestamp, ctx, self._out)
 
     def _on_processing_timer(self, timestamp: int, key: Any) -> None:
-        self._function.on_timer(timestamp, self._proc_ctx, self._out)
+        ctx = self._proc_ctx
+        ctx.current_key = key
+        self._function.on_timer(timestamp, ctx, self._out)
 
     @property
     def timer_service(self) -> InternalTimerService | None:

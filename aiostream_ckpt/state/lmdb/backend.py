@@ -240,6 +240,17 @@ class LmdbStateBackend:
         self.flush()
         state.evict()
 
+    def trim_caches(self) -> None:
+        """Evict from every state whose cache outgrew its limit.
+
+        The task calls this after every batch and timer firing, so the hottest
+        write (``ValueState.update``) needs no size check of its own; a cache
+        may exceed its limit by the keys one batch touches.
+        """
+        for state in self._states.values():
+            if state.over_limit():
+                self.cache_full(state)
+
     # -- states ------------------------------------------------------------------------
     def create_state(self, descriptor: StateDescriptor) -> Any:
         self._check_open()

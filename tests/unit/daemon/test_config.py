@@ -41,6 +41,12 @@ def test_defaults_follow_the_design() -> None:
     assert job.restart.strategy is RestartStrategyKind.FIXED_DELAY
 
 
+def test_gc_threshold_setting() -> None:
+    assert load_config(None, env={}).daemon.gc_threshold == 50_000
+    env = {"AIOSTREAM_PROCESS__GC_THRESHOLD": "700"}
+    assert load_config(None, env=env).daemon.gc_threshold == 700
+
+
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
@@ -52,6 +58,7 @@ def test_defaults_follow_the_design() -> None:
         (["checkpoint.max_concurrent=0"], "checkpoint.max_concurrent"),
         (["restart.strategy=forever"], "fixed_delay"),
         (["nokey"], "--set expects key=value"),
+        (["process.gc_threshold=0"], "invalid config process.gc_threshold='0'"),
     ],
 )
 def test_bad_values_name_the_key(sets: list[str], message: str) -> None:

@@ -42,8 +42,13 @@ def _open(b, ttl=None):
 
 
 def _churn(b, states, rng, n_ops, keys=150):
-    """Random writes of every kind, including in-place mutation of values read back."""
-    for _ in range(n_ops):
+    """Random writes of every kind, including in-place mutation of values read back.
+
+    Trims the caches every 8 writes, as the task does after every batch.
+    """
+    for i in range(n_ops):
+        if i % 8 == 7:
+            b.trim_caches()
         b.key_context.key = rng.randrange(keys)
         op = rng.random()
         if op < 0.2:
@@ -185,10 +190,12 @@ def test_reads_during_a_pending_async_part_see_the_newest_values(env):
     for i in range(200):
         ctx.key = i
         v.update(i)
+    b.trim_caches()
     write = b.snapshot(env.target(1))
     for i in range(0, 200, 2):
         ctx.key = i
         v.update(i + 1000)
+        b.trim_caches()
     for i in range(200):  # most keys are evicted by now: these reads go to LMDB
         ctx.key = i
         assert v.value() == (i + 1000 if i % 2 == 0 else i)
@@ -214,6 +221,7 @@ def test_eviction_while_a_snapshot_is_pending_applies_and_pins_it(env):
     for i in range(100, 160):  # fills the cache: evictions apply snapshot 2's write set
         ctx.key = i
         v.update(i)
+        b.trim_caches()  # as the task does after every batch
     ctx.key = 3
     v.update(333)
     b.flush()

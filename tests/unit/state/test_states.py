@@ -39,9 +39,14 @@ def test_values_survive_flush_and_are_read_back_from_lmdb(env) -> None:
     for i in range(50):
         b.key_context.key = ("k", i)
         s.update(i * 10)
+    # update() leaves the bound to the task, which trims after every batch
+    assert s.cache_size() == 50
+    b.trim_caches()
+    assert s.cache_size() <= 4
     for i in range(50):
         b.key_context.key = ("k", i)
         assert s.value() == i * 10
+        assert s.cache_size() <= 5  # a read miss checks the bound itself
     assert sorted(b.keys("v")) == [("k", i) for i in range(50)]
 
 
