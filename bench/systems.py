@@ -194,10 +194,12 @@ class Ours(System):
         if spec.full_every is not None:
             sets.append(f"checkpoint.full_every={spec.full_every}")
         sets += spec.sets
+        from aiostream_ckpt.daemon.demo_kafka import worker_flags
+
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", spec.app]
         for s in sets:
             cmd += ["--set", s]
-        return cmd
+        return cmd + worker_flags()  # no REST listener: runs never collide on its port
 
     def run(self, spec: RunSpec) -> Attempt:
         ckpt_dir = spec.run_dir / "ckpt"
