@@ -248,7 +248,7 @@ class JsonLinesFileReader:
                 continue
             if not self._src.with_position:
                 try:
-                    events = [orjson.loads(ln) for ln in chunk]
+                    events = list(map(orjson.loads, chunk))
                 except orjson.JSONDecodeError:
                     pass  # some line is empty or malformed: take them one by one
                 else:
