@@ -21,7 +21,9 @@ Hidden names keep staged data out of Spark's and the validator's view.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import errno
 import logging
 import os
 import re
@@ -119,6 +121,31 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _io_error(what: str, path: Path, e: OSError) -> ConnectorError:
+    """Describe an I/O error of the staged output: which file, what cause.
+
+    Retriable: a full disk or a revoked permission may be fixed while the
+    restart strategy waits; nothing staged but uncommitted is kept, so the
+    restarted job (or the same command run again) resumes from the last
+    completed checkpoint without loss or duplicates.
+    """
+    hint = ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = (
+            " (disk full: free space, then run the same command again; the job resumes "
+            "from its last completed checkpoint)"
+        )
+    return ConnectorError(f"cannot {what} {path}: {e.strerror or e}{hint}")
+
+
+@contextlib.contextmanager
+def _io(what: str, path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        raise _io_error(what, path, e) from e
 
 
 def _commit_file(directory: Path, staged: str, final: str) -> None:
@@ -284,7 +311,8 @@ class StagedFileWriter:
         self._check_usable()
         self._seq += 1
         name = self._naming.inprogress(self.subtask, self._attempt, self._seq)
-        f = open(self.directory / name, "wb", buffering=self._buffer_size)  # noqa: SIM115
+        with _io("create", self.directory / name):
+            f = open(self.directory / name, "wb", buffering=self._buffer_size)  # noqa: SIM115
         self._open = _Txn(name, "", -1, TxnState.IN_PROGRESS)
         self._file = f
         return f
@@ -294,7 +322,11 @@ class StagedFileWriter:
         if not batch:
             return
         f = self._file or self._open_txn()
-        f.write(serialize_lines(batch, self._dumps))
+        try:
+            f.write(serialize_lines(batch, self._dumps))
+        except OSError as e:
+            staged = self._open.staged if self._open is not None else ""
+            raise _io_error("write", self.directory / staged, e) from e
         self.records_written += len(batch)
 
     async def write(self, batch: list[Any]) -> None:
@@ -325,19 +357,21 @@ class StagedFileWriter:
 
     def _seal(self, f: IO[bytes], inprogress: str, pending: str, final: str) -> None:
         d = self.directory
-        try:
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            f.close()
+        with _io("write", d / inprogress):
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
         if (d / final).exists():
             raise ConnectorError(
                 f"{d / final} already exists: committed output of a checkpoint this job "
                 "did not restore from",
                 retriable=False,
             )
-        os.rename(d / inprogress, d / pending)
-        _fsync_dir(d)
+        with _io("pre-commit", d / inprogress):
+            os.rename(d / inprogress, d / pending)
+            _fsync_dir(d)
 
     def state(self) -> dict[str, Any]:
         """Writer state for a checkpoint: every pre-committed, uncommitted file."""
@@ -357,16 +391,20 @@ class StagedFileWriter:
         self._pending = [t for t in self._pending if t.state is TxnState.PENDING]
 
     def _commit_sync(self, due: list[_Txn]) -> None:
-        for t in due:
-            _commit_file(self.directory, t.staged, t.final)
-        _fsync_dir(self.directory)
+        with _io("commit into", self.directory):
+            for t in due:
+                _commit_file(self.directory, t.staged, t.final)
+            _fsync_dir(self.directory)
 
     async def close(self) -> None:
         """Close the open file without committing; recovery discards what it holds."""
         self._closed = True
         f, self._file = self._file, None
         if f is not None:
-            f.close()
+            try:
+                f.close()
+            except OSError as e:  # its records are uncommitted: recovery discards them anyway
+                log.warning("%s: closing the open part file failed: %s", self.directory, e)
 
 
 class DeadLetterWriter(StagedFileWriter):
