@@ -6,7 +6,8 @@ owns the checkpoint protocol for its chain:
 
 - at barrier n (aligned when there are several inputs): take the synchronous
   snapshot of every operator (source position, keyed state, sink pre-commit),
-  forward the barrier, then finish the snapshot in a worker thread and ack;
+  forward the barrier, then finish the snapshot (keyed state: prepare it on the
+  loop, write its files in a worker thread), ack, and let keyed state settle;
 - on checkpoint-complete n: commit the sink's transactions, tell the backends;
 - at end of input: finish the operators, forward end-of-input, and stay alive
   until a checkpoint taken after the end completes, so the last output is
@@ -555,7 +556,8 @@ class StreamTask:
         size = 0
         try:
             for uid, part in parts:
-                handle = await loop.run_in_executor(self._executor, part)
+                await part.prepare()  # on the loop, in slices: see AsyncSnapshotPart
+                handle = await loop.run_in_executor(self._executor, part.write)
                 states[uid]["keyed"] = handle
                 size += int(handle.get("size_bytes", 0))
         except Exception as exc:
@@ -576,6 +578,8 @@ class StreamTask:
                 size_bytes=size,
             ),
         )
+        for _, part in parts:
+            await part.settle()  # deferred work, after the ack
 
     # -- notifications ----------------------------------------------------------------
 

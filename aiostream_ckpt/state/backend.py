@@ -6,11 +6,18 @@ Snapshot contract (asynchronous barrier snapshotting):
 1. ``snapshot(target)`` runs on the event loop when the barrier reaches the
    operator. It must be short and must not grow with the number of pending
    writes: it only freezes them (the LMDB backend swaps in a fresh write set).
-   It returns the *asynchronous part*, a plain function.
-2. The runtime runs that function in a worker thread while processing goes on.
-   It makes the frozen writes durable, writes the snapshot files below
-   ``target`` and returns a :data:`StateHandle`. Writes made after step 1 must
-   not appear in it, whenever and in whatever order the async parts run.
+   It returns the *asynchronous part*, an :class:`AsyncSnapshotPart`.
+2. While processing goes on, the runtime awaits its ``prepare()`` on the event
+   loop, then runs its ``write()`` in a worker thread and acknowledges the
+   :data:`StateHandle` it returns, then awaits its ``settle()`` on the loop.
+   ``prepare`` does the work the snapshot needs that needs the interpreter
+   (the LMDB backend encodes the frozen write sets into records, in slices,
+   yielding to the loop between them); ``write`` does the long work that does
+   not (copying a pinned view, writing and fsyncing files below ``target``);
+   ``settle`` does deferred work the snapshot does not wait for (the LMDB
+   backend writes the records into its working copy). Writes made after step
+   1 must not appear in the handle, whenever and in whatever order the async
+   parts run, and whether or not they run at all.
 3. The handle is stored in the checkpoint metadata. ``notify_checkpoint_complete``
    tells the backend which snapshot is now a valid base for incremental ones.
 
@@ -20,7 +27,7 @@ when the parallelism changed) and keeps only key groups in its own range.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -94,7 +101,36 @@ class ReducingState(Protocol):
     def clear(self) -> None: ...
 
 
-AsyncSnapshotPart = Callable[[], StateHandle]
+class AsyncSnapshotPart(Protocol):
+    """The asynchronous part of one snapshot: ``prepare``, ``write`` (in a thread), ``settle``.
+
+    Why: CPython runs one thread's Python at a time, and a worker thread that
+    hands the GIL back and forth many times (py-lmdb releases it around every
+    put) waits for it each time behind the busy event loop. So the per-key
+    work runs on the loop, cooperatively, and the thread gets only work that
+    keeps the GIL released for long stretches. ``settle`` comes after the
+    acknowledgement, so the checkpoint does not wait for work it does not need.
+    """
+
+    async def prepare(self) -> None:
+        """Run on the event loop, yielding to it often; raises if the snapshot was cancelled.
+
+        Cancelling the awaiting task loses nothing: the work left is done by
+        whoever needs it next (a later snapshot, a cache eviction).
+        """
+        ...
+
+    def write(self) -> StateHandle:
+        """Run in a worker thread once ``prepare()`` returned: write the files; give the handle."""
+        ...
+
+    async def settle(self) -> None:
+        """Run on the event loop after the handle was acknowledged, yielding to it often.
+
+        Optional for the snapshot: cancelling it, or never running it, loses
+        nothing (the backend does the work when it needs it).
+        """
+        ...
 
 
 class KeyedStateBackend(Protocol):
@@ -112,7 +148,7 @@ class KeyedStateBackend(Protocol):
         ...
 
     def snapshot(self, target: SnapshotTarget) -> AsyncSnapshotPart:
-        """Run the synchronous part of a snapshot; return the part to run in a thread."""
+        """Run the synchronous part of a snapshot; return the asynchronous part."""
         ...
 
     def trim_caches(self) -> None:

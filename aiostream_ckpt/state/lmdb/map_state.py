@@ -14,7 +14,7 @@ does not leak into a snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -175,19 +175,37 @@ class MapStateImpl(KeyedStateBase):
         self._dirty, self._cleared = {}, set()
         return frozen
 
-    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: ChangeLog | None) -> int:
+    def needs_view(self, frozen: Any) -> bool:
+        return bool(frozen[1])  # a clear deletes every stored entry of its key
+
+    def encode(
+        self,
+        frozen: Any,
+        log: ChangeLog,
+        slice_keys: int,
+        view: Callable[[], lmdb.Transaction[bytes]],
+    ) -> Iterator[int]:
+        """Encode the clears (prefix deletes, found in ``view``), then the entries.
+
+        A generator like :meth:`KeyedStateBase.encode`, ~``slice_keys`` entries
+        a slice; a stream key's entries are never split between slices.
+        """
         dirty, cleared = frozen
         cleared_keys: list[Record] = []
-        for key in cleared:
-            prefix = self.db_key(key)
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                while (db_key := cur.key()).startswith(prefix):
-                    cleared_keys.append((db_key, None))
-                    if not cur.delete():
-                        break
+        if cleared:
+            cur = view().cursor()
+            for key in cleared:
+                prefix = self.db_key(key)
+                if cur.set_range(prefix):
+                    for db_key in cur.iternext(keys=True, values=False):
+                        if not db_key.startswith(prefix):
+                            break
+                        cleared_keys.append((db_key, None))
+            yield len(cleared)
+        lists: list[Sequence[Record]] = [cleared_keys]
         puts: list[Put] = []
         deletes: list[Record] = []
+        n = 0
         for key, entries in dirty.items():
             base = self.db_key(key)
             for map_key, entry in entries.items():
@@ -202,14 +220,14 @@ class MapStateImpl(KeyedStateBase):
                     deletes.append((db_key, None))
                 else:
                     puts.append((db_key, b"%s" % raw))  # kept in the log: right-sized copy
-        # one dirty entry per LMDB key, so puts and deletes commute
-        txn.cursor().putmulti(puts)
-        delete = txn.delete
-        for db_key, _ in deletes:
-            delete(db_key)
-        if changed is not None:
-            changed.add(self.name, cleared_keys, puts, deletes, unique=not cleared_keys)
-        return len(cleared_keys) + len(puts) + len(deletes)
+            n += len(entries)
+            if n >= slice_keys:
+                yield n
+                n = 0
+        if n:
+            yield n
+        # one dirty entry per LMDB key, so puts and deletes commute; clears go first
+        log.add(self.name, *lists, puts, deletes, unique=not cleared_keys)
 
     def evict(self) -> None:
         cache = self._cache

@@ -107,23 +107,28 @@ def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) 
                 finally:
                     src.close()
         for path, name in source.deltas:
-            records = read_delta(path, name)
+            blocks = read_delta(path, name)
             if source.base is not None:  # range-scanned base: keep only our key groups
-                records = [r for r in records if lo <= r[0] < hi]
-            _replay(env, records)
+                blocks = [[r for r in block if lo <= r[0] < hi] for block in blocks]
+            _replay(env, blocks)
 
 
-def _replay(env: lmdb.Environment, records: list[Record]) -> None:
-    """Apply one delta's records: one ``putmulti`` (mostly in key order), then the deletes.
+def _replay(env: lmdb.Environment, blocks: list[list[Record]]) -> None:
+    """Apply one delta's record blocks (each all puts or all deletes) in one transaction.
 
     A delta holds each key at most once, so its puts and deletes commute.
     """
     with env.begin(write=True) as wtxn:
-        wtxn.cursor().putmulti([(k, v) for k, v in records if v is not None])
+        cur = wtxn.cursor()
         delete = wtxn.delete
-        for key, value in records:
-            if value is None:
-                delete(key)
+        for block in blocks:
+            if not block:
+                continue
+            if block[0][1] is None:
+                for key, _ in block:
+                    delete(key)
+            else:
+                cur.putmulti(block)  # type: ignore[arg-type]  # all puts
 
 
 def _until(cur: Any, hi: bytes) -> Any:

@@ -10,11 +10,11 @@ The hot path is plain dict operations. Each state keeps two dicts:
 At the barrier the backend *freezes* every state's write set with
 :meth:`KeyedStateBase.freeze`, an O(1) swap for an empty dict, so the
 synchronous part of a snapshot does not depend on the number of dirty keys. A
-frozen write set is never mutated again; a worker thread later encodes it into
-LMDB with :meth:`KeyedStateBase.apply`. Until then ``_cache`` still holds the
-newest entry of every key in it (eviction first applies every write set), so a
-read never needs to look into the frozen sets and a cache miss can never see an
-LMDB value older than a pending write.
+frozen write set is never mutated again; the backend later encodes it into
+LMDB with :meth:`KeyedStateBase.apply`, slice by slice on the event loop.
+Until then ``_cache`` still holds the newest entry of every key in it (eviction
+first applies every write set), so a read never needs to look into the frozen
+sets and a cache miss can never see an LMDB value older than a pending write.
 
 Contract for mutable values (why: a frozen write set is encoded after the
 barrier, while processing goes on):
@@ -41,17 +41,19 @@ As in Flink, storing ``None`` in a value/reducing state clears it. TTL'd states
 cache ``(value, ts)`` pairs and store ``ts (f64 BE) | payload``; they live in
 subclasses so that states without TTL pay nothing for it.
 
-Threading: every method except :meth:`KeyedStateBase.apply` (and what it calls)
-runs on the event loop; ``apply`` runs under the backend's write lock in any
-thread and only reads the frozen write set and immutable configuration.
+Threading: every method runs on the event loop, :meth:`KeyedStateBase.apply`
+too (py-lmdb releases the GIL around every put, so puts made in a worker
+thread while the loop is busy wait for the GIL once per key; see
+:mod:`~aiostream_ckpt.state.lmdb.backend`). ``apply`` only reads the frozen
+write set and immutable configuration, so it may be interleaved with
+processing between its slices.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import lmdb
@@ -80,9 +82,10 @@ from aiostream_ckpt.state.serde import (
 _LEN2 = [n.to_bytes(2, "big") for n in range(MAX_DB_KEY_BYTES + 1)]
 #: The ints orjson encodes (wider ones it refuses); ``b"%d" % v`` gives the same bytes.
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
-_FIRST = itemgetter(0)
 _MISS: Any = object()  # not in the cache: ask LMDB
 _DELETED: Any = object()  # a map entry known to be absent
+#: A write set is put bucketed by key group from this many keys per group (see ``apply``).
+_BUCKETS_FROM = 4
 
 #: Types whose values cannot change, so a write set may hold them by reference.
 _SCALARS: frozenset[type] = frozenset({int, str, float, bool, type(None), bytes})
@@ -288,15 +291,32 @@ class KeyedStateBase:
         self._dirty = {}
         return dirty
 
-    def apply(self, txn: lmdb.Transaction[bytes], frozen: Any, changed: ChangeLog | None) -> int:
-        """Write a frozen write set into ``txn``; log what was written in ``changed``.
+    def needs_view(self, frozen: Any) -> bool:
+        """Whether encoding ``frozen`` reads LMDB (then every earlier write is applied first)."""
+        return False
 
-        This loop is the per-key cost of a snapshot's asynchronous part, which
-        holds the GIL against the event loop while it runs Python, hence the
-        inlined key building, the int fast path and one ``putmulti`` over a
-        list. The records are kept (the change log is the next delta's
-        content), so every value is a right-sized ``bytes``: a kept orjson
-        result holds a ~4 KB buffer.
+    def encode(
+        self,
+        frozen: Any,
+        log: ChangeLog,
+        slice_keys: int,
+        view: Callable[[], lmdb.Transaction[bytes]],
+    ) -> Iterator[int]:
+        """Turn a frozen write set into LMDB records, ``slice_keys`` keys at a time.
+
+        A generator: it yields the keys done after every slice, so that the
+        backend can give the event loop back between slices, and adds the
+        records to ``log`` when it is done (each list all puts or all deletes,
+        in the order they must be written); abandoned half way, it has logged
+        nothing. ``view`` gives the committed LMDB view (unused here). This is
+        the per-key cost a snapshot waits for, hence the inlined key building
+        and the int fast path. A big write set is bucketed by key group while
+        it is encoded (one index per key), so that it is written in key-group
+        order: in a 1 M key store, 300 k puts took 0.18 s so against 0.27 s
+        in dict order; a full sort costs as much as it saves (0.12 s + 0.12 s)
+        and is one call that cannot be sliced. The records are kept (the change
+        log is the next delta's content), so every value is a right-sized
+        ``bytes``: a kept orjson result holds a ~4 KB buffer.
         """
         plain = self._plain_codec
         encode = self._encode
@@ -309,52 +329,51 @@ class KeyedStateBase:
         maxp, lo, hi = self._maxp, self._kg_start, self._kg_end
         len2 = _LEN2
         max_kb = MAX_DB_KEY_BYTES - len(prefixes[0]) - 2  # longer keys make too long LMDB keys
-        puts: list[Put] = []
+        groups = hi - lo + 1
+        puts: list[list[Put]]
+        if len(frozen) >= _BUCKETS_FROM * groups:
+            puts = [[] for _ in range(groups)]
+            buckets = puts
+        else:  # every key group's "bucket" is one list
+            puts = [[]]
+            buckets = puts * groups
         deletes: list[Record] = []
-        put = puts.append
-        key: Any = None
-        entry: Any = None
-        try:
-            for key, entry in frozen.items():
-                kb = key_bytes(key)
-                kg = crc32(kb) % maxp
-                if kg < lo or kg > hi or len(kb) > max_kb:
-                    raise ValueError("key")
-                db_key = prefixes[kg] + len2[len(kb)] + kb
-                raw: bytes | bytearray | None
-                if not plain:
-                    raw = encode(entry)
-                    if raw is not None and raw.__class__ is bytes:
-                        raw = b"%s" % raw
-                else:
-                    cls = entry.__class__
-                    if cls is int and fast_int and _INT_MIN <= entry <= _INT_MAX:
-                        put((db_key, b"%d" % entry))
-                        continue
-                    if entry is None:
-                        raw = None
-                    elif cls is bytearray:
-                        raw = entry
+        items = iter(frozen.items())
+        while chunk := list(islice(items, slice_keys)):
+            key: Any = None
+            entry: Any = None
+            try:
+                for key, entry in chunk:
+                    kb = key_bytes(key)
+                    kg = crc32(kb) % maxp
+                    if kg < lo or kg > hi or len(kb) > max_kb:
+                        raise ValueError("key")
+                    db_key = prefixes[kg] + len2[len(kb)] + kb
+                    raw: bytes | bytearray | None
+                    if not plain:
+                        raw = encode(entry)
+                        if raw is not None and raw.__class__ is bytes:
+                            raw = b"%s" % raw
                     else:
-                        raw = b"%s" % dumps(entry.value if cls is unencodable else entry)
-                if raw is None:
-                    deletes.append((db_key, None))
-                else:
-                    put((db_key, raw))
-        except Exception as exc:
-            self.db_key(key)  # raises the precise error when the key is at fault
-            raise describe_encode_error(self.name, key, unwrap(entry), exc) from exc
-        # sorted inserts touch each LMDB page once (~40% faster putmulti), and the
-        # change log, hence the delta, comes out in sorted runs for restore
-        puts.sort(key=_FIRST)
-        deletes.sort(key=_FIRST)
-        txn.cursor().putmulti(puts)
-        delete = txn.delete
-        for db_key, _ in deletes:
-            delete(db_key)
-        if changed is not None:
-            changed.add(self.name, puts, deletes)
-        return len(frozen)
+                        cls = entry.__class__
+                        if cls is int and fast_int and _INT_MIN <= entry <= _INT_MAX:
+                            buckets[kg - lo].append((db_key, b"%d" % entry))
+                            continue
+                        if entry is None:
+                            raw = None
+                        elif cls is bytearray:
+                            raw = entry
+                        else:
+                            raw = b"%s" % dumps(entry.value if cls is unencodable else entry)
+                    if raw is None:
+                        deletes.append((db_key, None))
+                    else:
+                        buckets[kg - lo].append((db_key, raw))
+            except Exception as exc:
+                self.db_key(key)  # raises the precise error when the key is at fault
+                raise describe_encode_error(self.name, key, unwrap(entry), exc) from exc
+            yield len(chunk)
+        log.add(self.name, *puts, deletes)
 
     def evict(self) -> None:
         """Drop the oldest half of the cache; the newest entry always survives.

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 
 
 def _run(tmp_path: Path, *, seed: int, mode: str, parallelism: int, kills: int):
+    # enough input that the job outlives 3 kills (each lands <= 0.12 s after a checkpoint)
     inputs = [
-        make_pv_input(tmp_path / f"in-{i}.jsonl", 400_000, seed=seed * 10 + i, malformed=2)
+        make_pv_input(tmp_path / f"in-{i}.jsonl", 800_000, seed=seed * 10 + i, malformed=2)
         for i in range(parallelism)
     ]
     out = tmp_path / "out"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.clock import ManualClock
-from aiostream_ckpt.state.backend import SnapshotTarget, StateHandle
+from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget, StateHandle
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 
@@ -55,9 +56,18 @@ class Env:
     def checkpoint(
         self, b: LmdbStateBackend, cid: int, *, complete: bool = True, savepoint: bool = False
     ) -> StateHandle:
-        handle = b.snapshot(self.target(cid, savepoint=savepoint))()
+        handle = self.finish(b.snapshot(self.target(cid, savepoint=savepoint)))
         if complete:
             b.notify_checkpoint_complete(cid)
+        return handle
+
+    @staticmethod
+    def finish(part: AsyncSnapshotPart, *, settle: bool = True) -> StateHandle:
+        """Run an async snapshot part as the task does: prepare, write, settle."""
+        asyncio.run(part.prepare())
+        handle = part.write()
+        if settle:
+            asyncio.run(part.settle())
         return handle
 
     def target(self, cid: int, *, savepoint: bool = False) -> SnapshotTarget:

@@ -6,6 +6,7 @@ its barrier, and the live state (reads on the event loop) is always the newest.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 import threading
@@ -106,7 +107,7 @@ def test_writes_after_the_barrier_never_reach_the_snapshot(env, cache, full_ever
         write = b.snapshot(env.target(cid))
         _churn(b, states, rng, 300)  # processing goes on; evictions write to LMDB meanwhile
         after = _dump(env, b, states)
-        handle = write()
+        handle = env.finish(write)
         b.notify_checkpoint_complete(cid)
         kinds.append(handle["kind"])
         assert _restore(env, handle, ttl) == at_barrier, f"checkpoint {cid}"
@@ -138,7 +139,7 @@ def test_in_place_mutation_after_the_barrier_does_not_leak(env):
     lst.add(2)  # appends to the state's own list: copy-on-write
     live = (v.value(), m.get("a"), r.get(), lst.get())
     assert live == ({"n": 2, "xs": [1, 99]}, [1, 99, 2], [1, 2], [1, 2])
-    handle = write()
+    handle = env.finish(write)
     assert _restore_named(env, handle, b) == {
         "v": {"k": {"n": 1, "xs": [1]}},
         "m": {"k": {"a": [1]}},
@@ -168,7 +169,7 @@ def test_ttl_list_refreshed_on_read_after_the_barrier_does_not_leak(env):
     write = b.snapshot(env.target(1))
     assert lst.get() == [1]  # refreshes the timestamp: a new write of the same list
     lst.add(2)
-    handle = write()
+    handle = env.finish(write)
     r = env.backend()
     r.restore(env.root, [handle])
     rl = r.create_state(ListStateDescriptor("l", ttl=TTL))
@@ -199,7 +200,7 @@ def test_reads_during_a_pending_async_part_see_the_newest_values(env):
     for i in range(200):  # most keys are evicted by now: these reads go to LMDB
         ctx.key = i
         assert v.value() == (i + 1000 if i % 2 == 0 else i)
-    handle = write()
+    handle = env.finish(write)
     for i in range(200):
         ctx.key = i
         assert v.value() == (i + 1000 if i % 2 == 0 else i)
@@ -225,7 +226,7 @@ def test_eviction_while_a_snapshot_is_pending_applies_and_pins_it(env):
     ctx.key = 3
     v.update(333)
     b.flush()
-    handle = write()
+    handle = env.finish(write)
     assert handle["kind"] == "incremental"
     assert handle["delta_records"] == 10
     assert _restore_named(env, handle, b) == {"v": {i: -i for i in range(10)}}
@@ -259,9 +260,9 @@ def test_two_snapshots_before_either_async_part_runs(env, order, full_every):
     expected3 = _dump(env, b, {"v": v, "m": m})
     write_all("d")
     if order == "in_order":
-        h2, h3 = w2(), w3()
+        h2, h3 = env.finish(w2), env.finish(w3)
     else:
-        h3, h2 = w3(), w2()
+        h3, h2 = env.finish(w3), env.finish(w2)
     assert {h2["kind"], h3["kind"]} == {"full" if full_every == 1 else "incremental"}
     assert _restore_named(env, h2, b) == expected2
     assert _restore_named(env, h3, b) == expected3
@@ -286,14 +287,14 @@ def test_aborted_snapshot_that_never_ran_keeps_its_writes(env):
     write2 = b.snapshot(env.target(2))
     b.notify_checkpoint_aborted(2)
     with pytest.raises(CheckpointError, match="cancelled"):
-        write2()
+        env.finish(write2)
     ctx.key = "d"
     v.update("d")
     w3 = b.snapshot(env.target(3))
     ctx.key = "e"
     v.update("e")
     b.snapshot(env.target(4))  # a later snapshot, never run: must not get in the way
-    handle = w3()
+    handle = env.finish(w3)
     assert handle["kind"] == "incremental"
     assert handle["delta_records"] == 3  # a, b (delete), d
     assert _restore_named(env, handle, b) == {"v": {"a": "a2", "c": "c", "d": "d"}}
@@ -305,7 +306,7 @@ def test_failed_async_part_keeps_the_write_set_for_the_next_try(env):
     b.key_context.key = "k"
     v.update({1, 2})  # not JSON: fails when applied
     with pytest.raises(Exception, match="cannot serialize value of type set"):
-        b.snapshot(env.target(1))()
+        env.finish(b.snapshot(env.target(1)))
     with pytest.raises(Exception, match="cannot serialize value of type set"):
         b.flush()  # still queued, still first
 
@@ -319,13 +320,14 @@ def test_close_while_async_parts_are_pending_or_running(env):
     pending = b.snapshot(env.target(1))
     v.update(-1)
     running = b.snapshot(env.target(2))
+    asyncio.run(running.prepare())  # applies both write sets, pins both views
     outcome: list[Any] = []
     started = threading.Event()
 
     def run() -> None:
         started.set()
         try:
-            outcome.append(running())
+            outcome.append(running.write())
         except CheckpointError as exc:
             outcome.append(exc)
 
@@ -336,27 +338,40 @@ def test_close_while_async_parts_are_pending_or_running(env):
     t.join()
     assert len(outcome) == 1
     with pytest.raises(CheckpointError):
-        pending()
+        pending.write()
+    with pytest.raises(CheckpointError, match="cancelled"):
+        asyncio.run(pending.prepare())
 
 
-def test_async_parts_in_a_thread_while_processing_goes_on(env):
-    """Stress: the worker applies and copies while the loop writes, reads and evicts."""
+async def test_async_parts_while_processing_goes_on(env):
+    """Stress, as the task runs them: prepares on the loop interleave with writes,
+    reads and evictions; writes run in a thread; several snapshots overlap."""
     rng = random.Random(11)
-    b = env.backend(cache_max_entries=60, full_checkpoint_every=3)
+    b = env.backend(cache_max_entries=60, full_checkpoint_every=3, apply_slice_keys=7)
     states = _open(b)
     expected: dict[int, Any] = {}
-    futures = []
+    loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(1) as pool:
-        for cid in range(1, 13):
-            _churn(b, states, rng, 400)
+
+        async def finish(part: Any) -> Any:
+            await part.prepare()
+            return await loop.run_in_executor(pool, part.write)
+
+        tasks: dict[int, asyncio.Task[Any]] = {}
+        handles: dict[int, Any] = {}
+        for cid in range(1, 14):
+            for _ in range(8):  # processing in batches, the prepares' slices in between
+                _churn(b, states, rng, 50)
+                await asyncio.sleep(0)
             expected[cid] = _dump(env, b, states)
-            futures.append((cid, pool.submit(b.snapshot(env.target(cid)))))
+            tasks[cid] = asyncio.create_task(finish(b.snapshot(env.target(cid))))
             if cid % 3 == 0:  # complete some, in order, once done
-                for done_cid, fut in futures:
-                    fut.result()
+                for done_cid, task in tasks.items():
+                    handles[done_cid] = await task
                     b.notify_checkpoint_complete(done_cid)
-                futures.clear()
-        handles = {cid: fut.result() for cid, fut in futures}
+                tasks.clear()
+        handles.update({cid: await task for cid, task in tasks.items()})
+    assert {h["kind"] for h in handles.values()} == {"full", "incremental"}
     for cid, handle in handles.items():
         assert _restore(env, handle) == expected[cid], f"checkpoint {cid}"
 

@@ -139,7 +139,7 @@ def test_chain_restore_merges_deltas_newest_wins(env):
         ctx.key = k
         v.update(k)
         model[k] = k
-    env.checkpoint(b, 1)
+    base = env.checkpoint(b, 1)["chain"]  # a full file, and its tail delta
     for cid in range(2, 6):
         for k in range(cid, 100, cid):
             ctx.key = k
@@ -150,7 +150,8 @@ def test_chain_restore_merges_deltas_newest_wins(env):
                 v.update(k + 1000 * cid)
                 model[k] = k + 1000 * cid
         handle = env.checkpoint(b, cid)
-    assert len(handle["chain"]) == 5
+    assert handle["chain"][: len(base)] == base
+    assert [e["kind"] for e in handle["chain"][len(base) :]] == ["delta"] * 4
     r = env.backend()
     r.restore(env.root, [handle])
     rv = r.create_state(ValueStateDescriptor("v"))

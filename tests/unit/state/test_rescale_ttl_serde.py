@@ -216,9 +216,9 @@ def test_factory_builds_configured_backends(env, tmp_path):
     v = b.create_state(ValueStateDescriptor("v"))
     b.key_context.key = 1
     v.update(1)
-    h1 = b.snapshot(env.target(1))()
+    h1 = env.finish(b.snapshot(env.target(1)))
     b.notify_checkpoint_complete(1)
-    h2 = b.snapshot(env.target(2))()
+    h2 = env.finish(b.snapshot(env.target(2)))
     assert (h1["kind"], h2["kind"]) == ("full", "full")
     assert "/" not in h1["files"][0].removeprefix("shared/")
     b.close()

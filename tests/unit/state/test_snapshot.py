@@ -69,7 +69,11 @@ def test_round_trip_and_handle_format(env):
     assert handle["states"]["v"] == {"kind": "value", "serializer": "json", "ttl": False}
     assert handle["files"] == [e["path"] for e in handle["chain"]]
     assert handle["files"][0].startswith("shared/")
-    assert handle["size_bytes"] == handle["full_size_bytes"] == handle["chain"][0]["size"]
+    # a full file, and the tail of writes not yet applied to LMDB when it was copied
+    assert [e["kind"] for e in handle["chain"]] == ["full", "delta"]
+    assert handle["chain"][1]["tail"] is True
+    size = sum(e["size"] for e in handle["chain"])
+    assert handle["size_bytes"] == handle["full_size_bytes"] == size
     assert all(len(e["sha256"]) == 64 for e in handle["chain"])
     b2, states2 = _restored(env, [handle])
     assert env.dump(b2, states2) == expected
@@ -92,7 +96,7 @@ def test_writes_after_sync_part_are_not_in_the_snapshot(env):
     b.key_context.key = "new"
     v.update("late")
     b.flush()
-    handle = write()
+    handle = env.finish(write)
     b.notify_checkpoint_complete(1)
     b2 = env.backend()
     b2.restore(env.root, [handle])
@@ -115,7 +119,7 @@ def test_incremental_snapshot_written_from_pinned_view(env):
     write = b.snapshot(env.target(2))
     v.update(3)
     b.flush()
-    handle = write()
+    handle = env.finish(write)
     assert handle["kind"] == "incremental"
     b2 = env.backend()
     b2.restore(env.root, [handle])
@@ -146,7 +150,7 @@ def test_incremental_chain_restores_like_a_full_snapshot(env):
         for x in (full, again):
             x.close()
     assert kinds == ["full", "incremental", "incremental", "incremental"] * 2
-    assert len(handle["files"]) == 4
+    assert len([e for e in handle["chain"] if not e.get("tail")]) == 4
     assert handle["size_bytes"] == handle["chain"][-1]["size"]
     assert handle["full_size_bytes"] == sum(e["size"] for e in handle["chain"])
 
@@ -157,7 +161,7 @@ def test_aborted_checkpoint_changes_are_carried_into_the_next_delta(env):
     for k in ("a", "b", "c"):
         b.key_context.key = k
         v.update(k)
-    env.checkpoint(b, 1)
+    base = env.checkpoint(b, 1)["files"]
     b.key_context.key = "a"
     v.update("a2")
     b.key_context.key = "b"
@@ -169,7 +173,7 @@ def test_aborted_checkpoint_changes_are_carried_into_the_next_delta(env):
     handle = env.checkpoint(b, 3)
     assert handle["kind"] == "incremental"
     assert aborted["files"][-1] not in handle["files"]  # chain: base of 1, delta of 3
-    assert len(handle["files"]) == 2
+    assert handle["files"][:-1] == base
     assert handle["delta_records"] == 3  # a, b (delete), d
     b2 = env.backend()
     b2.restore(env.root, [handle])
@@ -187,7 +191,7 @@ def test_concurrent_pending_checkpoints_complete_out_of_order(env):
     w2 = b.snapshot(env.target(2))
     v.update(2)
     w3 = b.snapshot(env.target(3))
-    h3, h2 = w3(), w2()
+    h3, h2 = env.finish(w3), env.finish(w2)
     b.notify_checkpoint_complete(3)
     b.notify_checkpoint_complete(2)  # late and older: must not move the base back
     v.update(4)
@@ -257,8 +261,8 @@ def test_aborted_snapshot_that_never_ran_is_cancelled(env):
     write = b.snapshot(env.target(1))
     b.notify_checkpoint_aborted(1)
     with pytest.raises(CheckpointError, match="cancelled"):
-        write()
+        env.finish(write)
     write2 = b.snapshot(env.target(2))
     b.close()  # releases the pinned transaction of a never-run snapshot
     with pytest.raises(CheckpointError):
-        write2()
+        env.finish(write2)

@@ -29,13 +29,13 @@ def test_sync_part_does_not_grow_with_dirty_keys(env, capsys):
         ctx.key = i
         v.update(-i)
     t2 = time.perf_counter()
-    handle = write()
+    handle = env.finish(write)
     t3 = time.perf_counter()
     b.notify_checkpoint_complete(1)
     t4 = time.perf_counter()
     write2 = b.snapshot(env.target(2))  # 1% churn
     t5 = time.perf_counter()
-    delta = write2()
+    delta = env.finish(write2)
     t6 = time.perf_counter()
     ctx.key = 7
     hot = min(timeit.repeat(lambda: v.update(v.value() + 1), number=100_000, repeat=5)) / 1e5
