@@ -431,7 +431,16 @@ class LmdbStateBackend:
         try:
             if snap.delta is None or (snap.full and run.txn is None):
                 raise CheckpointError(f"snapshot {run.label}: write() before prepare()")
-            return self._write_files(snap, snap.delta)
+            try:
+                return self._write_files(snap, snap.delta)
+            except (OSError, lmdb.Error) as exc:
+                t = snap.target
+                where = t.exclusive_dir if t.is_savepoint else t.shared_dir
+                full = "No space left" in str(exc)
+                raise CheckpointError(
+                    f"snapshot {run.label}: cannot write its files into {where}: {exc}"
+                    + (" (checkpoint storage is full)" if full else "")
+                ) from exc
         finally:
             snap.delta = None  # the packed bytes are in the file now
             run.finish()

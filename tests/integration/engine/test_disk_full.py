@@ -75,3 +75,38 @@ def test_full_disk_stops_with_the_cause_and_a_rerun_completes_exactly_once(
     check = check_pv_output(out, expected)
     assert check.exact, (check.duplicates, check.missing, check.gaps[:3])
     assert check.records == events
+
+
+def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """Snapshots that cannot be written are declined; past tolerable_failures the job fails."""
+    ckpt = small_disk / "ckpt"
+    out = tmp_path / "out"
+    events = 100_000
+    args = [
+        *generated_pv_args(ckpt, out, events=events, splits=1, parallelism=1, keys=300),
+        "--set", "app.rate=100000",
+        "--set", "checkpoint.interval=30ms",
+        "--set", "checkpoint.tolerable_failures=3",
+        "--set", "restart.attempts=0",
+        "--set", "rest.enabled=false",
+    ]  # fmt: skip
+    expected = generated_counts(events, keys=300)
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (DISK_BYTES - (8 << 10)))  # not one snapshot fits
+    full = cli(*args)
+    assert full.returncode == 1, full.stderr[-3000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert "4 consecutive checkpoint failures" in last, last
+    assert "No space left on device" in last, last
+    assert str(ckpt) in last, last
+    assert "checkpoint storage is full" in last, last
+    assert check_pv_output(out, expected).records == 0  # nothing was ever committed
+
+    filler.unlink()
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = check_pv_output(out, expected)
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:3])
+    assert check.records == events
