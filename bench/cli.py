@@ -185,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        runs += kafka.not_run(
-            kafka_systems,
-            "Kafka path not run: quick mode is embedded-only (run with --full, --path kafka, "
-            "or --systems naming bare-aiokafka, quixstreams or faust)",
+        why = (
+            "--path embedded was given"
+            if args.path == "embedded"
+            else "quick mode is embedded-only (run with --full, --path kafka, "
+            "or --systems naming bare-aiokafka, quixstreams or faust)"
         )
+        runs += kafka.not_run(kafka_systems, f"Kafka path not run: {why}")
     for r in runs:
         apply_refusal(r)
     compute_ratios(runs)
