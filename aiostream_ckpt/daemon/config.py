@@ -120,6 +120,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "checkpoint.retained": ("checkpoint", "retained", _parse_int),
     "checkpoint.mode": ("checkpoint", "mode", _enum(CheckpointingMode)),
     "checkpoint.full_every": ("checkpoint", "full_every", _parse_int),
+    "checkpoint.max_delta_ratio": ("checkpoint", "max_delta_ratio", _parse_float),
     "checkpoint.alignment_max_buffered_batches": (
         "checkpoint",
         "alignment_max_buffered_batches",

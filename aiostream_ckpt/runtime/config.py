@@ -50,6 +50,7 @@ class CheckpointConfig:
     retained: int = 2
     mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
     full_every: int = 10
+    max_delta_ratio: float = 0.5
     alignment_max_buffered_batches: int = 4096
 
     def validate(self) -> None:
@@ -65,6 +66,9 @@ class CheckpointConfig:
         )
         _check(self.retained >= 1, "checkpoint.retained", self.retained, ">= 1")
         _check(self.full_every >= 1, "checkpoint.full_every", self.full_every, ">= 1")
+        _check(
+            self.max_delta_ratio >= 0, "checkpoint.max_delta_ratio", self.max_delta_ratio, ">= 0"
+        )
         _check(
             self.alignment_max_buffered_batches >= 1,
             "checkpoint.alignment_max_buffered_batches",

@@ -85,6 +85,7 @@ def _default_backend_factory(config: JobConfig, clock: Clock) -> Any:
     return LmdbStateBackendFactory(
         cache_max_entries=config.state.cache_max_entries,
         full_checkpoint_every=config.checkpoint.full_every,
+        max_delta_ratio=config.checkpoint.max_delta_ratio,
         allow_pickle=config.state.allow_pickle,
         clock=clock,
     )

@@ -181,9 +181,12 @@ class LmdbStateBackend:
         full_checkpoint_every: int = 10,
         allow_pickle: bool = False,
         apply_slice_keys: int = APPLY_SLICE_KEYS,
+        max_delta_ratio: float = 0.5,
     ) -> None:
         if full_checkpoint_every < 1:
             raise StateError("full_checkpoint_every must be >= 1")
+        if max_delta_ratio < 0:
+            raise StateError("max_delta_ratio must be >= 0")
         if apply_slice_keys < 1:
             raise StateError("apply_slice_keys must be >= 1")
         if not 0 <= key_group_range.start <= key_group_range.end < max_parallelism:
@@ -205,7 +208,7 @@ class LmdbStateBackend:
         self._states: dict[str, KeyedStateBase] = {}
         self._meta: dict[str, dict[str, Any]] = {}  # per-state kind/serializer/ttl, incl. restored
         self._restored = False
-        self._tracker = ChangeTracker(full_checkpoint_every)
+        self._tracker = ChangeTracker(full_checkpoint_every, max_delta_ratio)
         self._runs_cond = threading.Condition()
         self._runs: dict[int, SnapshotRun] = {}
         self._writes = WriteQueue(lambda: self._env, self.read_txn, apply_slice_keys)
@@ -591,12 +594,14 @@ class LmdbStateBackendFactory:
         full_checkpoint_every: int = 10,
         allow_pickle: bool = False,
         apply_slice_keys: int = APPLY_SLICE_KEYS,
+        max_delta_ratio: float = 0.5,
     ) -> None:
         self.clock = clock
         self.cache_max_entries = cache_max_entries
         self.full_checkpoint_every = full_checkpoint_every
         self.allow_pickle = allow_pickle
         self.apply_slice_keys = apply_slice_keys
+        self.max_delta_ratio = max_delta_ratio
 
     def __call__(
         self,
@@ -618,4 +623,5 @@ class LmdbStateBackendFactory:
             full_checkpoint_every=self.full_checkpoint_every,
             allow_pickle=self.allow_pickle,
             apply_slice_keys=self.apply_slice_keys,
+            max_delta_ratio=self.max_delta_ratio,
         )

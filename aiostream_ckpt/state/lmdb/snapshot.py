@@ -295,6 +295,10 @@ class ChangeTracker:
     """
 
     full_every: int
+    #: a full snapshot once the chain's deltas outweigh this fraction of its full
+    #: file (0: never): restore parses every delta record in Python, the full
+    #: file is a C-level copy, so this bounds restore time at any cadence
+    max_delta_ratio: float = 0.5
     epoch: ChangeLog = field(default_factory=ChangeLog)
     pending: dict[int, PendingSnapshot] = field(default_factory=dict)
     base_id: int | None = None
@@ -326,6 +330,7 @@ class ChangeTracker:
             savepoint
             or base is None
             or sum(1 for e in base if not e.get("tail")) >= self.full_every
+            or self._deltas_outweigh_base(base)
         )
         sealed, self.epoch = self.epoch, ChangeLog()
         sets = [p.changes for p in self.pending.values()]
@@ -333,6 +338,13 @@ class ChangeTracker:
         pending = PendingSnapshot(checkpoint_id, sealed, savepoint)
         self.pending[checkpoint_id] = pending
         return pending, sink, full, list(base or ()), sets
+
+    def _deltas_outweigh_base(self, chain: list[dict[str, Any]]) -> bool:
+        if self.max_delta_ratio <= 0:
+            return False
+        full = sum(int(e.get("size", 0)) for e in chain if e.get("kind") == "full")
+        deltas = sum(int(e.get("size", 0)) for e in chain if e.get("kind") == "delta")
+        return deltas > self.max_delta_ratio * full
 
     def complete(self, checkpoint_id: int) -> None:
         p = self.pending.get(checkpoint_id)

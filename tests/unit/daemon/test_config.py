@@ -59,6 +59,7 @@ def test_gc_threshold_setting() -> None:
         (["restart.strategy=forever"], "fixed_delay"),
         (["nokey"], "--set expects key=value"),
         (["process.gc_threshold=0"], "invalid config process.gc_threshold='0'"),
+        (["checkpoint.max_delta_ratio=-1"], "checkpoint.max_delta_ratio"),
     ],
 )
 def test_bad_values_name_the_key(sets: list[str], message: str) -> None:

@@ -42,6 +42,9 @@ class Env:
         self, index: int = 0, parallelism: int = 1, uid: str = "op", **kw: Any
     ) -> LmdbStateBackend:
         kw.setdefault("clock", self.clock)
+        # these tests choose the chain shape with full_checkpoint_every alone; the
+        # size rule has its own tests (test_snapshot.py)
+        kw.setdefault("max_delta_ratio", 0.0)
         b = LmdbStateBackend(
             operator_uid=uid,
             subtask_index=index,

@@ -266,3 +266,49 @@ def test_aborted_snapshot_that_never_ran_is_cancelled(env):
     b.close()  # releases the pinned transaction of a never-run snapshot
     with pytest.raises(CheckpointError):
         env.finish(write2)
+
+
+def _kinds_under_churn(env, *, changed_per_checkpoint: int, ratio: float) -> list[str]:
+    b = env.backend(uid=f"r{ratio}-{changed_per_checkpoint}", max_delta_ratio=ratio)
+    v = b.create_state(ValueStateDescriptor("v", default=0))
+    ctx = b.key_context
+    for k in range(2000):
+        ctx.key = k
+        v.update(k)
+    kinds = [env.checkpoint(b, 1)["kind"]]
+    for cid in range(2, 12):
+        for k in range(changed_per_checkpoint):
+            ctx.key = (k * 7919 + cid) % 2000
+            v.update(cid)
+        handle = env.checkpoint(b, cid)
+        kinds.append(handle["kind"])
+        deltas = sum(e["size"] for e in handle["chain"] if e["kind"] == "delta")
+        base = sum(e["size"] for e in handle["chain"] if e["kind"] == "full")
+        # the rule: a chain only grows while its deltas stay within ratio x its full file
+        if ratio and handle["kind"] == "incremental":
+            prior = deltas - handle["size_bytes"]
+            assert prior <= ratio * base, (cid, prior, base)
+    restored, states = _restored(env, [handle])
+    assert env.dump(restored, {"v": states["v"]}) == env.dump(b, {"v": v})
+    return kinds
+
+
+def test_full_snapshot_once_deltas_outweigh_the_base(env):
+    """High churn: deltas grow fast, so full snapshots come before full_every (10) says."""
+    kinds = _kinds_under_churn(env, changed_per_checkpoint=1500, ratio=0.5)
+    assert kinds[0] == "full"
+    assert "incremental" in kinds
+    assert kinds[1:].count("full") >= 3, kinds
+
+
+def test_low_churn_keeps_the_full_every_cadence(env):
+    # The first full snapshot pinned a view in which nothing was applied yet, so
+    # its tail holds every record: the rule makes the second one full too (a
+    # real copy to restore from); after that small deltas follow full_every.
+    kinds = _kinds_under_churn(env, changed_per_checkpoint=20, ratio=0.5)
+    assert kinds == ["full", "full"] + ["incremental"] * 9, kinds
+
+
+def test_size_rule_off(env):
+    kinds = _kinds_under_churn(env, changed_per_checkpoint=1500, ratio=0.0)
+    assert kinds == ["full"] + ["incremental"] * 9 + ["full"], kinds
