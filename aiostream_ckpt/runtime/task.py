@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -275,8 +276,7 @@ class StreamTask:
             batch = op.process_batch(batch)
             if not batch:
                 break
-        for backend in self._backends:
-            backend.trim_caches()
+        self._trim_caches()
         if batch:
             await self._emit(batch)
 
@@ -436,13 +436,7 @@ class StreamTask:
     async def _advance_watermark(self, timestamp: int) -> None:
         """Fire the chain's event-time timers, emit what they made, then forward the watermark."""
         self._last_watermark = timestamp
-        out = fire_chain(self.spec.operators, lambda op: op.process_watermark(timestamp))
-        for backend in self._backends:
-            backend.trim_caches()
-        if out:
-            await self._emit(out)
-        if self._side is not None:
-            await self._side.flush()
+        await self._fire_and_emit(lambda op: op.process_watermark(timestamp))
         await self._broadcast(Watermark(timestamp))
 
     async def _fire_processing_timers(self) -> None:
@@ -450,13 +444,21 @@ class StreamTask:
         if self.state is not TaskState.RUNNING:
             return  # after the end of input nothing more is emitted
         now = now_millis(self._clock)
-        out = fire_chain(self.spec.operators, lambda op: op.process_processing_time(now))
-        for backend in self._backends:
-            backend.trim_caches()
+        await self._fire_and_emit(lambda op: op.process_processing_time(now))
+
+    async def _fire_and_emit(self, fire: Callable[[StreamOperator], list[Any]]) -> None:
+        """Fire the chain's timers with ``fire``, keep the state caches bounded, emit the output."""
+        out = fire_chain(self.spec.operators, fire)
+        self._trim_caches()
         if out:
             await self._emit(out)
         if self._side is not None:
             await self._side.flush()
+
+    def _trim_caches(self) -> None:
+        """States do not bound their caches per write (hot path): the task does, per batch."""
+        for backend in self._backends:
+            backend.trim_caches()
 
     def _bind_timers(self) -> None:
         """Give timer-keeping operators the clock and a way to wake this task."""
