@@ -1,0 +1,92 @@
+"""Restore time of a keyed-state checkpoint chain, with and without the delta-ratio rule.
+
+``python -m bench.restore_chain [--keys N] [--changed N] [--checkpoints N]
+[--max-delta-ratio R]`` writes N keys into one LMDB backend, takes a full
+checkpoint, then ``--checkpoints`` more, each after changing ``--changed``
+random keys, and times a restore of the last one. It drives the backend the
+way the task does (prepare on a loop, write, settle), without the job around
+it, so the figure is the state backend's alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from aiostream_ckpt.state.backend import SnapshotTarget
+from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
+
+MAX_PARALLELISM = 128
+
+
+def _backend(tmp: Path, ratio: float) -> LmdbStateBackend:
+    return LmdbStateBackend(
+        operator_uid="pv",
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
+        max_parallelism=MAX_PARALLELISM,
+        local_dir=tmp / "local",
+        cache_max_entries=4_000_000,
+        max_delta_ratio=ratio,
+    )
+
+
+async def _checkpoint(b: LmdbStateBackend, root: Path, cid: int) -> dict[str, object]:
+    target = SnapshotTarget(cid, root, root / f"chk-{cid}", root / "shared")
+    part = b.snapshot(target)
+    await part.prepare()
+    handle = await asyncio.to_thread(part.write)
+    await part.settle()
+    b.notify_checkpoint_complete(cid)
+    return handle
+
+
+async def run(keys: int, changed: int, checkpoints: int, ratio: float) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="restore-chain-"))
+    root = tmp / "checkpoints"
+    b = _backend(tmp, ratio)
+    v = b.create_state(ValueStateDescriptor("pv", default=0))
+    names = [f"app-{i}" for i in range(keys)]
+    for k in names:
+        b.key_context.key = k
+        v.update(1)
+    rng = random.Random(0)
+    handle: dict[str, object] = {}
+    for cid in range(1, checkpoints + 2):
+        if cid > 1:
+            for k in rng.sample(names, changed):
+                b.key_context.key = k
+                v.update(cid)
+        started = time.perf_counter()
+        handle = await _checkpoint(b, root, cid)
+        took = time.perf_counter() - started
+        print(f"checkpoint {cid}: {handle['kind']}, {took:.2f} s, {handle['size_bytes']:,} bytes")
+    chain = handle["chain"]
+    assert isinstance(chain, list)
+    r = _backend(tmp, ratio)
+    started = time.perf_counter()
+    r.restore(root, [handle])
+    took = time.perf_counter() - started
+    print(f"restore of a {len(chain)}-file chain: {took:.2f} s (max_delta_ratio={ratio})")
+    b.close()
+    r.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--keys", type=int, default=1_000_000)
+    p.add_argument("--changed", type=int, default=300_000)
+    p.add_argument("--checkpoints", type=int, default=9, help="after the first full one")
+    p.add_argument("--max-delta-ratio", type=float, default=0.5)
+    a = p.parse_args()
+    asyncio.run(run(a.keys, a.changed, a.checkpoints, a.max_delta_ratio))
+
+
+if __name__ == "__main__":
+    main()
