@@ -91,6 +91,32 @@ async def test_malformed_lines_dead_lettered_with_offsets(tmp_path: Path) -> Non
     assert all("invalid JSON" in reason for _, reason, _ in dead)
 
 
+@pytest.mark.parametrize("block_size", [3, 16, 1 << 20])
+async def test_offsets_exact_after_restore_mid_block(tmp_path: Path, block_size: int) -> None:
+    """Positions are worked out from the block's start: a restored reader starts mid-file."""
+    path = tmp_path / "a.jsonl"
+    lines = [b'{"i": %d}' % i if i % 5 else b"{bad %d" % i for i in range(30)]
+    data = b"\n".join(lines)  # no trailing newline: the last line ends the file
+    path.write_bytes(data)
+    f = str(path.resolve())
+    start = data.index(b'{"i": 7}')
+    dead: list[Any] = []
+    src = JsonLinesFileSource(path, block_size=block_size, with_position=True)
+    r = await open_reader(src, ctx(dead=dead), {f: start})
+    seen: list[Any] = []
+    while (b := await r.read_batch(4)) is not None:
+        seen.extend(b)
+        # A full batch ends on a returned line (a dead line leaves the batch short).
+        end = data.find(b"\n", seen[-1]["_pos"][1]) + 1 or len(data)
+        assert r.snapshot_position()[f] == end
+    assert [e["i"] for e in seen] == [i for i in range(7, 30) if i % 5]
+    assert [e["_pos"][1] for e in seen] == [data.index(b'{"i": %d}' % e["i"]) for e in seen]
+    assert [(raw, d["offset"]) for raw, _, d in dead] == [
+        (b"{bad %d" % i, data.index(b"{bad %d" % i)) for i in (10, 15, 20, 25)
+    ]
+    assert r.snapshot_position() == {f: len(data)}
+
+
 async def test_fail_fast_dead_letter_propagates(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     path.write_bytes(b'{"i": 0}\nnope\n')
