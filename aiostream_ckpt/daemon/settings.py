@@ -11,15 +11,20 @@ without a token is refused at startup rather than left open.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import ipaddress
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.errors import ConfigError
+
+#: ``mallopt`` parameter number in glibc's malloc.h
+_M_TRIM_THRESHOLD = -1
 
 
 class ShutdownMode(Enum):
@@ -43,6 +48,8 @@ class DaemonSettings:
     shutdown_mode: ShutdownMode = ShutdownMode.CANCEL
     #: allocations between young-generation GC passes (Python's default is 700)
     gc_threshold: int = 50_000
+    #: glibc keeps this much free memory at the top of the heap (0: its default, 128 KiB)
+    malloc_trim_threshold: int = 128 << 20
 
     def validate(self) -> DaemonSettings:
         if not 0 <= self.rest_port <= 65535:
@@ -97,6 +104,31 @@ def _gc_threshold(value: Any) -> int:
     return int(str(value))
 
 
+def _malloc_trim_threshold(value: Any) -> int:
+    if isinstance(value, bool) or not str(value).strip().isdigit():
+        raise ValueError("a number of bytes (0: glibc's default)")
+    return int(str(value))
+
+
+def tune_malloc(trim_threshold: int, env: Mapping[str, str] = os.environ) -> bool:
+    """Let glibc keep ``trim_threshold`` bytes of freed heap instead of returning it at once.
+
+    Every batch frees the previous batch's records; with glibc's default the
+    heap is trimmed and regrown with ``brk()`` over and over, and 1 M pv_count
+    events took 1.63 s of CPU instead of 1.33 s (3 runs each). Same as setting
+    ``MALLOC_TRIM_THRESHOLD_``, which, when set, wins. Returns whether it was
+    applied (not on a libc without ``mallopt``, e.g. musl).
+    """
+    if trim_threshold <= 0 or "MALLOC_TRIM_THRESHOLD_" in env:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
+
+
 def tune_gc(gen0_threshold: int) -> None:
     """Set the young-generation GC threshold and freeze what startup allocated.
 
@@ -125,6 +157,7 @@ DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "savepoint.dir": ("savepoint_dir", lambda v: Path(str(v)).expanduser()),
     "shutdown.mode": ("shutdown_mode", _mode),
     "process.gc_threshold": ("gc_threshold", _gc_threshold),
+    "process.malloc_trim_threshold": ("malloc_trim_threshold", _malloc_trim_threshold),
 }
 
 
