@@ -39,6 +39,10 @@ class Collector(Generic[OUT]):
     def __init__(self) -> None:
         self.collect: Callable[[OUT], None] = _no_output
 
+    def detach(self) -> None:
+        """Stop emitting into the last batch (``collect`` raises until the next one)."""
+        self.collect = _no_output
+
 
 def _no_output(record: Any) -> None:
     raise RuntimeError("collect() called outside of record processing")

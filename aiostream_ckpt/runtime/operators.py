@@ -107,6 +107,7 @@ class ProcessOperator(StreamOperator):
         ctx = self._ctx
         for rec in batch:
             pe(rec, ctx, col)
+        col.detach()  # see KeyedProcessOperator.process_batch
         return out
 
     def close(self) -> None:
@@ -145,6 +146,10 @@ class KeyedProcessOperator(ProcessOperator):
             # the states read the backend's key, the function ctx.current_key
             kc.key = ctx.current_key = ks(rec)
             pe(rec, ctx, col)
+        # Let go of the output batch: the task frees it right after the sink wrote
+        # it, while it is still in the CPU cache (held until the next batch, it
+        # was freed after the next batch's parse: ~3 % of pv_count's time).
+        col.detach()
         return out
 
 

@@ -319,6 +319,8 @@ class StreamTask:
             if batch:
                 metrics.records_in += len(batch)
                 await push(batch)
+            # Free the batch now, while it is cached, not after the next read.
+            del batch
             if after is not None:
                 await after()
             # Nothing above suspends while the queues have room: yield once per batch

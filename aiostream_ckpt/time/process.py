@@ -39,7 +39,6 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         self._function = function
         self._timers: InternalTimerService | None = None
         self._scheduler: ProcessingTimeScheduler | None = None
-        self._out_list: list[Any] = []
 
     def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
         self._scheduler = scheduler
@@ -57,16 +56,18 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
 
     def process_watermark(self, timestamp: int) -> list[Any]:
         assert self._timers is not None
-        out = self._out_list = []
+        out: list[Any] = []
         self._out.collect = out.append
         self._timers.advance_watermark(timestamp, self._on_event_timer)
+        self._out.detach()
         return out
 
     def process_processing_time(self, now_ms: int) -> list[Any]:
         assert self._timers is not None
-        out = self._out_list = []
+        out: list[Any] = []
         self._out.collect = out.append
         self._timers.advance_processing_time(now_ms, self._on_processing_timer)
+        self._out.detach()
         return out
 
     def _on_event_timer(self, timestamp: int, key: Any) -> None:
