@@ -276,7 +276,7 @@ class StreamTask:
             batch = op.process_batch(batch)
             if not batch:
                 break
-        self._trim_caches()
+        self._after_batch()
         if batch:
             await self._emit(batch)
 
@@ -451,16 +451,16 @@ class StreamTask:
     async def _fire_and_emit(self, fire: Callable[[StreamOperator], list[Any]]) -> None:
         """Fire the chain's timers with ``fire``, keep the state caches bounded, emit the output."""
         out = fire_chain(self.spec.operators, fire)
-        self._trim_caches()
+        self._after_batch()
         if out:
             await self._emit(out)
         if self._side is not None:
             await self._side.flush()
 
-    def _trim_caches(self) -> None:
+    def _after_batch(self) -> None:
         """States do not bound their caches per write (hot path): the task does, per batch."""
         for backend in self._backends:
-            backend.trim_caches()
+            backend.after_batch()
 
     def _bind_timers(self) -> None:
         """Give timer-keeping operators the clock and a way to wake this task."""

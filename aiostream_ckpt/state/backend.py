@@ -151,7 +151,7 @@ class KeyedStateBackend(Protocol):
         """Run the synchronous part of a snapshot; return the asynchronous part."""
         ...
 
-    def trim_caches(self) -> None:
+    def after_batch(self) -> None:
         """Keep the state caches within their bound (the task calls it after every batch)."""
         ...
 

@@ -245,8 +245,8 @@ class LmdbStateBackend:
         self.flush()
         state.evict()
 
-    def trim_caches(self) -> None:
-        """Evict from every state whose cache outgrew its limit.
+    def after_batch(self) -> None:
+        """Evict from every state whose cache outgrew its limit; let states adapt.
 
         The task calls this after every batch and timer firing, so the hottest
         write (``ValueState.update``) needs no size check of its own; a cache
@@ -255,6 +255,7 @@ class LmdbStateBackend:
         for state in self._states.values():
             if state.over_limit():
                 self.cache_full(state)
+            state.after_batch()
 
     # -- states ------------------------------------------------------------------------
     def create_state(self, descriptor: StateDescriptor) -> Any:

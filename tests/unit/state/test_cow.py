@@ -49,7 +49,7 @@ def _churn(b, states, rng, n_ops, keys=150):
     """
     for i in range(n_ops):
         if i % 8 == 7:
-            b.trim_caches()
+            b.after_batch()
         b.key_context.key = rng.randrange(keys)
         op = rng.random()
         if op < 0.2:
@@ -191,12 +191,12 @@ def test_reads_during_a_pending_async_part_see_the_newest_values(env):
     for i in range(200):
         ctx.key = i
         v.update(i)
-    b.trim_caches()
+    b.after_batch()
     write = b.snapshot(env.target(1))
     for i in range(0, 200, 2):
         ctx.key = i
         v.update(i + 1000)
-        b.trim_caches()
+        b.after_batch()
     for i in range(200):  # most keys are evicted by now: these reads go to LMDB
         ctx.key = i
         assert v.value() == (i + 1000 if i % 2 == 0 else i)
@@ -222,7 +222,7 @@ def test_eviction_while_a_snapshot_is_pending_applies_and_pins_it(env):
     for i in range(100, 160):  # fills the cache: evictions apply snapshot 2's write set
         ctx.key = i
         v.update(i)
-        b.trim_caches()  # as the task does after every batch
+        b.after_batch()  # as the task does after every batch
     ctx.key = 3
     v.update(333)
     b.flush()

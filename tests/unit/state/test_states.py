@@ -41,13 +41,50 @@ def test_values_survive_flush_and_are_read_back_from_lmdb(env) -> None:
         s.update(i * 10)
     # update() leaves the bound to the task, which trims after every batch
     assert s.cache_size() == 50
-    b.trim_caches()
+    b.after_batch()
     assert s.cache_size() <= 4
     for i in range(50):
         b.key_context.key = ("k", i)
         assert s.value() == i * 10
         assert s.cache_size() <= 5  # a read miss checks the bound itself
     assert sorted(b.keys("v")) == [("k", i) for i in range(50)]
+
+
+def test_value_reads_switch_path_with_the_miss_rate(env) -> None:
+    """Many misses in a batch switch value() to .get(); a cached batch switches back."""
+    from aiostream_ckpt.state.lmdb.states import _MISSES_COLD, ValueStateImpl
+
+    b = env.backend()
+    s = b.create_state(ValueStateDescriptor("n", default=0))
+    hot = ValueStateImpl
+    kc = b.key_context
+
+    def batch(keys: range) -> None:  # one record per key, as the keyed operator runs it
+        for k in keys:
+            kc.key = k
+            s.update(s.value() + 1)
+        b.after_batch()
+
+    batch(range(_MISSES_COLD - 1))  # few misses: stays on subscripts
+    assert type(s) is hot
+    batch(range(1000, 1000 + _MISSES_COLD))  # all new keys
+    assert type(s) is not hot and isinstance(s, hot)
+    batch(range(2000, 2000 + 2 * _MISSES_COLD))  # still missing: stays
+    assert type(s) is not hot
+    b.flush()  # the counts are in LMDB now, and reads of other keys still miss
+    batch(range(3000, 3000 + _MISSES_COLD))
+    batch(range(1000, 1000 + _MISSES_COLD))  # cached keys: back to subscripts
+    assert type(s) is hot
+    for keys, want in (
+        (range(_MISSES_COLD - 1), 1),
+        (range(1000, 1000 + _MISSES_COLD), 2),
+        (range(2000, 2000 + 2 * _MISSES_COLD), 1),
+    ):
+        for k in keys:
+            kc.key = k
+            assert s.value() == want, k
+    kc.key = "never"
+    assert s.value() == 0
 
 
 def test_list_state(env) -> None:
