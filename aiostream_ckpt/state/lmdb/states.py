@@ -82,6 +82,8 @@ from aiostream_ckpt.state.serde import (
 _LEN2 = [n.to_bytes(2, "big") for n in range(MAX_DB_KEY_BYTES + 1)]
 #: The ints orjson encodes (wider ones it refuses); ``b"%d" % v`` gives the same bytes.
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+#: ``b"%d" % v`` of small ints, shared by every record that stores one (counts mostly are).
+_SMALL_INTS = [b"%d" % v for v in range(4096)]
 _MISS: Any = object()  # not in the cache: ask LMDB
 #: Cache misses in one batch from which a value state reads with ``.get()``, and below
 #: which it goes back to subscripts (see ``ValueStateImpl.after_batch``).
@@ -334,15 +336,15 @@ class KeyedStateBase:
         prefixes = self._prefixes
         maxp, lo, hi = self._maxp, self._kg_start, self._kg_end
         len2 = _LEN2
+        small_ints, n_small = _SMALL_INTS, len(_SMALL_INTS)
+        int_min, int_max = _INT_MIN, _INT_MAX
         max_kb = MAX_DB_KEY_BYTES - len(prefixes[0]) - 2  # longer keys make too long LMDB keys
         groups = hi - lo + 1
-        puts: list[list[Put]]
-        if len(frozen) >= _BUCKETS_FROM * groups:
-            puts = [[] for _ in range(groups)]
-            buckets = puts
-        else:  # every key group's "bucket" is one list
-            puts = [[]]
-            buckets = puts * groups
+        # a bucket per key group for a big write set, else one list for every group
+        big = len(frozen) >= _BUCKETS_FROM * groups
+        puts: list[list[Put]] = [[] for _ in range(groups)] if big else [[]]
+        # indexed by key group; out-of-range groups are refused before they are used
+        add = [puts[0].append] * lo + [b.append for b in puts] * (groups // len(puts))
         deletes: list[Record] = []
         items = iter(frozen.items())
         while chunk := list(islice(items, slice_keys)):
@@ -352,9 +354,10 @@ class KeyedStateBase:
                 for key, entry in chunk:
                     kb = key_bytes(key)
                     kg = crc32(kb) % maxp
-                    if kg < lo or kg > hi or len(kb) > max_kb:
+                    n = len(kb)
+                    if kg < lo or kg > hi or n > max_kb:
                         raise ValueError("key")
-                    db_key = prefixes[kg] + len2[len(kb)] + kb
+                    db_key = prefixes[kg] + len2[n] + kb
                     raw: bytes | bytearray | None
                     if not plain:
                         raw = encode(entry)
@@ -362,9 +365,13 @@ class KeyedStateBase:
                             raw = b"%s" % raw
                     else:
                         cls = entry.__class__
-                        if cls is int and fast_int and _INT_MIN <= entry <= _INT_MAX:
-                            buckets[kg - lo].append((db_key, b"%d" % entry))
-                            continue
+                        if cls is int and fast_int:
+                            if 0 <= entry < n_small:
+                                add[kg]((db_key, small_ints[entry]))
+                                continue
+                            if int_min <= entry <= int_max:
+                                add[kg]((db_key, b"%d" % entry))
+                                continue
                         if entry is None:
                             raw = None
                         elif cls is bytearray:
@@ -374,7 +381,7 @@ class KeyedStateBase:
                     if raw is None:
                         deletes.append((db_key, None))
                     else:
-                        buckets[kg - lo].append((db_key, raw))
+                        add[kg]((db_key, raw))
             except Exception as exc:
                 self.db_key(key)  # raises the precise error when the key is at fault
                 raise describe_encode_error(self.name, key, unwrap(entry), exc) from exc

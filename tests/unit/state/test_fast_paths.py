@@ -1,9 +1,9 @@
 """The per-key fast paths of the async snapshot part: ints, the change log as delta, restore.
 
-Ints are encoded with ``b"%d"`` instead of orjson (same bytes, as long as orjson
-would accept the int); deltas are written from the records applied, not read
-back from LMDB; restore merges a chain's deltas. Each must give exactly what
-the generic path gave.
+Ints are encoded with ``b"%d"`` (small ones from a table) instead of orjson
+(same bytes, as long as orjson would accept the int); deltas are written from
+the records applied, not read back from LMDB; restore merges a chain's deltas.
+Each must give exactly what the generic path gave.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ MIXED: list[Any] = [
     0,
     1,
     -1,
+    4095,  # the last of the pre-encoded small ints
+    4096,
     True,
     False,
     2**63 - 1,
