@@ -222,3 +222,34 @@ async def test_required_fields_dead_letter_with_offsets(tmp_path) -> None:
     ]
     assert dead[0][1] == "field 'app_id' must be str, got NoneType"
     assert dead[2][1] == "not a JSON object"
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (b'{"user": 1, "n": 0}', "field 'app_id' must be str, got NoneType"),
+        (b'{"app_id": 5, "n": 0}', "field 'app_id' must be str, got int"),
+        (b'{"app_id": null, "n": 0}', "field 'app_id' must be str, got NoneType"),
+        (b'{"app_id": ["a"], "n": 0}', "field 'app_id' must be str, got list"),
+        (b'{"app_id": true, "n": 0}', "field 'app_id' must be str, got bool"),
+        (b'["app_id"]', "not a JSON object"),
+        (b'"app_id"', "not a JSON object"),
+        (b"7", "not a JSON object"),
+        (b'{"app_id": "a"}', "field 'n' must be int, got NoneType"),
+        (b'{"app_id": "a", "n": 1.5}', "field 'n' must be int, got float"),
+        (b'{"app_id": "a", "n": false}', "field 'n' must be int, got bool"),
+    ],
+)
+async def test_one_bad_event_in_a_good_batch_is_caught(
+    tmp_path: Path, bad: bytes, reason: str
+) -> None:
+    """The batch-wide check (C-level maps) misses no single bad event of any kind."""
+    good = [b'{"app_id": "k%d", "n": %d}' % (i, i) for i in range(20)]
+    lines = [*good[:11], bad, *good[11:]]
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    dead: list[Any] = []
+    src = JsonLinesFileSource(path, required={"app_id": str, "n": int})
+    r = await open_reader(src, ctx(dead=dead))
+    assert await drain(r, 100) == [orjson.loads(ln) for ln in good]
+    assert [(raw, why) for raw, why, _ in dead] == [(bad, reason)]
