@@ -40,9 +40,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run_demo_worker(
-    label: str, cmd: list[str], *, kills: int, seed: int, work: Path
+    label: str,
+    cmd: list[str],
+    *,
+    kills: int,
+    seed: int,
+    work: Path,
+    inputs: list[Path] | None = None,
 ) -> ChaosResult | None:
-    """Run the worker to the end under ``kills`` random SIGKILLs, echoing its progress."""
+    """Run the worker to the end under ``kills`` random SIGKILLs, echoing its progress.
+
+    ``inputs``: the job's input files, so that kills are placed by how far it
+    has read them (every kill happens, however fast the job); else by time.
+    """
 
     def show(line: str) -> None:
         if line.startswith("progress:") or "completed in" in line or "restor" in line:
@@ -52,10 +62,16 @@ def run_demo_worker(
     log = work / "worker.log"
     result = run_with_kills(
         cmd, kills=kills, seed=seed, log_path=log, on_line=show,
-        max_delay_after_checkpoint=1.0, timeout=1800,
+        max_delay_after_checkpoint=1.0, timeout=1800, inputs=inputs,
     )  # fmt: skip
     if result.exit_code != 0:
         print(f"{label}: worker failed with exit code {result.exit_code}; see {log}")
+        return None
+    if result.kills < kills:
+        print(
+            f"{label}: the job finished after {result.kills} of {kills} SIGKILLs (it outran "
+            "them): run with more events"
+        )
         return None
     print(
         f"{label}: job finished in {result.elapsed:.1f}s after {result.kills} SIGKILLs "
@@ -102,7 +118,7 @@ def demo_main(argv: list[str]) -> int:
         "1",
     ]
 
-    result = run_demo_worker("demo", cmd, kills=args.kills, seed=seed, work=work)
+    result = run_demo_worker("demo", cmd, kills=args.kills, seed=seed, work=work, inputs=inputs)
     if result is None:
         return 1
     verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)
