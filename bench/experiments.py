@@ -228,7 +228,9 @@ def scaling(plan: Plan, work: Path) -> list[Measured]:
 
 def recovery_run(plan: Plan, work: Path) -> RunResult:
     keys = 1_000_000 if plan.full else plan.keys
-    events = 2 * plan.events if plan.full else plan.events
+    # quick: 1 M events at 1 k keys end about when the first 1 s checkpoint does,
+    # leaving no checkpoint to kill after
+    events = 2 * plan.events if plan.full else 3 * plan.events
     wl = workload(plan.work, events, keys, plan.seed, plan.skew, plan.event_size)
     kills = 3 if plan.full else 1
     run_dir = work / "recovery"
@@ -246,6 +248,10 @@ def recovery_run(plan: Plan, work: Path) -> RunResult:
         rec = measure_recovery(spec, kills=kills)
     except Exception as exc:
         res.status, res.reason = "failed", f"{type(exc).__name__}: {exc}"
+        return res
+    if rec["kills"] < kills:
+        res.status = "failed"
+        res.reason = f"the job ended after {rec['kills']} of {kills} kills (input too short)"
         return res
     verdict = python_recount(wl.paths[0], spec.out_dir)
     res.recovery = rec

@@ -1,7 +1,9 @@
 """Recovery time of ours under kill -9, through the project's chaos harness.
 
-``run_with_kills`` SIGKILLs the worker at a random moment after a checkpoint
-completes and starts it again on the same checkpoint directory. Beside it a
+``run_with_kills`` SIGKILLs the worker at random points of its input once a
+checkpoint has completed (by input position, not time: a time-based kill can
+come after a fast run ended, as 1 M events at ~1 M events/s did) and starts it
+again on the same checkpoint directory. Beside it a
 watcher follows the live worker (found by its unique checkpoint directory on
 the command line) and samples its input read position, so for every kill we
 get: kill → first checkpoint completed after the restart (its transactions
@@ -83,6 +85,7 @@ def measure_recovery(spec: RunSpec, *, kills: int, seed: int = 7) -> dict[str, A
             cwd=cwd,
             env=env,
             on_line=lambda ln: lines.append((time.monotonic() - watch.t0, ln)),
+            inputs=spec.workload.paths,
         )
     finally:
         watch.stop.set()
