@@ -15,6 +15,7 @@ import ctypes
 import gc
 import ipaddress
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -50,6 +51,8 @@ class DaemonSettings:
     gc_threshold: int = 50_000
     #: glibc keeps this much free memory at the top of the heap (0: its default, 128 KiB)
     malloc_trim_threshold: int = 128 << 20
+    #: seconds a thread waits for the GIL before it asks for it (Python's default 0.005)
+    switch_interval: float = 0.0005
 
     def validate(self) -> DaemonSettings:
         if not 0 <= self.rest_port <= 65535:
@@ -129,6 +132,29 @@ def tune_malloc(trim_threshold: int, env: Mapping[str, str] = os.environ) -> boo
     return bool(mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
 
 
+def _switch_interval(value: Any) -> float:
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        raise ValueError("a number of seconds, e.g. 0.0005") from None
+    if not 0 < seconds <= 1:
+        raise ValueError("a number of seconds in (0, 1]")
+    return seconds
+
+
+def tune_switch_interval(seconds: float) -> None:
+    """Hand the GIL to a waiting thread after ``seconds`` instead of Python's 5 ms.
+
+    The snapshot writer and the sink's commit run in threads, and every file
+    call they make gives the GIL up; taking it back from a busy event loop
+    waits a whole switch interval. A delta write makes dozens of such calls,
+    so with 5 ms a 100 k-key checkpoint took 545-777 ms (3 of 4 checkpoints
+    of a 2 M-event pv_count run), with 1 ms 314-347 ms, with 0.5 ms 265-269 ms,
+    at the same CPU time.
+    """
+    sys.setswitchinterval(seconds)
+
+
 def tune_gc(gen0_threshold: int) -> None:
     """Set the young-generation GC threshold and freeze what startup allocated.
 
@@ -158,6 +184,7 @@ DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "shutdown.mode": ("shutdown_mode", _mode),
     "process.gc_threshold": ("gc_threshold", _gc_threshold),
     "process.malloc_trim_threshold": ("malloc_trim_threshold", _malloc_trim_threshold),
+    "process.switch_interval": ("switch_interval", _switch_interval),
 }
 
 

@@ -1,4 +1,4 @@
-"""``process.malloc_trim_threshold``: glibc keeps freed heap instead of trimming it."""
+"""Process tuning: keep freed heap (malloc trim threshold), hand the GIL over sooner."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from aiostream_ckpt.daemon.config import load_config
-from aiostream_ckpt.daemon.settings import tune_malloc
+from aiostream_ckpt.daemon.settings import tune_malloc, tune_switch_interval
 from aiostream_ckpt.errors import ConfigError
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
@@ -18,7 +18,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is
 #: prints how far the program break came back down.
 _PROBE = """
 import ctypes, sys
-from aiostream_ckpt.daemon.settings import tune_malloc
+from aiostream_ckpt.daemon.settings import tune_malloc, tune_switch_interval
 print(tune_malloc(int(sys.argv[1])), file=sys.stderr)
 libc = ctypes.CDLL(None)
 libc.sbrk.restype = ctypes.c_void_p
@@ -63,3 +63,18 @@ def test_setting_parses_and_refuses_garbage() -> None:
     assert tune_malloc(0) is False
     with pytest.raises(ConfigError, match=r"process\.malloc_trim_threshold='lots'"):
         load_config(None, env={}, sets=["process.malloc_trim_threshold=lots"])
+
+
+def test_switch_interval_setting_applies_and_refuses_garbage() -> None:
+    assert load_config(None, env={}).daemon.switch_interval == 0.0005
+    env = {"AIOSTREAM_PROCESS__SWITCH_INTERVAL": "0.002"}
+    assert load_config(None, env=env).daemon.switch_interval == 0.002
+    for bad in ("0", "-1", "soon", "5"):
+        with pytest.raises(ConfigError, match=r"process\.switch_interval="):
+            load_config(None, env={}, sets=[f"process.switch_interval={bad}"])
+    before = sys.getswitchinterval()
+    try:
+        tune_switch_interval(0.002)
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
