@@ -126,7 +126,7 @@ def tune_malloc(trim_threshold: int, env: Mapping[str, str] = os.environ) -> boo
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such libc call; Windows: no CDLL(None)
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return bool(mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
