@@ -13,9 +13,9 @@ from bench.latency import measure_latency
 from bench.monitor import wait_for_quiet
 from bench.recovery import measure_recovery
 from bench.results import RunResult
-from bench.runner import Measured, attach_spark, measure, say
+from bench.runner import Measured, measure, say, validate_with_spark
 from bench.systems import BareLoop, Bytewax, Ours, RunSpec, System, Workload
-from bench.validation import expected_counts, python_recount, spark_validate
+from bench.validation import expected_counts, python_recount
 
 
 @dataclass
@@ -153,11 +153,7 @@ def run_plan(plan: Plan) -> tuple[list[RunResult], list[float]]:
             for m in targets
             for i, o in enumerate(m.outputs)
         ]
-        say(f"Spark validation of {len(jobs)} outputs (one session) ...")
-        verdicts, err = spark_validate(jobs)
-        if err:
-            say(f"Spark validator unavailable: {err}; the Python recount stands")
-        attach_spark(targets, verdicts.get, err)
+        validate_with_spark(targets, jobs, "outputs", "Python recount")
     return [m.result for m in measured] + extra, latencies
 
 

@@ -47,10 +47,11 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt.connectors.kafka.broker import recv_exactly
 from bench import runner
-from bench.monitor import run_monitored, wait_for_quiet
+from bench.monitor import ProcessRecord, run_monitored, wait_for_quiet
 from bench.results import RunResult, unavailable
-from bench.runner import Measured, attach_spark, checkpoint_summary, say, summarize_repeats
+from bench.runner import Measured, describe_median, say, summarize_repeats, validate_with_spark
 from bench.stats import steady_window
 from bench.systems import (
     PEERS_DIR,
@@ -63,7 +64,7 @@ from bench.systems import (
     completed_from_lines,
     ours_env_cwd,
 )
-from bench.validation import Verdict, spark_validate
+from bench.validation import Verdict
 
 #: Every system that runs on the Kafka path, ours first.
 KAFKA_SYSTEMS = ("aiostream-ckpt", "bare-aiokafka", "quixstreams", "faust")
@@ -173,8 +174,8 @@ class EndOffsetSampler:
             self._sock = socket.create_connection(self.addr, timeout=2.0)
         self._cid = (self._cid + 1) & 0x7FFFFFFF
         self._sock.sendall(encode_list_offsets(self.topic, self.partitions, self._cid))
-        (size,) = struct.unpack(">i", _recv_exactly(self._sock, 4))
-        offsets = decode_list_offsets(_recv_exactly(self._sock, size), self._cid)
+        (size,) = struct.unpack(">i", recv_exactly(self._sock, 4))
+        offsets = decode_list_offsets(recv_exactly(self._sock, size), self._cid)
         return sum(offsets.values())
 
     def __call__(self, now: float) -> None:
@@ -195,16 +196,6 @@ class EndOffsetSampler:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed by broker")
-        buf += chunk
-    return bytes(buf)
 
 
 # -- exactly-once: read_committed recount ---------------------------------------------------
@@ -475,6 +466,20 @@ def _peer_env(spec: KafkaSpec, interval: float) -> dict[str, str]:
     }
 
 
+def _run_peer(
+    cmd: list[str], env: dict[str, str], spec: KafkaSpec, sampler: EndOffsetSampler
+) -> ProcessRecord:
+    """Run a Kafka peer job in its run directory, sampled like every system."""
+    return run_monitored(
+        cmd,
+        env=env,
+        cwd=spec.run_dir,
+        timeout=spec.timeout,
+        log_path=spec.run_dir / "worker.log",
+        on_sample=sampler,
+    )
+
+
 class QuixStreams(_PeerSystem, KafkaSystem):
     """Quix Streams with ``processing_guarantee="exactly-once"``, 1 s commit interval."""
 
@@ -491,13 +496,8 @@ class QuixStreams(_PeerSystem, KafkaSystem):
             "BENCH_GROUP": f"quix-{spec.output_topic}",
             "BENCH_STATE_DIR": str(spec.run_dir / "state"),
         }
-        rec = run_monitored(
-            [str(env.python), str(PEERS_DIR / "quix_pv_count.py")],
-            env=run_env,
-            cwd=spec.run_dir,
-            timeout=spec.timeout,
-            log_path=spec.run_dir / "worker.log",
-            on_sample=sampler,
+        rec = _run_peer(
+            [str(env.python), str(PEERS_DIR / "quix_pv_count.py")], run_env, spec, sampler
         )
         return Attempt(
             rec,
@@ -534,13 +534,11 @@ class Faust(_PeerSystem, KafkaSystem):
             "BENCH_DATADIR": str(spec.run_dir / "faust-data"),
             "BENCH_PARTITIONS": str(wl.partitions),
         }
-        rec = run_monitored(
+        rec = _run_peer(
             [str(env.python), str(PEERS_DIR / "faust_pv_count.py"), "worker", "-l", "warn"],
-            env=run_env,
-            cwd=spec.run_dir,
-            timeout=spec.timeout,
-            log_path=spec.run_dir / "worker.log",
-            on_sample=sampler,
+            run_env,
+            spec,
+            sampler,
         )
         return Attempt(
             rec,
@@ -677,17 +675,7 @@ def measure_kafka(
         "throughput_method": "output topic end offsets (high watermark) sampled every "
         f"{SAMPLE_EVERY_S:g}s, steady window 10-90% of the events",
     }
-    if max(backgrounds) > 0.25:
-        res.reason = (
-            f"machine was busy before some runs ({max(backgrounds):.2f} cores used by "
-            "other processes): figures are pessimistic"
-        )
-    res.fault_tolerance = mid_attempt.fault_tolerance
-    ck = checkpoint_summary(mid_attempt)
-    if ck:
-        res.checkpoint = ck
-        dur = ck.get("duration_ms") or {}
-        res.checkpoint_ms_p50, res.checkpoint_ms_p99 = dur.get("p50"), dur.get("p99")
+    describe_median(res, mid_attempt, backgrounds)
     res.series = {
         "progress": [(round(t, 3), round(v)) for t, v in mid_samples],
         "checkpoints": [(round(t, 3), cid, ms) for t, cid, ms, _ in mid_attempt.completed],
@@ -796,8 +784,4 @@ def _spark_check(measured: list[Measured], input_path: Path, bootstrap: str) -> 
         for m in targets
         for i, topic in enumerate(m.outputs)
     ]
-    say(f"kafka: Spark validation of {len(jobs)} output topics, read_committed (one session) ...")
-    verdicts, err = spark_validate(jobs)
-    if err:
-        say(f"Spark validator unavailable: {err}; the read_committed recount stands")
-    attach_spark(targets, verdicts.get, err)
+    validate_with_spark(targets, jobs, "output topics, read_committed", "read_committed recount")

@@ -14,7 +14,7 @@ from bench.monitor import wait_for_quiet
 from bench.results import RunResult
 from bench.stats import median, spread, steady_window, summarize
 from bench.systems import Attempt, RunSpec, System, Workload
-from bench.validation import Verdict, python_recount
+from bench.validation import Verdict, python_recount, spark_validate
 
 #: Longest wait for a quiet machine before a timed run (set by the CLI).
 QUIET_WAIT = [20.0]
@@ -31,6 +31,21 @@ class Measured:
     result: RunResult
     outputs: list[Path] = field(default_factory=list)
     python_verdicts: list[Verdict] = field(default_factory=list)
+
+
+def describe_median(res: RunResult, mid_attempt: Attempt, backgrounds: list[float]) -> None:
+    """Busy-machine note, fault tolerance and checkpoint figures of the median repeat."""
+    if max(backgrounds) > 0.25:
+        res.reason = (
+            f"machine was busy before some runs ({max(backgrounds):.2f} cores used by "
+            "other processes): figures are pessimistic"
+        )
+    res.fault_tolerance = mid_attempt.fault_tolerance
+    ck = checkpoint_summary(mid_attempt)
+    if ck:
+        res.checkpoint = ck
+        dur = ck.get("duration_ms") or {}
+        res.checkpoint_ms_p50, res.checkpoint_ms_p99 = dur.get("p50"), dur.get("p99")
 
 
 def checkpoint_summary(attempt: Attempt) -> dict[str, Any] | None:
@@ -149,17 +164,7 @@ def measure(
     mid_attempt, mid_win = attempts[order[len(order) // 2]]
     res.config = {**mid_attempt.config, "workload": workload.describe(), "repeats": repeats}
     res.config["background_cores_before_runs"] = backgrounds
-    if max(backgrounds) > 0.25:
-        res.reason = (
-            f"machine was busy before some runs ({max(backgrounds):.2f} cores used by "
-            "other processes): figures are pessimistic"
-        )
-    res.fault_tolerance = mid_attempt.fault_tolerance
-    ck = checkpoint_summary(mid_attempt)
-    if ck:
-        res.checkpoint = ck
-        dur = ck.get("duration_ms") or {}
-        res.checkpoint_ms_p50, res.checkpoint_ms_p99 = dur.get("p50"), dur.get("p99")
+    describe_median(res, mid_attempt, backgrounds)
     bpe = workload.bytes / workload.events
     res.series = {
         "progress": [(round(t, 3), round(v / bpe)) for t, v in mid_attempt.record.positions],
@@ -191,6 +196,17 @@ def python_recount_multi(
             for k, n in expected_counts(p).items():
                 exp[k] = exp.get(k, 0) + n
     return check_pv_records(read_committed_output(attempt.output_dir), exp)
+
+
+def validate_with_spark(
+    measured: list[Measured], jobs: list[dict[str, str]], what: str, fallback: str
+) -> None:
+    """Run the Spark validator over ``jobs`` in one session and fold its verdicts in."""
+    say(f"Spark validation of {len(jobs)} {what} (one session) ...")
+    verdicts, err = spark_validate(jobs)
+    if err:
+        say(f"Spark validator unavailable: {err}; the {fallback} stands")
+    attach_spark(measured, verdicts.get, err)
 
 
 def attach_spark(

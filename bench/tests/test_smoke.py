@@ -1,17 +1,16 @@
 """One end-to-end pass of the bench on a tiny input: ours and the bare loop (subprocesses)."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.tests.cli_run import run_bench
 
 
 @pytest.mark.integration
 def test_quick_smoke_ours_and_bare_loop(tmp_path: Path) -> None:
-    out = tmp_path / "results.json"
-    code = main(
+    runs = run_bench(
+        tmp_path,
         [
             "--quick",
             "--systems",
@@ -22,16 +21,8 @@ def test_quick_smoke_ours_and_bare_loop(tmp_path: Path) -> None:
             "1",
             "--no-recovery",
             "--no-latency",
-            "--no-plots",
-            "--work",
-            str(tmp_path / "work"),
-            "--json",
-            str(out),
-        ]
+        ],
     )
-    assert code == 0
-    doc = json.loads(out.read_text())
-    runs = {(r["system"], r["path"]): r for r in doc["runs"]}
     for system in ("aiostream-ckpt", "bare-loop"):
         run = runs[(system, "embedded")]
         assert run["status"] == "ok", run

@@ -506,8 +506,8 @@ def metadata_broker_count(host: str, port: int, *, timeout_s: float) -> int:
     msg = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         sock.sendall(struct.pack(">i", len(msg)) + msg)
-        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
-        body = _recv_exactly(sock, size)
+        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+        body = recv_exactly(sock, size)
     correlation_id, n_brokers = struct.unpack_from(">ii", body)
     if correlation_id != 7:
         raise OSError(f"bad correlation id {correlation_id} in Metadata response")
@@ -520,7 +520,8 @@ def _tail(text: str, lines: int) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """Read exactly ``n`` bytes of a Kafka response (a closed socket is an error)."""
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
