@@ -73,9 +73,12 @@ def read_checkpoint(directory: Path) -> CompletedCheckpoint:
 class CheckpointStorage:
     """The checkpoint directory of one job."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        """``create=False`` for readers (``checkpoints list``): nothing is written."""
         self.root = root
         self.shared_dir = root / "shared"
+        if not create:
+            return
         try:
             self.shared_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -85,7 +88,9 @@ class CheckpointStorage:
         return self.root / f"chk-{checkpoint_id:010d}"
 
     def _ids_on_disk(self) -> list[int]:
-        ids = []
+        ids: list[int] = []
+        if not self.root.is_dir():
+            return ids
         for p in self.root.iterdir():
             m = _CHK_RE.match(p.name)
             if m and p.is_dir():

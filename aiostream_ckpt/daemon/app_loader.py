@@ -18,9 +18,18 @@ from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.errors import AiostreamError, AppLoadError
 
 
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec
+
+
+def app_name(spec: str) -> str:
+    """Name a job after its module's last part (``apps/pv_count.py`` -> ``pv_count``)."""
+    return Path(spec).stem if _is_file(spec) else spec.rsplit(".", 1)[-1]
+
+
 def import_app(spec: str) -> ModuleType:
     try:
-        if spec.endswith(".py") or "/" in spec:
+        if _is_file(spec):
             path = Path(spec)
             if not path.is_file():
                 raise AppLoadError(f"app file not found: {spec}")

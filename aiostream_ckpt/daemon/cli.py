@@ -61,8 +61,9 @@ def _parser() -> argparse.ArgumentParser:
 
     ck = sub.add_parser("checkpoints", help="list or inspect checkpoints")
     ck_sub = ck.add_subparsers(dest="action", required=True)
-    ls = ck_sub.add_parser("list")
+    ls = ck_sub.add_parser("list", help="checkpoints, then savepoints (DIR/savepoints)")
     ls.add_argument("directory", type=Path)
+    ls.add_argument("--savepoint-dir", type=Path, help="also list savepoints here (savepoint.dir)")
     ins = ck_sub.add_parser("inspect")
     ins.add_argument("directory", type=Path)
     ins.add_argument("id", type=int, nargs="?")
@@ -88,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.api.environment import StreamEnvironment
-    from aiostream_ckpt.daemon.app_loader import build_app
+    from aiostream_ckpt.daemon.app_loader import app_name, build_app
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
     from aiostream_ckpt.daemon.service import JobDaemon
@@ -104,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         sets.append(f"log.format={args.log_format}")
     loaded = load_config(args.config, env=os.environ, sets=sets)
     setup_logging(loaded.log_format, loaded.log_level)
-    name = loaded.job_name or args.module.rsplit(".", 1)[-1].removesuffix(".py")
+    name = loaded.job_name or app_name(args.module)
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(args.module, env)
     tune_gc(loaded.daemon.gc_threshold)
@@ -175,7 +176,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.inspection import inspect_checkpoint, list_checkpoints
 
     if args.action == "list":
-        print("\n".join(list_checkpoints(args.directory)))
+        print("\n".join(list_checkpoints(args.directory, args.savepoint_dir)))
     else:
         info = inspect_checkpoint(args.directory, args.id)
         print(orjson.dumps(info, option=orjson.OPT_INDENT_2).decode())
@@ -184,6 +185,19 @@ def _checkpoints(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, so a closed pipe is seen below and not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`checkpoints inspect DIR | head`): it took what it
+        # wanted; point stdout at /dev/null so the exit-time flush stays quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     try:
         # subcommands with their own parsers get the rest of the line untouched
         if argv and argv[0] == "broker":

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.metadata import METADATA_FILE, CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
 
@@ -40,10 +40,35 @@ def _positions(chk: CompletedCheckpoint) -> dict[str, Any]:
     return out
 
 
-def list_checkpoints(directory: Path) -> list[str]:
+def _row(label: str, chk: CompletedCheckpoint, status: str) -> str:
+    return (
+        f"{label:>6}  {_when(chk.completion_time):19}  {chk.size_bytes:>12,}  "
+        f"{chk.duration_seconds * 1000:>7.0f}ms  {status}"
+    )
+
+
+def savepoint_dirs(*parents: Path) -> list[Path]:
+    """Savepoint directories (``savepoint-*`` with a ``_metadata``) in ``parents``, oldest first.
+
+    A savepoint lives outside the checkpoint chain (``<checkpoint.dir>/savepoints``
+    by default, or ``savepoint.dir``), so listing a checkpoint directory looks there too.
+    """
+    found: list[Path] = []
+    for parent in parents:
+        if parent.is_dir():
+            found += [
+                p
+                for p in parent.iterdir()
+                if p.name.startswith("savepoint-") and (p / METADATA_FILE).exists()
+            ]
+    return sorted(set(found), key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def list_checkpoints(directory: Path, savepoint_dir: Path | None = None) -> list[str]:
+    """Completed checkpoints newest first, then the savepoints beside them."""
     if not directory.is_dir():
         raise CheckpointError(f"not a checkpoint directory: {directory}")
-    storage = CheckpointStorage(directory)
+    storage = CheckpointStorage(directory, create=False)
     lines = [f"{'id':>6}  {'completed (UTC)':19}  {'size':>12}  {'duration':>9}  status"]
     for cid in storage.completed_newest_first():
         try:
@@ -51,13 +76,19 @@ def list_checkpoints(directory: Path) -> list[str]:
         except CorruptCheckpointError as exc:
             lines.append(f"{cid:>6}  {'?':19}  {'?':>12}  {'?':>9}  CORRUPT: {exc}")
             continue
-        final = " (final)" if chk.is_final else ""
-        lines.append(
-            f"{cid:>6}  {_when(chk.completion_time):19}  {chk.size_bytes:>12,}  "
-            f"{chk.duration_seconds * 1000:>7.0f}ms  completed{final}"
-        )
+        lines.append(_row(str(cid), chk, "completed (final)" if chk.is_final else "completed"))
     if len(lines) == 1:
         lines.append("(no completed checkpoints)")
+    parents = [directory, directory / "savepoints"]
+    if savepoint_dir is not None:
+        parents.append(savepoint_dir)
+    for path in reversed(savepoint_dirs(*parents)):
+        try:
+            chk = read_checkpoint(path)
+        except CorruptCheckpointError as exc:
+            lines.append(f"{'?':>6}  {'?':19}  {'?':>12}  {'?':>9}  savepoint CORRUPT: {exc}")
+            continue
+        lines.append(_row(str(chk.checkpoint_id), chk, f"savepoint {path}"))
     return lines
 
 
@@ -66,14 +97,23 @@ def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, 
     if (directory / "_metadata").exists():
         chk = read_checkpoint(directory)
     else:
-        storage = CheckpointStorage(directory)
+        if not directory.is_dir():
+            raise CheckpointError(f"not a checkpoint directory: {directory}")
+        storage = CheckpointStorage(directory, create=False)
         if checkpoint_id is None:
             latest = storage.latest_valid()
             if latest is None:
                 raise CheckpointError(f"no valid completed checkpoint in {directory}")
             chk = latest
         else:
-            chk = read_checkpoint(storage.checkpoint_dir(checkpoint_id))
+            path = storage.checkpoint_dir(checkpoint_id)
+            if not path.is_dir():
+                known = [str(cid) for cid in storage.completed_newest_first()]
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id} does not exist in {directory} "
+                    f"(completed: {', '.join(known) or 'none'})"
+                )
+            chk = read_checkpoint(path)
     return {
         "id": chk.checkpoint_id,
         "savepoint": chk.is_savepoint,

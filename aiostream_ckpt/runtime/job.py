@@ -136,14 +136,37 @@ class JobRunner:
         return None
 
     def _check_state_matches(self, restored: CompletedCheckpoint) -> None:
+        """Refuse state for operators the job does not have, unless told to drop it.
+
+        Checkpoints of another job (another name) in ``checkpoint.dir``: dropping
+        their state would mix two jobs' checkpoints in one directory, so that case
+        names both jobs and asks for a directory of this job's own.
+        """
         uids = {t.uid for t in self.env.transformations}
         unknown = sorted(set(restored.operators) - uids)
-        if unknown and not self.config.allow_non_restored_state:
-            kind = "savepoint" if restored.is_savepoint else "checkpoint"
+        if not unknown:
+            return
+        kind = "savepoint" if restored.is_savepoint else "checkpoint"
+        if restored.job_name != self.env.job_name and not restored.is_savepoint:
+            raise StateMigrationError(
+                f"checkpoint.dir {self.storage.root} holds checkpoints of job "
+                f"{restored.job_name!r} (with operators {', '.join(sorted(restored.operators))}),"
+                f" not of job {self.env.job_name!r}: give each job "
+                "its own checkpoint.dir (to carry state over from another job, take a "
+                "savepoint of it and start this job from it in a fresh checkpoint.dir)"
+            )
+        if not self.config.allow_non_restored_state:
             raise StateMigrationError(
                 f"{kind} {restored.checkpoint_id} has state for operators not in the job: "
                 f"{', '.join(unknown)} (run with --allow-non-restored-state to drop it)"
             )
+        log.warning(
+            "--allow-non-restored-state: dropping the state of %s %d for operator(s) not in "
+            "the job: %s",
+            kind,
+            restored.checkpoint_id,
+            ", ".join(unknown),
+        )
 
     # -- running ----------------------------------------------------------------------
 

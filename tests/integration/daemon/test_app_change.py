@@ -102,8 +102,23 @@ def test_renamed_operator_needs_allow_non_restored_state(
     assert "has state for operators not in the job: user-count, user-sink" in last, last
     assert "--allow-non-restored-state" in last
 
-    restore(tmp, path, "renamed", "renamed", "--allow-non-restored-state")
+    stderr = restore(tmp, path, "renamed", "renamed", "--allow-non-restored-state")
+    sp_id = read_checkpoint(path).checkpoint_id
+    assert (
+        f"--allow-non-restored-state: dropping the state of savepoint {sp_id} for operator(s) "
+        "not in the job: user-count, user-sink"
+    ) in stderr
     out = tmp / "renamed" / "out"
     assert check_pv_output(out / "pv", counts("app_id")).exact  # kept: continues from its state
     users2 = check_pv_output(out / "users2", counts("user_id", position))  # new uid: from 0
     assert users2.exact and users2.records == EVENTS - position
+
+
+def test_checkpoints_list_shows_the_savepoints(savepoint: tuple[Path, Path, int]) -> None:
+    tmp, path, _ = savepoint
+    r = cli("checkpoints", "list", str(tmp / "base" / "ckpt"))
+    assert r.returncode == 0, r.stderr
+    (row,) = [line for line in r.stdout.splitlines() if "savepoint" in line]
+    assert row.split()[0] == str(read_checkpoint(path).checkpoint_id)
+    assert row.endswith(f"savepoint {path}")
+    assert path.name.startswith("savepoint-evolving_pv-")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -10,7 +11,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.helpers import REPO, check_pv_output, cli, cli_cmd, make_pv_input, recount
+from tests.helpers import (
+    REPO,
+    check_pv_output,
+    cli,
+    cli_cmd,
+    generated_pv_args,
+    make_pv_input,
+    recount,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +82,77 @@ def test_checkpoints_list_and_inspect(tmp_path: Path) -> None:
     (position,) = info["source_positions"].values()
     assert position == inp.stat().st_size
     assert info["duration_ms"] >= 0 and info["size_bytes"] > 0
+
+
+def test_checkpoints_inspect_of_a_missing_id_says_so(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    r = cli(*generated_pv_args(ckpt, tmp_path / "out", "--set", "rest.enabled=false", events=2000))
+    assert r.returncode == 0, r.stderr
+    (cid,) = [
+        line.split()[0] for line in cli("checkpoints", "list", str(ckpt)).stdout.splitlines()[1:]
+    ]
+    r = cli("checkpoints", "inspect", str(ckpt), "12345")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        f"aiostream-ckpt: error: checkpoint 12345 does not exist in {ckpt} (completed: {cid})"
+    )
+
+
+def test_inspect_into_a_closed_pipe_is_quiet(tmp_path: Path) -> None:
+    """``inspect DIR | head``: the reader leaving early is no error (was a BrokenPipeError)."""
+    ckpt = tmp_path / "ckpt"
+    r = cli(*generated_pv_args(ckpt, tmp_path / "out", "--set", "rest.enabled=false", events=2000))
+    assert r.returncode == 0, r.stderr
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # like `head` having exited: every write gets EPIPE
+    try:
+        p = subprocess.run(
+            cli_cmd("checkpoints", "inspect", str(ckpt)),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert p.returncode == 0
+    assert p.stderr == ""
+
+
+def test_app_run_by_file_path_is_named_after_its_module(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    run = generated_pv_args(ckpt, tmp_path / "out", "--set", "rest.enabled=false", events=2000)
+    assert run[:2] == ["run", "apps.pv_count"]
+    r = cli("run", "apps/pv_count.py", *run[2:])
+    assert r.returncode == 0, r.stderr
+    info = json.loads(cli("checkpoints", "inspect", str(ckpt)).stdout)
+    assert info["job"] == "pv_count"
+
+
+def test_checkpoint_dir_of_another_app_gets_the_right_advice(tmp_path: Path) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_bytes(b'{"key": "a", "value": 1}\n')
+    ckpt = tmp_path / "ckpt"
+    r = cli(
+        "run",
+        "apps.running_sum",
+        "--set",
+        f"checkpoint.dir={ckpt}",
+        "--set",
+        f"app.input={inp}",
+        "--set",
+        f"app.output={tmp_path / 'sums'}",
+        "--set",
+        "rest.enabled=false",
+    )
+    assert r.returncode == 0, r.stderr
+    r = cli(*generated_pv_args(ckpt, tmp_path / "out", "--set", "rest.enabled=false", events=2000))
+    assert r.returncode == 2
+    last = r.stderr.strip().splitlines()[-1]
+    assert f"checkpoint.dir {ckpt} holds checkpoints of job 'running_sum'" in last, last
+    assert "not of job 'pv_count'" in last and "its own checkpoint.dir" in last
+    assert "--allow-non-restored-state" not in last
+    assert not (tmp_path / "out").exists()
 
 
 def test_checkpoints_list_flags_corruption(tmp_path: Path) -> None:
