@@ -27,7 +27,7 @@ from aiostream_ckpt.checkpoint.metadata import (
     TaskAck,
     encode_metadata,
 )
-from aiostream_ckpt.checkpoint.storage import CheckpointStorage, write_atomically
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, storage_error, write_atomically
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.runtime.config import CheckpointConfig
@@ -220,7 +220,10 @@ class CheckpointCoordinator:
         if sp is None:
             return self.storage.target(checkpoint_id, uid, subtask)
         exclusive = sp / f"{uid}-{subtask}"
-        exclusive.mkdir(parents=True, exist_ok=True)
+        try:
+            exclusive.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error("create", exclusive, exc) from exc
         return SnapshotTarget(checkpoint_id, sp, exclusive, sp, is_savepoint=True)
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:

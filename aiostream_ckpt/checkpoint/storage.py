@@ -14,6 +14,7 @@ never touched by retention.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -54,8 +55,13 @@ def write_atomically(path: Path, data: bytes) -> None:
         fsync_dir(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        msg = f"cannot write {path}: {exc.strerror or exc}"
-        raise CheckpointError(msg, retriable=True) from exc
+        raise storage_error("write", path, exc) from exc
+
+
+def storage_error(what: str, path: Path, exc: OSError) -> CheckpointError:
+    """Describe a failed file operation of a checkpoint (it declines; a restart may help)."""
+    full = " (checkpoint storage is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return CheckpointError(f"cannot {what} {path}: {exc.strerror or exc}{full}", retriable=True)
 
 
 def read_checkpoint(directory: Path) -> CompletedCheckpoint:
@@ -104,7 +110,10 @@ class CheckpointStorage:
 
     def target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
         exclusive = self.checkpoint_dir(checkpoint_id) / f"{uid}-{subtask}"
-        exclusive.mkdir(parents=True, exist_ok=True)
+        try:
+            exclusive.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error("create", exclusive, exc) from exc
         return SnapshotTarget(checkpoint_id, self.root, exclusive, self.shared_dir)
 
     def write_completed(self, completed: CompletedCheckpoint) -> None:

@@ -137,7 +137,7 @@ def _io_error(what: str, path: Path, e: OSError) -> ConnectorError:
             " (disk full: free space, then run the same command again; the job resumes "
             "from its last completed checkpoint)"
         )
-    return ConnectorError(f"cannot {what} {path}: {e.strerror or e}{hint}")
+    return ConnectorError(f"cannot {what} {path}: {e.strerror or e}{hint}", retriable=True)
 
 
 @contextlib.contextmanager

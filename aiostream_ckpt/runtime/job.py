@@ -27,7 +27,6 @@ from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import (
-    AiostreamError,
     ConfigError,
     CorruptCheckpointError,
     JobFailedError,
@@ -35,7 +34,7 @@ from aiostream_ckpt.errors import (
 )
 from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
-from aiostream_ckpt.runtime.restart import restart_strategy
+from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
 
 if TYPE_CHECKING:
@@ -201,15 +200,8 @@ class JobRunner:
                 delay = strategy.next_delay(exc)
                 if delay is None:
                     run.status = JobStatus.FAILED
-                    if isinstance(exc, AiostreamError) and not isinstance(exc, JobFailedError):
-                        reason = f"{type(exc).__name__}: {exc}"
-                    else:
-                        reason = f"{type(exc).__name__}: {exc}"
-                    raise JobFailedError(
-                        f"job {self.env.job_name!r} failed ({strategy.describe()} exhausted "
-                        f"after {strategy.restarts} restarts): {reason}",
-                        exc,
-                    ) from exc
+                    line = _failure_line(self.env.job_name, strategy, exc)
+                    raise JobFailedError(line, exc) from exc
                 run.status = JobStatus.RESTARTING
                 run.restarts = strategy.restarts
                 log.warning(
@@ -348,6 +340,16 @@ class JobRunner:
             return ctx
 
         return make
+
+
+def _failure_line(job_name: str, strategy: RestartStrategy, exc: BaseException) -> str:
+    """Say how many restarts were done, why no further one, then the cause."""
+    n = strategy.restarts
+    after = "" if isinstance(strategy, NoRestart) else f" after {n} restart{'' if n == 1 else 's'}"
+    return (
+        f"job {job_name!r} failed{after} ({strategy.give_up_reason(exc)}): "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def run_job(env: StreamEnvironment, *, clock: Clock | None = None) -> JobResult:

@@ -56,7 +56,14 @@ class RestartStrategy(ABC):
     def _next_delay(self) -> float | None: ...
 
     @abstractmethod
-    def describe(self) -> str: ...
+    def describe(self) -> str:
+        """Why this strategy gives up, in the config keys a user would change."""
+
+    def give_up_reason(self, failure: BaseException) -> str:
+        """Why ``failure`` ends the job: the strategy gave up, or a restart cannot help."""
+        if not restartable(failure):
+            return f"not restarted: {type(failure).__name__} is not retriable"
+        return self.describe()
 
 
 class NoRestart(RestartStrategy):
@@ -64,7 +71,7 @@ class NoRestart(RestartStrategy):
         return None
 
     def describe(self) -> str:
-        return "no restarts"
+        return "restart.strategy=none"
 
 
 class FixedDelayRestart(RestartStrategy):
@@ -77,7 +84,7 @@ class FixedDelayRestart(RestartStrategy):
         return self.delay if self.restarts < self.attempts else None
 
     def describe(self) -> str:
-        return f"fixed-delay: {self.attempts} attempts, {self.delay}s apart"
+        return f"restart.strategy=fixed_delay exhausted its restart.attempts={self.attempts}"
 
 
 class ExponentialDelayRestart(RestartStrategy):
@@ -117,8 +124,8 @@ class ExponentialDelayRestart(RestartStrategy):
 
     def describe(self) -> str:
         return (
-            f"exponential-delay: {self.initial}s x{self.multiplier} up to {self.max_delay}s, "
-            f"{self.attempts} attempts"
+            f"restart.strategy=exponential_delay exhausted its restart.attempts={self.attempts} "
+            f"(within restart.reset_after={self.reset_after}s)"
         )
 
 
@@ -140,7 +147,10 @@ class FailureRateRestart(RestartStrategy):
         return self.delay if len(self._failures) <= self.max_failures else None
 
     def describe(self) -> str:
-        return f"failure-rate: at most {self.max_failures} failures per {self.interval}s"
+        return (
+            f"restart.strategy=failure_rate allows restart.attempts={self.max_failures} "
+            f"failures per restart.failure_rate_interval={self.interval}s"
+        )
 
 
 def restart_strategy(config: RestartConfig, clock: Clock) -> RestartStrategy:

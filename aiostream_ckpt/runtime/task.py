@@ -54,7 +54,7 @@ from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
 from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
 from aiostream_ckpt.runtime.writer_state import restored_writer_state
-from aiostream_ckpt.state.backend import AsyncSnapshotPart
+from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget
 from aiostream_ckpt.time.timers import ProcessingTimeScheduler, fire_chain, now_millis
 from aiostream_ckpt.time.valve import WatermarkValve
 from aiostream_ckpt.time.watermarks import WatermarkUpdate
@@ -521,15 +521,15 @@ class StreamTask:
             ).update(kw)
 
         async with self._lock:
+            targets = self._snapshot_targets(cid)
             if spec.reader is not None and spec.head_uid is not None:
                 op_state: dict[str, Any] = {"positions": spec.reader.snapshot_position()}
                 if spec.dead_letter is not None:
                     op_state[DEAD_LETTER_KEY] = await spec.dead_letter.prepare_commit(cid)
                 put(spec.head_uid, operator=op_state)
             for op in spec.operators:
-                if op.backend is not None:
-                    target = self._coord.snapshot_target(cid, op.uid, spec.subtask)
-                    parts.append((op.uid, op.backend.snapshot(target)))
+                if op.backend is not None and targets is not None:
+                    parts.append((op.uid, op.backend.snapshot(targets[op.uid])))
                     put(op.uid)
             if spec.writer is not None and spec.sink_uid is not None:
                 put(spec.sink_uid, operator={"writer": await spec.writer.prepare_commit(cid)})
@@ -542,10 +542,32 @@ class StreamTask:
         ):
             self._end_checkpoint = cid
         await self._broadcast(barrier)
+        if targets is None:
+            return  # declined: no backend took a snapshot, there is nothing to finish
         self._bg.spawn(
             self._finish_snapshot(cid, states, parts, sync_seconds, alignment_seconds),
             f"{self.task_id}-snapshot-{cid}",
         )
+
+    def _snapshot_targets(self, cid: int) -> dict[str, SnapshotTarget] | None:
+        """Where each keyed operator writes checkpoint ``cid``; None when it was declined.
+
+        Created before any backend starts its snapshot, so a storage that cannot
+        take them (full, gone) declines the checkpoint, as a failed asynchronous
+        write does, and the job goes on within ``checkpoint.tolerable_failures``;
+        the barrier still goes downstream and the sink's transaction rolls over
+        into the next checkpoint.
+        """
+        try:
+            return {
+                op.uid: self._coord.snapshot_target(cid, op.uid, self.spec.subtask)
+                for op in self.spec.operators
+                if op.backend is not None
+            }
+        except CheckpointError as exc:
+            log.warning("task %s: snapshot %d cannot be stored: %s", self.task_id, cid, exc)
+            self._coord.decline(cid, self.task_id, exc)
+            return None
 
     async def _finish_snapshot(
         self,

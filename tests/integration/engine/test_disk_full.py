@@ -8,7 +8,9 @@ checkpoint and the committed output is exactly a failure-free run's.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,13 +23,11 @@ pytestmark = pytest.mark.integration
 DISK_BYTES = 8 << 20
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs, unmounted afterwards; skipped where mounting is not permitted."""
-    mnt = tmp_path / "disk"
+def _mount_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs at ``mnt``, unmounted afterwards; skipped where mounting is not permitted."""
     mnt.mkdir()
     r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
         capture_output=True,
         text=True,
     )
@@ -39,6 +39,41 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs."""
+    yield from _mount_tmpfs(tmp_path / "disk", f"size={DISK_BYTES}")
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs with room for 64 files or directories: creating one more fails with ENOSPC."""
+    yield from _mount_tmpfs(tmp_path / "inodes", f"size={DISK_BYTES},nr_inodes=64")
+
+
+def paced_args(ckpt: Path, out: Path, events: int, *extra: str) -> list[str]:
+    """pv_count over ``events`` generated events, paced so that checkpoints (30 ms) commit."""
+    return [
+        *generated_pv_args(ckpt, out, events=events, splits=1, parallelism=1, keys=300),
+        "--set", "app.rate=100000",
+        "--set", "checkpoint.interval=30ms",
+        "--set", "rest.enabled=false",
+        *extra,
+    ]  # fmt: skip
+
+
+def assert_rerun_exact(
+    args: list[str], out: Path, expected: Counter[str]
+) -> subprocess.CompletedProcess[str]:
+    """Run the same command again: it must finish with exactly a failure-free run's output."""
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check = check_pv_output(out, expected)
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:3])
+    assert check.records == expected.total()
+    return done
+
+
 def test_full_disk_stops_with_the_cause_and_a_rerun_completes_exactly_once(
     tmp_path: Path, small_disk: Path
 ) -> None:
@@ -46,16 +81,9 @@ def test_full_disk_stops_with_the_cause_and_a_rerun_completes_exactly_once(
     filler.write_bytes(b"\0" * (DISK_BYTES - (1 << 20)))  # leaves ~1 MiB
     out = small_disk / "out"
     events = 150_000  # ~4.5 MB of output, paced over ~1.5 s so that checkpoints commit
-    args = [
-        *generated_pv_args(
-            tmp_path / "ckpt", out, events=events, splits=1, parallelism=1, keys=300
-        ),
-        "--set", "app.rate=100000",
-        "--set", "checkpoint.interval=30ms",
-        "--set", "restart.attempts=1",
-        "--set", "restart.delay=10ms",
-        "--set", "rest.enabled=false",
-    ]  # fmt: skip
+    args = paced_args(
+        tmp_path / "ckpt", out, events, "--set", "restart.attempts=1", "--set", "restart.delay=10ms"
+    )
     expected = generated_counts(events, keys=300)
     full = cli(*args)
     assert full.returncode == 1, full.stderr[-3000:]
@@ -63,18 +91,20 @@ def test_full_disk_stops_with_the_cause_and_a_rerun_completes_exactly_once(
     assert "No space left on device" in last, last
     assert str(out) in last, last  # names the file
     assert "disk full" in last, last
+    # retriable: the restart strategy gets its say before the job stops
+    assert "restart 1 in" in full.stderr, full.stderr[-3000:]
+    assert (
+        "job 'pv_count' failed after 1 restart "
+        "(restart.strategy=fixed_delay exhausted its restart.attempts=1): ConnectorError"
+    ) in last, last
     partial = check_pv_output(out, expected)
     assert partial.records > 0  # checkpoints committed before the disk filled
     assert partial.duplicates == 0
     assert partial.missing > 0
 
     filler.unlink()
-    done = cli(*args)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = assert_rerun_exact(args, out, expected)
     assert "restoring from checkpoint" in done.stderr
-    check = check_pv_output(out, expected)
-    assert check.exact, (check.duplicates, check.missing, check.gaps[:3])
-    assert check.records == events
 
 
 def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
@@ -84,14 +114,9 @@ def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
     ckpt = small_disk / "ckpt"
     out = tmp_path / "out"
     events = 100_000
-    args = [
-        *generated_pv_args(ckpt, out, events=events, splits=1, parallelism=1, keys=300),
-        "--set", "app.rate=100000",
-        "--set", "checkpoint.interval=30ms",
-        "--set", "checkpoint.tolerable_failures=3",
-        "--set", "restart.attempts=0",
-        "--set", "rest.enabled=false",
-    ]  # fmt: skip
+    args = paced_args(
+        ckpt, out, events, "--set", "checkpoint.tolerable_failures=3", "--set", "restart.attempts=0"
+    )
     expected = generated_counts(events, keys=300)
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (DISK_BYTES - (8 << 10)))  # not one snapshot fits
@@ -105,8 +130,55 @@ def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
     assert check_pv_output(out, expected).records == 0  # nothing was ever committed
 
     filler.unlink()
-    done = cli(*args)
-    assert done.returncode == 0, done.stderr[-3000:]
-    check = check_pv_output(out, expected)
-    assert check.exact, (check.duplicates, check.missing, check.gaps[:3])
-    assert check.records == events
+    assert_rerun_exact(args, out, expected)
+
+
+def _use_up_inodes(mnt: Path) -> list[Path]:
+    fillers = []
+    while os.statvfs(mnt).f_ffree > 0:
+        fillers.append(mnt / f"filler-{len(fillers)}")
+        fillers[-1].touch()
+    return fillers
+
+
+def test_checkpoint_directories_that_cannot_be_created_decline_within_tolerable_failures(
+    tmp_path: Path, few_inodes: Path
+) -> None:
+    """A full checkpoint volume fails the directory of a snapshot, not only its files.
+
+    That happens in the synchronous part of the snapshot (on a full ext4 as on
+    this tmpfs out of inodes); it must decline the checkpoint like a failed
+    file write, count toward ``checkpoint.tolerable_failures``, and then go to
+    the restart strategy (retriable), not fail the job at the first checkpoint.
+    """
+    ckpt = few_inodes / "ckpt"
+    (ckpt / "shared").mkdir(parents=True)  # what a former run left: the job can start
+    out = tmp_path / "out"
+    events = 100_000
+    args = paced_args(
+        ckpt,
+        out,
+        events,
+        "--set", "checkpoint.tolerable_failures=3",
+        "--set", "restart.attempts=1",
+        "--set", "restart.delay=10ms",
+        "--set", f"state.local_dir={tmp_path / 'local'}",
+        "--set", "errors.on_malformed=fail",
+    )  # fmt: skip
+    expected = generated_counts(events, keys=300)
+    fillers = _use_up_inodes(few_inodes)
+    full = cli(*args)
+    assert full.returncode == 1, full.stderr[-3000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert "checkpoint 1 declined" in full.stderr, full.stderr[-3000:]
+    assert "restart 1 in" in full.stderr, full.stderr[-3000:]
+    assert "job 'pv_count' failed after 1 restart" in last, last
+    assert "4 consecutive checkpoint failures exceed tolerable_failures=3" in last, last
+    assert "No space left on device" in last, last
+    assert str(ckpt / "chk-") in last, last
+    assert "checkpoint storage is full" in last, last
+    assert check_pv_output(out, expected).records == 0  # nothing was ever committed
+
+    for f in fillers:
+        f.unlink()
+    assert_rerun_exact(args, out, expected)

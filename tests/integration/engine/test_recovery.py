@@ -77,7 +77,7 @@ def test_restart_strategy_exhausts_and_reports_cause(tmp_path: Path, strategy: s
     )
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
-    assert "exhausted after 2 restarts" in last, last
+    assert f"job 'flaky_count' failed after 2 restarts (restart.strategy={strategy} " in last, last
     assert "RuntimeError: injected failure at seq 100" in last
 
 
