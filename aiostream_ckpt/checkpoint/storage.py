@@ -19,7 +19,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiostream_ckpt.checkpoint.metadata import (
@@ -89,6 +90,9 @@ class CheckpointStorage:
             self.shared_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"cannot create checkpoint directory {root}: {exc}") from exc
+        #: shared files in use outside the retained checkpoints: (owner, checkpoint id) -> files
+        self._pins: dict[tuple[str, int], set[str]] = {}
+        self._pins_lock = threading.Lock()
 
     def checkpoint_dir(self, checkpoint_id: int) -> Path:
         return self.root / f"chk-{checkpoint_id:010d}"
@@ -114,7 +118,7 @@ class CheckpointStorage:
             exclusive.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise storage_error("create", exclusive, exc) from exc
-        return SnapshotTarget(checkpoint_id, self.root, exclusive, self.shared_dir)
+        return SnapshotTarget(checkpoint_id, self.root, exclusive, self.shared_dir, pins=self)
 
     def write_completed(self, completed: CompletedCheckpoint) -> None:
         completed.directory.mkdir(parents=True, exist_ok=True)
@@ -137,6 +141,39 @@ class CheckpointStorage:
     def discard(self, checkpoint_id: int) -> None:
         shutil.rmtree(self.checkpoint_dir(checkpoint_id), ignore_errors=True)
 
+    # -- shared files in use -----------------------------------------------------------
+
+    def pin(self, owner: str, checkpoint_id: int, files: Iterable[str]) -> None:
+        """Keep ``files`` (relative to the root) while snapshot ``checkpoint_id`` may use them.
+
+        A state backend pins the chain of every snapshot it takes (its base
+        and its new files, each before it is written) and keeps the pin of
+        the snapshot it builds on until a newer one completes: retention
+        then keeps exactly what running and future snapshots reference,
+        whatever the clocks say.
+        """
+        with self._pins_lock:
+            self._pins.setdefault((owner, checkpoint_id), set()).update(files)
+
+    def unpin(self, owner: str, *, below: int | None = None, only: int | None = None) -> None:
+        """Drop ``owner``'s pins of checkpoints ``< below`` or of checkpoint ``only``."""
+        with self._pins_lock:
+            for key in list(self._pins):
+                o, cid = key
+                if o == owner and (
+                    (below is not None and cid < below) or (only is not None and cid == only)
+                ):
+                    del self._pins[key]
+
+    def unpin_all(self) -> None:
+        """Forget every pin (a new attempt: the old backends are gone)."""
+        with self._pins_lock:
+            self._pins.clear()
+
+    def _pinned(self) -> set[str]:
+        with self._pins_lock:
+            return set().union(*self._pins.values())
+
     def discard_incomplete(self) -> None:
         """Remove directories of checkpoints that never got their metadata (crash leftovers)."""
         for cid in self._ids_on_disk():
@@ -145,32 +182,29 @@ class CheckpointStorage:
                 shutil.rmtree(d, ignore_errors=True)
 
     def apply_retention(self, retained: int) -> None:
-        """Keep the newest ``retained`` completed checkpoints and the shared files they use.
+        """Keep the newest ``retained`` completed checkpoints and the shared files in use.
 
-        A shared file no retained checkpoint references is deleted only if it is
-        older than the newest checkpoint's trigger: younger ones may belong to a
-        checkpoint still in flight.
+        In use means referenced: by a retained checkpoint's metadata, or
+        pinned by a snapshot in flight or by the base a backend builds its
+        next snapshot on (:meth:`pin`). No clock is compared with file times:
+        a process clock ahead of the filesystem's must not delete live files.
         """
         completed = list(self.completed_newest_first())
         keep = completed[:retained]
         for cid in completed[retained:]:
             self.discard(cid)
-        referenced: set[str] = set()
-        cutoff = 0.0
+        # list before reading the pins: a file created later was pinned before it existed
+        shared = list(self.shared_dir.iterdir())
+        referenced = self._pinned()
         for cid in keep:
             try:
                 chk = read_checkpoint(self.checkpoint_dir(cid))
             except CorruptCheckpointError:
                 return  # do not garbage-collect on a state we cannot fully read
             referenced |= chk.referenced_files()
-            cutoff = max(cutoff, chk.trigger_time)
-        for f in self.shared_dir.iterdir():
+        for f in shared:
             rel = f.relative_to(self.root).as_posix()
-            try:
-                young = f.stat().st_mtime >= cutoff
-            except FileNotFoundError:
-                continue
-            if rel in referenced or young:
+            if rel in referenced:
                 continue
             if f.is_dir():
                 shutil.rmtree(f, ignore_errors=True)

@@ -27,7 +27,7 @@ when the parallelism changed) and keeps only key groups in its own range.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,12 +50,27 @@ class KeyContext:
         self.key: Any = None
 
 
+class SharedFilePins(Protocol):
+    """What keeps shared files from retention while a backend may still need them.
+
+    A backend pins every file a snapshot's chain names (the files it builds
+    on at once, each new file before writing it) under ``(owner, checkpoint
+    id)``; on checkpoint-complete n it drops its pins below n (n's chain is
+    its base now, still pinned), on abort n the pins of n.
+    """
+
+    def pin(self, owner: str, checkpoint_id: int, files: Iterable[str]) -> None: ...
+
+    def unpin(self, owner: str, *, below: int | None = None, only: int | None = None) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotTarget:
     """Where one operator instance writes one snapshot.
 
     ``exclusive_dir`` belongs to this checkpoint alone (deleted with it);
-    ``shared_dir`` holds files later checkpoints may reuse (incremental bases).
+    ``shared_dir`` holds files later checkpoints may reuse (incremental bases),
+    kept by retention while ``pins`` holds them.
     A savepoint must be self-contained: everything in ``exclusive_dir``.
     """
 
@@ -64,6 +79,7 @@ class SnapshotTarget:
     exclusive_dir: Path
     shared_dir: Path
     is_savepoint: bool = False
+    pins: SharedFilePins | None = None
 
     def relative(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()

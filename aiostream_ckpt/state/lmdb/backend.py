@@ -64,6 +64,7 @@ from aiostream_ckpt.errors import CheckpointError, StateError, StateMigrationErr
 from aiostream_ckpt.state.backend import (
     AsyncSnapshotPart,
     KeyContext,
+    SharedFilePins,
     SnapshotTarget,
     StateHandle,
 )
@@ -202,6 +203,8 @@ class LmdbStateBackend:
         self._token = uuid.uuid4().hex[:8]
         self._file_stem = f"{_safe(operator_uid)}-{subtask_index}"
         self._dir = Path(local_dir) / f"lmdb-{self._file_stem}-{self._token}"
+        self._owner = f"{self._file_stem}-{self._token}"
+        self._pins: SharedFilePins | None = None
         self._dir.mkdir(parents=True)
         self._env = self._open_env()
         self._rtxn: lmdb.Transaction[bytes] | None = None
@@ -420,6 +423,10 @@ class LmdbStateBackend:
         if cid in self._runs or cid in self._tracker.pending:
             raise CheckpointError(f"snapshot {cid} of {self._file_stem} was already taken")
         pending, sink, full, base_chain, change_logs = self._tracker.begin(cid, target.is_savepoint)
+        if target.pins is not None:
+            self._pins = target.pins
+            if not full:
+                target.pins.pin(self._owner, cid, [e["path"] for e in base_chain])
         run = SnapshotRun(self._runs_cond, f"{cid} of {self._file_stem}")
         seq = self._writes.enqueue(self._freeze(), sink, run if full else None)
         with self._runs_cond:
@@ -461,19 +468,24 @@ class LmdbStateBackend:
         def entry(path: Path, kind: str, size: int, digest: str) -> dict[str, Any]:
             return {"path": target.relative(path), "kind": kind, "size": size, "sha256": digest}
 
+        def pin(path: Path) -> Path:
+            if target.pins is not None:  # before the file exists: retention may be listing
+                target.pins.pin(self._owner, target.checkpoint_id, [target.relative(path)])
+            return path
+
         records: int | None = None
         if snap.full:
             assert snap.run.txn is not None
-            path = out_dir / f"{stem}-full.mdb"
+            path = pin(out_dir / f"{stem}-full.mdb")
             new = [entry(path, "full", *write_full(self._env, snap.run.txn, path))]
             if delta.records:  # what the copied view does not have yet
-                path = out_dir / f"{stem}-tail.bin"
+                path = pin(out_dir / f"{stem}-tail.bin")
                 size, digest, records = write_packed_delta(delta, path)
                 # part of this full snapshot, not a checkpoint of its own
                 new.append({**entry(path, "delta", size, digest), "tail": True})
             chain = new
         else:
-            path = out_dir / f"{stem}-delta.bin"
+            path = pin(out_dir / f"{stem}-delta.bin")
             size, digest, records = write_packed_delta(delta, path)
             new = [entry(path, "delta", size, digest)]
             chain = [*snap.base_chain, *new]
@@ -499,10 +511,14 @@ class LmdbStateBackend:
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._tracker.complete(checkpoint_id)
         self._release_run(checkpoint_id)
+        if self._pins is not None and self._tracker.base_id == checkpoint_id:
+            self._pins.unpin(self._owner, below=checkpoint_id)  # n's chain is the base now
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         self._tracker.abort(checkpoint_id)
         self._release_run(checkpoint_id)
+        if self._pins is not None:
+            self._pins.unpin(self._owner, only=checkpoint_id)
 
     def _release_run(self, checkpoint_id: int) -> None:
         with self._runs_cond:
@@ -576,6 +592,8 @@ class LmdbStateBackend:
         self._drop_rtxn()
         self._env.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._pins is not None:
+            self._pins.unpin(self._owner, below=1 << 62)
 
     def __enter__(self) -> LmdbStateBackend:
         return self
