@@ -1,14 +1,21 @@
 # syntax=docker/dockerfile:1
 # aiostream-ckpt daemon image: `docker build -t aiostream-ckpt .`
 #
-#   docker run -v aiostream-state:/var/lib/aiostream aiostream-ckpt
-#       runs the embedded pv_count demo (generated, paced input)
-#   docker run -v ./apps:/app/apps -v state:/var/lib/aiostream aiostream-ckpt run apps.my_app
+#   docker run --init -v aiostream-state:/var/lib/aiostream aiostream-ckpt
+#       runs the embedded pv_count demo (generated, paced input: the default CMD's --set)
+#   docker run --init -v ./apps:/app/apps -v state:/var/lib/aiostream aiostream-ckpt run apps.my_app
 #       runs a mounted app; configure with AIOSTREAM_SECTION__KEY=value or --set
+#   docker run --init --rm aiostream-ckpt demo --events 300000
+#       the kill -9 demo (in a temp dir; Spark check skipped without Java)
 #
-# The REST API listens on loopback inside the container (the HEALTHCHECK uses
-# it). To publish it, set AIOSTREAM_REST__BIND=0.0.0.0 *and* AIOSTREAM_REST__TOKEN:
-# the daemon refuses a non-loopback bind without a token.
+# The image's ENV holds only what every app shares (checkpoint dir, stop mode);
+# an app's own parameters (app.*) come with its command. The REST API listens on
+# loopback inside the container; the daemon publishes its address in
+# /var/lib/aiostream/checkpoints/daemon.json, where the HEALTHCHECK reads it, so
+# a port set by --set, TOML or rest.port=0 (and rest.enabled=false) is followed.
+# To publish the API, set AIOSTREAM_REST__BIND=0.0.0.0 *and* AIOSTREAM_REST__TOKEN:
+# the daemon refuses a non-loopback bind without a token. The daemon handles
+# SIGTERM as PID 1 itself; --init adds an init that also reaps child processes.
 
 FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -34,11 +41,7 @@ COPY --chown=aiostream:aiostream apps ./apps
 # Checkpoints, savepoints (default <checkpoint dir>/savepoints) and the demo's output.
 VOLUME ["/var/lib/aiostream"]
 ENV AIOSTREAM_CHECKPOINT__DIR=/var/lib/aiostream/checkpoints \
-    AIOSTREAM_REST__PORT=8081 \
-    AIOSTREAM_SHUTDOWN__MODE=checkpoint \
-    AIOSTREAM_APP__OUTPUT=/var/lib/aiostream/output \
-    AIOSTREAM_APP__GENERATE=1000000000 \
-    AIOSTREAM_APP__RATE=1000
+    AIOSTREAM_SHUTDOWN__MODE=checkpoint
 # numeric, so Kubernetes' runAsNonRoot can verify it
 USER 10001:10001
 EXPOSE 8081
@@ -46,4 +49,5 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
     CMD ["aiostream-ckpt", "health"]
 ENTRYPOINT ["aiostream-ckpt"]
-CMD ["run", "apps.pv_count"]
+CMD ["run", "apps.pv_count", "--set", "app.output=/var/lib/aiostream/output", \
+     "--set", "app.generate=1000000000", "--set", "app.rate=1000"]

@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     health = sub.add_parser("health", help="exit 0 when the daemon's /health answers")
     add_client_args(health, token=False)
     health.add_argument("--timeout", type=float, default=5.0)
+    health.add_argument(
+        "--address-file",
+        type=Path,
+        help="the daemon's address file (default: rest.address_file or "
+        "<checkpoint.dir>/daemon.json from the AIOSTREAM_* environment)",
+    )
 
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)

@@ -3,8 +3,8 @@
 ``aiostream-ckpt savepoint trigger|stop`` and ``aiostream-ckpt health`` (the
 container HEALTHCHECK). They use the standard library's HTTP client: a
 one-shot request needs no event loop, and the health check stays cheap.
-The default URL comes from ``AIOSTREAM_REST__PORT`` so the same command works
-in a container configured through the environment.
+``health`` finds the daemon through the address file it publishes (see
+:mod:`.address`), so it follows ``--set``/TOML/``rest.port=0`` ports too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -80,13 +81,64 @@ def savepoint_main(args: argparse.Namespace) -> int:
     return 1
 
 
+def daemon_address_file(env: Mapping[str, str] | None = None) -> Path | None:
+    """Find the address file the daemon configured by ``env`` writes (None: no checkpoint.dir).
+
+    ``rest.address_file``, else ``<checkpoint.dir>/daemon.json``, read from the
+    ``AIOSTREAM_*`` environment as the daemon reads it: in a container both are
+    set there, so the HEALTHCHECK finds the daemon whatever port it listens on.
+    """
+    from aiostream_ckpt.daemon.address import ADDRESS_FILE
+    from aiostream_ckpt.daemon.config import load_config
+
+    loaded = load_config(env=os.environ if env is None else env)
+    if loaded.daemon.address_file is not None:
+        return loaded.daemon.address_file
+    directory = loaded.job.checkpoint.directory
+    return directory / ADDRESS_FILE if directory is not None else None
+
+
 def health_main(args: argparse.Namespace) -> int:
-    """0 when ``/health`` answers 200 within the timeout (HEALTHCHECK contract), else 1."""
-    url = (args.url or default_url()).rstrip("/")
+    """0 when the daemon is healthy (HEALTHCHECK contract), else 1.
+
+    Healthy: ``/health`` answers 200 within the timeout, at the URL given with
+    ``--url`` or published in the daemon's address file; with ``rest.enabled=false``
+    the daemon process being alive is all that can be checked. Without an address
+    file to read (no checkpoint.dir in the environment) it asks
+    ``127.0.0.1:$AIOSTREAM_REST__PORT``.
+    """
+    from aiostream_ckpt.daemon import address
+    from aiostream_ckpt.errors import ConfigError
+
+    url = args.url
+    if url is None:
+        try:
+            path = args.address_file or daemon_address_file()
+        except ConfigError as exc:
+            print(f"unhealthy: {exc}", file=sys.stderr)
+            return 1
+        if path is None:
+            url = default_url()
+        else:
+            try:
+                found = address.read(path)
+            except (OSError, ValueError) as exc:
+                print(f"unhealthy: no daemon address in {path} ({exc})", file=sys.stderr)
+                return 1
+            if not address.is_daemon_alive(found.pid):
+                print(
+                    f"unhealthy: daemon pid {found.pid} of {path} is not running", file=sys.stderr
+                )
+                return 1
+            url = found.url
+            if url is None:
+                print(orjson.dumps({"status": "ok", "pid": found.pid, "rest": False}).decode())
+                return 0
+    url = url.rstrip("/")
     try:
         status, answer = request("GET", url + "/health", timeout=args.timeout)
     except OSError as exc:
-        print(f"unhealthy: {exc}", file=sys.stderr)
+        print(f"unhealthy: {url}: {exc}", file=sys.stderr)
         return 1
     print(orjson.dumps(answer).decode() if isinstance(answer, dict) else answer)
     return 0 if status == 200 else 1

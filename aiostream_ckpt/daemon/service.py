@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.daemon import address
 from aiostream_ckpt.daemon.metrics import JobStats
 from aiostream_ckpt.daemon.rest import RestServer
 from aiostream_ckpt.daemon.savepoints import SavepointService
@@ -55,17 +57,33 @@ class JobDaemon:
             else None
         )
         self._shutdown: asyncio.Task[None] | None = None
+        self.address_file = self.settings.address_file or ckpt_dir / address.ADDRESS_FILE
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def run(self) -> JobResult:
-        """Serve the REST API while the job runs; stop serving when it ends."""
+        """Serve the REST API while the job runs; stop serving when it ends.
+
+        The address file says where to reach it (see :mod:`.address`) from the
+        moment it listens until it stops.
+        """
         async with self.stats:
             if self.rest is not None:
                 await self.rest.start()
+            pid = os.getpid()
             try:
+                address.publish(
+                    self.address_file,
+                    address.DaemonAddress(
+                        pid=pid,
+                        rest_enabled=self.rest is not None,
+                        host=self.settings.rest_bind if self.rest is not None else None,
+                        port=self.rest.port if self.rest is not None else None,
+                    ),
+                )
                 return await self.runner.run()
             finally:
+                address.withdraw(self.address_file, pid)
                 if self._shutdown is not None:
                     self._shutdown.cancel()
                     await asyncio.gather(self._shutdown, return_exceptions=True)

@@ -45,6 +45,8 @@ class DaemonSettings:
     rest_bind: str = "127.0.0.1"
     rest_port: int = 8081
     rest_token: str | None = None
+    #: where the running daemon publishes its address (None: <checkpoint.dir>/daemon.json)
+    address_file: Path | None = None
     savepoint_dir: Path | None = None
     shutdown_mode: ShutdownMode = ShutdownMode.CANCEL
     #: allocations between young-generation GC passes (Python's default is 700)
@@ -180,6 +182,7 @@ DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "rest.bind": ("rest_bind", lambda v: str(v).strip()),
     "rest.port": ("rest_port", _port),
     "rest.token": ("rest_token", _token),
+    "rest.address_file": ("address_file", lambda v: Path(str(v)).expanduser()),
     "savepoint.dir": ("savepoint_dir", lambda v: Path(str(v)).expanduser()),
     "shutdown.mode": ("shutdown_mode", _mode),
     "process.gc_threshold": ("gc_threshold", _gc_threshold),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, DaemonProcess
+from tests.helpers import REPO, DaemonProcess, check_pv_output, make_pv_input, recount
 
 pytestmark = pytest.mark.integration
 
@@ -59,6 +59,21 @@ def image_env(root: Path) -> dict[str, str]:
     return env
 
 
+def image_command(root: Path, *args: str) -> list[str]:
+    """ENTRYPOINT + (``args`` or CMD), the volume moved to ``root``."""
+    cmd = list(args) or json.loads(last("CMD"))
+    return [
+        str(BIN / json.loads(last("ENTRYPOINT"))[0]),
+        *(a.replace("/var/lib/aiostream", str(root)) for a in cmd),
+    ]
+
+
+def health_command() -> list[str]:
+    health = json.loads(last("HEALTHCHECK").split("CMD", 1)[1])
+    health[0] = str(BIN / health[0])
+    return list(health)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,9 +107,8 @@ def test_dockerfile_shape() -> None:
 def test_entrypoint_runs_embedded_pv_count_and_answers_health(tmp_path: Path) -> None:
     env = image_env(tmp_path)
     env["AIOSTREAM_REST__PORT"] = str(free_port())
-    command = [str(BIN / json.loads(last("ENTRYPOINT"))[0]), *json.loads(last("CMD"))]
-    health = json.loads(last("HEALTHCHECK").split("CMD", 1)[1])
-    health[0] = str(BIN / health[0])
+    command = image_command(tmp_path)
+    health = health_command()
     with DaemonProcess(command=command, env=env) as d:
         d.wait_for("REST API listening")
         deadline = time.monotonic() + 30
@@ -120,3 +134,73 @@ def test_entrypoint_runs_embedded_pv_count_and_answers_health(tmp_path: Path) ->
         health, capture_output=True, text=True, timeout=30, env={**os.environ, **env}
     )
     assert stale.returncode == 1, "the health check fails once the daemon is gone"
+
+
+def test_image_env_does_not_leak_app_params(tmp_path: Path) -> None:
+    """An app's params come with its command: the image ENV holds none (issue 16, item 6)."""
+    env = image_env(tmp_path)
+    assert not [k for k in env if k.startswith("AIOSTREAM_APP__")], env
+    inp = make_pv_input(tmp_path / "in.jsonl", 3000, keys=20)
+    command = image_command(
+        tmp_path,
+        "run",
+        "apps.pv_count",
+        "--set",
+        f"app.input={inp}",
+        "--set",
+        f"app.output={tmp_path / 'out'}",
+        "--set",
+        "rest.enabled=false",
+    )
+    r = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, **env}, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert check_pv_output(tmp_path / "out", recount(inp)).exact
+
+
+def health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        health_command(), capture_output=True, text=True, timeout=30, env={**os.environ, **env}
+    )
+
+
+@pytest.mark.parametrize("rest", ["port-0", "disabled"])
+def test_healthcheck_follows_the_effective_rest_address(tmp_path: Path, rest: str) -> None:
+    """The port is chosen by --set (0: any free one) or REST is off: health still knows."""
+    env = image_env(tmp_path)
+    env.pop("AIOSTREAM_REST__PORT", None)
+    setting = "rest.port=0" if rest == "port-0" else "rest.enabled=false"
+    command = image_command(tmp_path, *json.loads(last("CMD")), "--set", setting)
+    address_file = tmp_path / "checkpoints" / "daemon.json"
+    with DaemonProcess(command=command, env=env) as d:
+        d.wait_for("checkpoint 1 completed")
+        published = json.loads(address_file.read_text())
+        assert published["pid"] == d.proc.pid
+        if rest == "port-0":
+            assert published["port"] == int(d.url.rsplit(":", 1)[1]) != 8081
+        else:
+            assert published["rest_enabled"] is False and published["port"] is None
+        check = health(env)
+        assert check.returncode == 0, check.stderr
+        assert json.loads(check.stdout)["status"] == "ok"
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.wait() == 0, d.stderr[-3000:]
+    assert not address_file.exists(), "withdrawn on exit"
+    stale = health(env)
+    assert stale.returncode == 1 and "unhealthy" in stale.stderr
+
+
+def test_healthcheck_sees_a_killed_daemon_as_unhealthy(tmp_path: Path) -> None:
+    """SIGKILL leaves the address file behind; its pid no longer runs the daemon."""
+    env = image_env(tmp_path)
+    command = image_command(tmp_path, *json.loads(last("CMD")), "--set", "rest.port=0")
+    with DaemonProcess(command=command, env=env) as d:
+        d.wait_for("checkpoint 1 completed")
+        assert health(env).returncode == 0
+        d.proc.kill()
+        d.wait()
+    assert (tmp_path / "checkpoints" / "daemon.json").exists()
+    stale = health(env)
+    assert stale.returncode == 1
+    assert "is not running" in stale.stderr
