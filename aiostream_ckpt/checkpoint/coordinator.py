@@ -323,10 +323,12 @@ class CheckpointCoordinator:
             }
             for uid, st in ack.states.items():
                 op = operators.setdefault(uid, {"parallelism": st["parallelism"], "subtasks": {}})
-                op["subtasks"][str(st["subtask"])] = {
+                entry = op["subtasks"][str(st["subtask"])] = {
                     "keyed": st.get("keyed"),
                     "operator": st.get("operator"),
                 }
+                if st.get("time") is not None:  # the task's event time (time.checkpointed)
+                    entry["time"] = st["time"]
         now = self._clock.monotonic()
         return CompletedCheckpoint(
             checkpoint_id=pending.checkpoint_id,

@@ -230,6 +230,11 @@ def build_chain_specs(
             if chain.inputs:
                 n = sum(_channels_per_edge(e, e.source.parallelism) for e in chain.inputs)
                 spec.input_gate = InputGate(n, config.channel_capacity)
+                # what a channel index means: restored channel watermarks need the same
+                spec.input_layout = [
+                    f"{e.source.uid}/{e.source.parallelism}/{e.partitioning.value}"
+                    for e in chain.inputs
+                ]
                 spec.barrier_handler = _barrier_handler(config, n, monotonic)
             specs[(ci, sub)] = spec
     # channel indexes: per downstream instance, edges in order, upstream instances in order

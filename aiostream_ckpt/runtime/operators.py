@@ -55,6 +55,13 @@ class StreamOperator(ABC):
         """Processing-time timers due at ``now_ms`` fire; return what they emit."""
         return []
 
+    def restore_watermark(self, timestamp: int) -> None:  # noqa: B027 - optional hook
+        """Event time restored from a checkpoint (after :meth:`open`): take it as current.
+
+        Fires nothing: timers at or before it fire on the next advance, as they
+        would have without the restart.
+        """
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called on success and on failure."""
 

@@ -55,6 +55,7 @@ from aiostream_ckpt.runtime.partitioners import OutputGate
 from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
 from aiostream_ckpt.runtime.writer_state import restored_writer_state
 from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget
+from aiostream_ckpt.time.checkpointed import TIME_KEY, restored_time, restored_watermark
 from aiostream_ckpt.time.timers import ProcessingTimeScheduler, fire_chain, now_millis
 from aiostream_ckpt.time.valve import WatermarkValve
 from aiostream_ckpt.time.watermarks import WatermarkUpdate
@@ -114,6 +115,9 @@ class ChainSpec:
     outputs: list[OutputGate] = field(default_factory=list)
     #: A ``time.SourceWatermarks`` when the source has a watermark strategy.
     source_watermarks: Any = None
+    #: One entry per input edge (upstream uid, parallelism, partitioning): the meaning
+    #: of the input channel indexes, compared before restoring per-channel watermarks.
+    input_layout: list[str] = field(default_factory=list)
 
 
 class StreamTask:
@@ -151,6 +155,7 @@ class StreamTask:
         self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._bg = BackgroundTasks(self._background_failed)
         self._last_watermark = MIN_WATERMARK
+        self._restored_time: dict[str, Any] | None = None
         self._valve = WatermarkValve(spec.input_gate.num_channels) if spec.input_gate else None
         self._side = SideOutputRouter.for_chain(spec.operators, spec.outputs)
         self._push_records = self._push if self._side is None else self._push_with_side
@@ -240,6 +245,7 @@ class StreamTask:
                 self._restored_writer_state(spec.sink_uid, "writer", spec.writer),
                 restored.checkpoint_id if restored else None,
             )
+        self._restore_time()
 
     def _restored_writer_state(
         self, uid: str | None, key: str, writer: object
@@ -310,6 +316,7 @@ class StreamTask:
         size = self._batch_size
         triggers = self._triggers
         metrics = self.metrics
+        await self._announce_time()
         while True:
             if triggers:
                 await self._inject_barriers()
@@ -366,6 +373,7 @@ class StreamTask:
         push = self._push_records
         replay = self._replay
         metrics = self.metrics
+        await self._announce_time()
         while not self._done.is_set():
             if replay:
                 channel, element = replay.popleft()
@@ -417,6 +425,58 @@ class StreamTask:
                 await self._apply_watermark_update(self._valve.on_end(channel))
 
     # -- event time -------------------------------------------------------------------
+
+    def _time_uids(self) -> list[str | None]:
+        """Return the operators whose checkpoint entries carry this task's event time."""
+        spec = self.spec
+        keyed = [op.uid for op in spec.operators if op.backend is not None]
+        return [spec.head_uid, *keyed, spec.sink_uid]
+
+    def _time_snapshot(self) -> dict[str, Any] | None:
+        """Return this task's watermark and idleness for the checkpoint (``time.checkpointed``)."""
+        spec = self.spec
+        if spec.source_watermarks is not None:
+            snap: dict[str, Any] = spec.source_watermarks.snapshot()
+        elif self._valve is not None:
+            snap = {**self._valve.snapshot(), "layout": spec.input_layout}
+        else:
+            return None
+        snap["watermark"] = self._last_watermark
+        return snap
+
+    def _restore_time(self) -> None:
+        """Resume event time where the checkpoint left it (see ``time.checkpointed``)."""
+        spec = self.spec
+        time = restored_time(
+            self._restored,
+            self._time_uids(),
+            subtask=spec.subtask,
+            parallelism=spec.parallelism,
+        )
+        if time is None:
+            return
+        self._restored_time = time
+        if spec.source_watermarks is not None:
+            spec.source_watermarks.restore(time)
+        elif self._valve is not None:
+            self._valve.restore(time, channels=time.get("layout") == spec.input_layout)
+        self._last_watermark = restored_watermark(time)
+        for op in spec.operators:
+            op.restore_watermark(self._last_watermark)
+
+    async def _announce_time(self) -> None:
+        """Before the first record after a restore: tell downstream the restored event time.
+
+        Their channels from this task then hold what they held at the
+        checkpoint, without waiting for this task's next advance.
+        """
+        time, self._restored_time = self._restored_time, None
+        if time is None:
+            return
+        if self._last_watermark > MIN_WATERMARK:
+            await self._broadcast(Watermark(self._last_watermark))
+        if time.get("idle"):
+            await self._broadcast(IDLE)
 
     async def _on_watermark(self, channel: int, wm: Watermark) -> None:
         """Take the min over live channels as the task's watermark (see ``time.valve``)."""
@@ -515,10 +575,13 @@ class StreamTask:
         states: dict[str, dict[str, Any]] = {}
         parts: list[tuple[str, AsyncSnapshotPart]] = []
 
+        time = self._time_snapshot()
+        base: dict[str, Any] = {"subtask": spec.subtask, "parallelism": spec.parallelism}
+        if time is not None:
+            base[TIME_KEY] = time
+
         def put(uid: str, **kw: Any) -> None:
-            states.setdefault(
-                uid, {"subtask": spec.subtask, "parallelism": spec.parallelism}
-            ).update(kw)
+            states.setdefault(uid, dict(base)).update(kw)
 
         async with self._lock:
             targets = self._snapshot_targets(cid)

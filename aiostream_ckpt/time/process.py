@@ -62,6 +62,10 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         self._out.detach()
         return out
 
+    def restore_watermark(self, timestamp: int) -> None:
+        assert self._timers is not None
+        self._timers.restore_watermark(timestamp)
+
     def process_processing_time(self, now_ms: int) -> list[Any]:
         assert self._timers is not None
         out: list[Any] = []

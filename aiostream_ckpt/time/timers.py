@@ -189,6 +189,10 @@ class InternalTimerService:
             self.watermark = watermark
         self._fire(self._event, watermark, on_timer)
 
+    def restore_watermark(self, watermark: int) -> None:
+        """Take ``watermark`` (restored from a checkpoint) as current without firing."""
+        self.watermark = max(self.watermark, watermark)
+
     def advance_processing_time(self, now_ms: int, on_timer: TimerCallback) -> None:
         """Fire every processing-time timer due at ``now_ms``; re-arm for the next."""
         self._fire(self._proc, now_ms, on_timer)

@@ -10,6 +10,8 @@ until it catches up.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiostream_ckpt.runtime.elements import MIN_WATERMARK
 from aiostream_ckpt.time.watermarks import WatermarkStatusTracker, WatermarkUpdate
 
@@ -33,6 +35,28 @@ class WatermarkValve(WatermarkStatusTracker):
         self._idle = [False] * num_channels
         self._ended = [False] * num_channels
         super().__init__()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Watermark, idleness and per-channel ``[watermark, idle]``, for the checkpoint."""
+        return {
+            "watermark": self.watermark,
+            "idle": self.idle,
+            "channels": [[m, i] for m, i in zip(self._marks, self._idle, strict=True)],
+        }
+
+    def restore(self, time: dict[str, Any], *, channels: bool) -> None:
+        """Resume from :meth:`snapshot`'s state; the channels' only when ``channels`` is true.
+
+        The caller passes ``channels=False`` when the input layout changed: then
+        a channel index may name another upstream instance, and the channels
+        start at the minimum, filled by the upstream tasks' announcements.
+        """
+        self.watermark = int(time["watermark"])
+        self.idle = bool(time.get("idle"))
+        restored = time.get("channels")
+        if channels and restored is not None and len(restored) == len(self._marks):
+            self._marks = [int(m) for m, _ in restored]
+            self._idle = [bool(i) for _, i in restored]
 
     def on_watermark(self, channel: int, timestamp: int) -> WatermarkUpdate | None:
         if timestamp <= self._marks[channel]:

@@ -227,3 +227,36 @@ class SourceWatermarks(WatermarkStatusTracker):
     def poll(self) -> WatermarkUpdate | None:
         """After a read: the status change and/or watermark advance to send, if any."""
         return self.advance(self.current())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Watermark, idleness and per-split ``[max timestamp, idle]``, for the checkpoint."""
+        now = self._monotonic()
+        idle_after = self._idle_after
+        return {
+            "watermark": self.watermark,
+            "idle": self.idle,
+            "splits": {
+                split: [
+                    state.max_ts,
+                    idle_after is not None and now - state.last_active >= idle_after,
+                ]
+                for split, state in self._splits.items()
+            },
+        }
+
+    def restore(self, time: dict[str, Any]) -> None:
+        """Resume from :meth:`snapshot`'s state (merged by ``time.checkpointed`` when rescaled).
+
+        A split that was idle stays idle until it reads a record, as it would
+        have without the restart, instead of waiting out the timeout again.
+        """
+        now = self._monotonic()
+        idle_after = self._idle_after
+        for split, (max_ts, idle) in (time.get("splits") or {}).items():
+            state = self._splits[split] = _Split(now)
+            state.max_ts = int(max_ts)
+            if idle and idle_after is not None:
+                state.last_active = now - idle_after
+        self._had_splits = self._had_splits or bool(self._splits)
+        self.watermark = int(time["watermark"])
+        self.idle = bool(time.get("idle"))

@@ -211,6 +211,11 @@ class WindowOperator(StreamOperator):
         self._timers.advance_watermark(timestamp, self._on_timer)
         return out
 
+    def restore_watermark(self, timestamp: int) -> None:
+        assert self._timers is not None
+        self.watermark = max(self.watermark, timestamp)
+        self._timers.restore_watermark(timestamp)
+
     def _on_timer(self, timestamp: int, key: Any) -> None:
         contents = self._contents
         lateness = self._lateness

@@ -222,3 +222,76 @@ async def test_task_watermark_is_min_over_its_inputs(tmp_path: Path) -> None:
     fast.end()
     slow.end()
     await asyncio.wait_for(job, 30)
+
+
+async def test_source_watermarks_restore_splits_and_idleness() -> None:
+    """After a restore an idle split stays idle and a slow one still holds the minimum."""
+    now = _Now()
+    reader = _Splits(["p0", "p1", "p2"])
+    sw = SourceWatermarks(strategy(idle_ms=5000), reader, now)  # type: ignore[arg-type]
+    reader.next = [("p0", [_ev(1000)]), ("p1", [_ev(300)]), ("p2", [_ev(50)])]
+    await sw.read_batch(10)
+    assert sw.poll() == WatermarkUpdate(watermark=49)
+    now.t = 4.0
+    reader.next = [("p0", [_ev(2000)]), ("p1", [_ev(400)])]
+    await sw.read_batch(10)
+    now.t = 6.0  # p2 silent for 6 s: idle
+    assert sw.poll() == WatermarkUpdate(watermark=399)
+    snap = sw.snapshot()
+    assert snap["splits"] == {"p0": [2000, False], "p1": [400, False], "p2": [50, True]}
+
+    later = _Now()
+    later.t = 100.0  # another process: its monotonic clock has nothing to do with the old one
+    again = SourceWatermarks(strategy(idle_ms=5000), _Splits(["p0", "p1", "p2"]), later)  # type: ignore[arg-type]
+    again.restore(snap)
+    assert (again.watermark, again.idle) == (399, False)
+    assert again.current() == 399, "p2 is still idle and p1 still holds event time"
+    assert again.poll() is None
+
+
+def test_valve_restores_channels_only_for_the_same_layout() -> None:
+    v = WatermarkValve(3)
+    v.on_watermark(0, 10)
+    v.on_watermark(1, 20)
+    v.on_status(2, idle=True)
+    snap = v.snapshot()
+    assert snap == {
+        "watermark": 10,
+        "idle": False,
+        "channels": [[10, False], [20, False], [MIN_WATERMARK, True]],
+    }
+    same = WatermarkValve(3)
+    same.restore(snap, channels=True)
+    assert same.on_watermark(0, 15) == WatermarkUpdate(watermark=15), "channel 2 idle, 1 at 20"
+    other = WatermarkValve(3)
+    other.restore(snap, channels=False)
+    assert other.watermark == 10
+    assert other.on_watermark(0, 15) is None, "unknown channels start at the minimum"
+    assert other.on_watermark(0, 5) is None, "and the task's watermark never goes back"
+
+
+def test_rescaled_restore_takes_the_minimum() -> None:
+    from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+    from aiostream_ckpt.time.checkpointed import restored_time
+
+    def time(wm: int, idle: bool) -> dict[str, Any]:
+        return {
+            "watermark": wm,
+            "idle": idle,
+            "layout": ["src/2/hash"],
+            "channels": [[wm, idle]] * 2,
+        }
+
+    restored = CompletedCheckpoint(
+        checkpoint_id=3, is_savepoint=False, job_name="j", trigger_time=0, completion_time=0,
+        duration_seconds=0, max_parallelism=128, tasks={}, size_bytes=0,
+        directory=Path("."), root=Path("."),
+        operators={"win": {"parallelism": 2, "subtasks": {
+            "0": {"keyed": None, "operator": None, "time": time(500, True)},
+            "1": {"keyed": None, "operator": None, "time": time(300, False)},
+        }}},
+    )  # fmt: skip
+    own = restored_time(restored, [None, "win"], subtask=1, parallelism=2)
+    assert own == time(300, False)
+    assert restored_time(restored, ["win"], subtask=0, parallelism=3) == time(300, False)
+    assert restored_time(restored, ["other"], subtask=0, parallelism=2) is None
