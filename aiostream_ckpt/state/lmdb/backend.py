@@ -214,8 +214,9 @@ class LmdbStateBackend:
         self._tracker = ChangeTracker(full_checkpoint_every, max_delta_ratio)
         self._runs_cond = threading.Condition()
         self._runs: dict[int, SnapshotRun] = {}
-        self._writes = WriteQueue(lambda: self._env, self.read_txn, apply_slice_keys)
-        self._rtxn_gen = 0
+        self._writes = WriteQueue(
+            lambda: self._env, self.read_txn, apply_slice_keys, on_commit=self._drop_rtxn
+        )
         self._closed = False
         self.last_flush_entries = 0
 
@@ -235,12 +236,16 @@ class LmdbStateBackend:
 
     # -- StateHost ---------------------------------------------------------------
     def read_txn(self) -> lmdb.Transaction[bytes]:
+        """Return the loop's read view, begun on first use after the last commit.
+
+        Every commit ends it (``on_commit``), not the next read: a view left
+        open keeps every page freed after it from being reused, and with all
+        keys cached no read comes to renew it, so each checkpoint's write
+        transaction appended fresh pages (pv_count, 10 k keys, 1 s
+        checkpoints: +0.6 MB/s for ~1 MB of live state).
+        """
         txn = self._rtxn
-        gen = self._writes.generation  # read before begin(): the view is at least this new
-        if txn is None or gen != self._rtxn_gen:
-            if txn is not None:
-                txn.abort()  # a stale view is still correct, but pins old pages
-            self._rtxn_gen = gen
+        if txn is None:
             txn = self._rtxn = self._env.begin(buffers=False)
         return txn
 
@@ -319,7 +324,6 @@ class LmdbStateBackend:
         changed = self._tracker.sink()
         with self._env.begin(write=True) as txn:
             restore_mod.convert_pickle_to_json(txn, name, self.key_group_range, old["ttl"], changed)
-        self._writes.generation += 1
         self._drop_rtxn()
 
     # -- write sets ------------------------------------------------------------------
@@ -569,6 +573,16 @@ class LmdbStateBackend:
         if state is None:
             return iter([k for k, live in stored.items() if live])
         return iter(state.live_keys(stored))
+
+    def cached_entries(self, state_name: str) -> int:
+        """Entries the cache of a state holds: what a key's reads and ``items()`` walk."""
+        self._check_open()
+        state = self._states.get(state_name)
+        return 0 if state is None else state.cached_entries()
+
+    def working_bytes(self) -> int:
+        """Bytes the working LMDB takes on disk (its data file; metrics, tests)."""
+        return sum(f.stat().st_blocks * 512 for f in self._dir.iterdir())
 
     def restored_states(self) -> dict[str, dict[str, Any]]:
         """States present in the restored snapshot (the runtime may reject unknown ones)."""

@@ -2,12 +2,22 @@
 
 Each map entry is its own LMDB record (``key prefix | map key``) so that a put
 touches one record, not the whole map. The cache holds, per stream key, a dict
-of the map entries seen so far (``_DELETED`` for entries known to be absent)
-and whether that dict is *complete* (holds every stored entry), which
-iteration needs. The write set is ``key -> {map key: captured entry}`` plus the
-keys whose map was cleared; both are frozen together at the barrier, and
-``clear()`` becomes a prefix delete when the write set is applied (before the
-entries put after it). Map values are captured like value state's (see
+of the map entries seen so far and whether that dict is *complete* (holds
+every stored entry), which iteration needs. A key's map is loaded whole when
+it enters the cache if it has at most :data:`LOAD_WHOLE` entries (window
+contents and timers: a few per key), so it is complete from the start. In a
+complete map an absent entry *is* the answer, so a removed or expired entry is
+dropped from the dict; only an incomplete map (a big one, until ``items()``
+reads it whole) must remember removals as ``_DELETED`` markers, which hide the
+stored entry until the write set is applied, and completing it drops them.
+Why: markers kept forever made every ``items()`` walk each window a key ever
+had (session windows slowed from 9.7 k to 1.6 k records/s over 300 k clicks)
+and held every closed window in memory.
+
+The write set is ``key -> {map key: captured entry}`` plus the keys whose map
+was cleared; both are frozen together at the barrier, and ``clear()`` becomes
+a prefix delete when the write set is applied (before the entries put after
+it). Map values are captured like value state's (see
 :mod:`~aiostream_ckpt.state.lmdb.states`): in-place mutation after ``put()``
 does not leak into a snapshot.
 """
@@ -32,6 +42,10 @@ from aiostream_ckpt.state.serde import (
 
 if TYPE_CHECKING:
     import lmdb
+
+#: A key's map with at most this many stored entries is loaded whole (one cursor
+#: scan) when the key enters the cache; a bigger one is read entry by entry.
+LOAD_WHOLE = 64
 
 
 class MapStateImpl(KeyedStateBase):
@@ -74,21 +88,48 @@ class MapStateImpl(KeyedStateBase):
         cache = self._cache
         m = cache.get(key)
         if m is None:
-            m = cache[key] = {}
-            if len(cache) > self._limit:
-                self._host.cache_full(self)
+            if len(cache) >= self._limit:
+                self._host.cache_full(self)  # before loading: a flush ends the read view
+            m = cache[key] = self._load(key, LOAD_WHOLE)
+        return m
+
+    def _load(self, key: Any, limit: int | None) -> dict[Any, Any]:
+        """Read up to ``limit`` stored entries of an uncached key; complete if that is all.
+
+        A key enters the cache only with every write set applied (eviction
+        flushes first), so the committed view is its newest state.
+        """
+        m: dict[Any, Any] = {}
+        prefix = self.db_key(key)
+        cur = self._host.read_txn().cursor()
+        if cur.set_range(prefix):
+            n = len(prefix)
+            decode = self._decode
+            for db_key, raw in cur:
+                if not db_key.startswith(prefix):
+                    break
+                if limit is not None and len(m) >= limit:
+                    return m  # more than ``limit``: read the rest entry by entry
+                m[decode_key(db_key[n:])] = decode(raw)
+        self._complete.add(key)
         return m
 
     def _entry(self, key: Any, m: dict[Any, Any], map_key: Any) -> Any:
         entry = m.get(map_key, _MISS)
         if entry is _MISS:
             if key in self._complete:
-                entry = _DELETED
-            else:
-                raw = self._host.read_txn().get(self.db_key(key) + self._map_key_bytes(map_key))
-                entry = _DELETED if raw is None else self._decode(raw)
+                return _DELETED  # not stored: nothing to remember
+            raw = self._host.read_txn().get(self.db_key(key) + self._map_key_bytes(map_key))
+            entry = _DELETED if raw is None else self._decode(raw)
             m[map_key] = entry
         return entry
+
+    def _drop(self, key: Any, m: dict[Any, Any], map_key: Any) -> None:
+        """Forget a removed entry: drop it from a complete map, else mark it removed."""
+        if key in self._complete:
+            m.pop(map_key, None)
+        else:
+            m[map_key] = _DELETED
 
     def _mark(self, key: Any, map_key: Any, entry: Any) -> None:
         dirty = self._dirty.get(key)
@@ -100,17 +141,11 @@ class MapStateImpl(KeyedStateBase):
     def _full_map(self, key: Any) -> dict[Any, Any]:
         m = self._map(key)
         if key not in self._complete:
-            prefix = self.db_key(key)
-            cur = self._host.read_txn().cursor()
-            if cur.set_range(prefix):
-                n = len(prefix)
-                for db_key, raw in cur:
-                    if not db_key.startswith(prefix):
-                        break
-                    map_key = decode_key(db_key[n:])
-                    if map_key not in m:
-                        m[map_key] = self._decode(raw)
-            self._complete.add(key)
+            # the cached entries (markers included) are newer than the stored ones
+            stored = self._load(key, None)
+            stored.update(m)
+            m.clear()
+            m.update((k, v) for k, v in stored.items() if v is not _DELETED)
         return m
 
     def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
@@ -142,7 +177,7 @@ class MapStateImpl(KeyedStateBase):
 
     def remove(self, map_key: Any) -> None:
         key = self._ctx.key
-        self._map(key)[map_key] = _DELETED
+        self._drop(key, self._map(key), map_key)
         self._mark(key, map_key, _DELETED)
 
     def items(self) -> Iterator[tuple[Any, Any]]:
@@ -159,12 +194,18 @@ class MapStateImpl(KeyedStateBase):
 
     def clear(self) -> None:
         key = self._ctx.key
-        self._map(key).clear()
+        m = self._cache.get(key)
+        if m is None:
+            m = self._cache[key] = {}  # no need to read what is cleared
+        m.clear()
         self._complete.add(key)
         self._cleared.add(key)
         self._dirty.pop(key, None)
 
     # -- backend side --------------------------------------------------------------
+    def cached_entries(self) -> int:
+        return sum(map(len, self._cache.values()))
+
     def has_dirty(self) -> bool:
         return bool(self._dirty or self._cleared)
 
@@ -259,7 +300,7 @@ class TtlMapState(MapStateImpl):
             return _DELETED
         now = self._now()
         if now - entry[1] >= self._ttl:
-            m[map_key] = _DELETED
+            self._drop(key, m, map_key)
             self._mark(key, map_key, _DELETED)
             return _DELETED
         if self._refresh_on_read:

@@ -282,6 +282,10 @@ class KeyedStateBase:
     def cache_size(self) -> int:
         return len(self._cache)
 
+    def cached_entries(self) -> int:
+        """Entries the cache holds (map state: map entries and markers of every key)."""
+        return len(self._cache)
+
     def over_limit(self) -> bool:
         return len(self._cache) > self._limit
 

@@ -130,7 +130,8 @@ class WriteQueue:
 
     On the event loop only. ``env`` and ``view`` are read when needed (a
     restore replaces the environment before anything is queued); ``view``
-    gives the current committed view, for encoding map clears.
+    gives the current committed view, for encoding map clears; ``on_commit`` is
+    called after every commit.
     """
 
     def __init__(
@@ -138,16 +139,17 @@ class WriteQueue:
         env: Callable[[], lmdb.Environment],
         view: Callable[[], lmdb.Transaction[bytes]],
         slice_keys: int,
+        on_commit: Callable[[], None],
     ) -> None:
         self._env = env
         self._view = view
+        self._on_commit = on_commit
         self.slice_keys = slice_keys
         self._queue: deque[WriteSet] = deque()
         self._seq = 0
         self.encoded = 0
         self.encoded_seq = 0  # every write set up to this seq is encoded
         self.applied_seq = 0  # every write set up to this seq is applied
-        self.generation = 0  # bumped after every commit (by the owner too, for its own)
         self._encoding: _Step | None = None
         self._applying: _Step | None = None
 
@@ -238,7 +240,7 @@ class WriteQueue:
             step.txn.abort()
             raise
         self._applying = None
-        self.generation += 1
+        self._on_commit()  # the owner's read view must not pin the pages this freed
         self._applied(step.ws)
         return 0
 
