@@ -6,7 +6,7 @@ key group when the parallelism changes. The priority queues (a heap per time
 domain plus the set of live ``(timestamp, key)`` pairs) are a derived index:
 rebuilt in :meth:`InternalTimerService.open` from ``backend.keys()``. Deleting
 a timer drops it from the set and the state; its heap entry is skipped when
-it surfaces.
+it surfaces, and the heap is rebuilt once such entries outnumber the live ones.
 
 Processing-time timers wake the task through a :class:`ProcessingTimeScheduler`
 on the injected clock. The scheduler does not fire them itself: it enqueues a
@@ -28,6 +28,9 @@ from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
 #: ``on_timer(timestamp, key)``; the key context is already set to ``key``.
 TimerCallback = Callable[[int, Any], None]
+
+#: Dead heap entries tolerated on top of twice the live ones before a rebuild.
+_COMPACT_SLACK = 1024
 
 EVENT_TIMERS = "_timers.event"
 PROCESSING_TIMERS = "_timers.proc"
@@ -102,6 +105,18 @@ class _Queue:
         self.heap: list[tuple[int, int, Any]] = []
         self.live: set[tuple[int, Any]] = set()
 
+    def compact(self) -> None:
+        """Rebuild the heap once deleted timers outnumber the live ones.
+
+        A deleted timer's heap entry is otherwise dropped only when it
+        surfaces, so a key that keeps moving a timer ahead of the watermark
+        (a growing session) would grow the heap with every move.
+        """
+        heap, live = self.heap, self.live
+        if len(heap) > 2 * len(live) + _COMPACT_SLACK:
+            heap[:] = [e for e in heap if (e[0], e[2]) in live]
+            heapq.heapify(heap)
+
     def head(self) -> int | None:
         heap, live = self.heap, self.live
         while heap and (heap[0][0], heap[0][2]) not in live:
@@ -172,6 +187,7 @@ class InternalTimerService:
         if entry in queue.live:
             queue.live.discard(entry)
             queue.state.remove(timestamp)
+            queue.compact()
 
     def current_watermark(self) -> int:
         return self.watermark

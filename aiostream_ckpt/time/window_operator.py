@@ -171,22 +171,46 @@ class WindowOperator(StreamOperator):
         contents = self._contents
         merged = new
         touched: list[tuple[tuple[int, int], Any]] = []
+        others: list[tuple[int, int]] = []
         for window, value in contents.items():
             if new.intersects(window):
                 touched.append((window, value))
                 merged = merged.cover(window)
+            else:
+                others.append(window)
         if merged.end - 1 + self._lateness <= self.watermark:
             return False  # only possible with nothing touched: those were cleaned up
         if touched:
             touched.sort()
             combined = self._merge_contents([v for _, v in touched])
-            for window, _ in touched:
-                if window != merged:
-                    contents.remove(window)
+            gone = [window for window, _ in touched if window != merged]
+            for window in gone:
+                contents.remove(window)
             contents.put((merged.start, merged.end), combined)
+            self._drop_timers(gone, [*others, merged])
         self._add(merged, record)
         self._after_add(merged)
         return True
+
+    def _timer_times(self, window: tuple[int, int]) -> tuple[int, ...]:
+        """Return the event-time timers a window sets: fire, and clean up after the lateness."""
+        max_ts = window[1] - 1
+        return (max_ts, max_ts + self._lateness) if self._lateness else (max_ts,)
+
+    def _drop_timers(self, gone: list[tuple[int, int]], kept: list[tuple[int, int]]) -> None:
+        """Delete the timers of merged-away sessions that no kept window of the key needs.
+
+        Why: each record that extends a session moves its end, and the timers
+        of the old ends would otherwise stay set until the watermark passes
+        them, one timer per record of the session.
+        """
+        timers = self._timers
+        assert timers is not None
+        needed = {ts for window in kept for ts in self._timer_times(window)}
+        for window in gone:
+            for ts in self._timer_times(window):
+                if ts not in needed:
+                    timers.delete_event_time_timer(ts)
 
     def _merge_contents(self, values: list[Any]) -> Any:
         kind = self.spec.kind

@@ -1,0 +1,76 @@
+"""Window bookkeeping holds what is live: a key's timers and window entries do not grow
+with the records or sessions it had (the per-record cost follows from that)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
+from aiostream_ckpt.time import AggregateFunction, EventTimeSessionWindows
+from aiostream_ckpt.time.window_operator import WINDOW_CONTENTS, WindowKind, WindowSpec
+
+MAXP = 128
+
+
+class Count(AggregateFunction):
+    def create_accumulator(self):
+        return 0
+
+    def add(self, value, accumulator):
+        return accumulator + 1
+
+    def get_result(self, accumulator):
+        return accumulator
+
+    def merge(self, a, b):
+        return a + b
+
+
+def _session_operator(tmp: Path, lateness: int) -> tuple[Any, LmdbStateBackend]:
+    spec = WindowSpec(
+        assigner=EventTimeSessionWindows.with_gap(1_000),
+        kind=WindowKind.AGGREGATE,
+        timestamp_assigner=lambda e: e["ts"],
+        function=Count(),
+        allowed_lateness=lateness,
+    )
+    op = spec.create_operator("sessions", lambda e: e["user"])
+    backend = LmdbStateBackend(
+        operator_uid="sessions",
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, MAXP - 1),
+        max_parallelism=MAXP,
+        local_dir=tmp,
+    )
+    op.backend = backend
+    op.open(
+        RuntimeContext(
+            operator_uid="sessions", subtask_index=0, parallelism=1, params={}, backend=backend
+        )
+    )
+    return op, backend
+
+
+def test_growing_sessions_keep_one_window_and_its_timers(tmp_path: Path) -> None:
+    for lateness in (0, 500):
+        op, backend = _session_operator(tmp_path / f"l{lateness}", lateness)
+        out: list[Any] = []
+        ts = 0
+        for _session in range(20):
+            for _ in range(250):  # one session of 250 clicks, each extending its end
+                out += op.process_batch([{"user": "u1", "ts": ts}, {"user": "u2", "ts": ts}])
+                ts += 10
+            # mid-session: each user has one window, and that window's timers only
+            # (before: a timer per click at every old end, until the watermark passed)
+            assert backend.cached_entries(WINDOW_CONTENTS) == 2
+            assert op.timer_service.pending() == (2 * (2 if lateness else 1), 0)
+            ts += 5_000  # the session ends
+            out += op.process_watermark(ts - 2_000)
+        assert out == [250] * 40  # 20 sessions of each user, 250 clicks each, fired once
+        assert backend.cached_entries(WINDOW_CONTENTS) == 0
+        assert backend.cached_entries("_timers.event") == 0
+        assert op.timer_service.pending() == (0, 0)
+        backend.close()
