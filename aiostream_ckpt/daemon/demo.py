@@ -8,18 +8,29 @@
    until it finishes.
 3. Check the committed output against a recount of the input: with Spark
    (``aiostream_ckpt.validate``) when PySpark is installed, else in Python.
-   Prints ``exactly-once verified: ...`` or exits non-zero.
+   Prints ``exactly-once verified: ...`` or exits non-zero; when Spark cannot
+   run here (no PySpark, no Java) it says so and which check ran instead.
+
+It works in a container too: its files go to ``./.demo``, or to the temp dir
+when the working directory is not writable; the worker does not inherit the
+``AIOSTREAM_*`` environment (the image's settings are not the demo's); SIGTERM
+(``docker stop``, also as PID 1) stops the worker and exits 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
+from aiostream_ckpt.daemon.config import ENV_PREFIX
+from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.testing.chaos import ChaosResult, run_with_kills
 from aiostream_ckpt.testing.recount import check_pv_count
 
@@ -32,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keys", type=int, default=10_000)
     p.add_argument("--kills", type=int, default=2)
     p.add_argument("--seed", type=int, default=None, help="default: random")
-    p.add_argument("--workdir", type=Path, default=Path(".demo"))
+    p.add_argument(
+        "--workdir", type=Path, help="default: ./.demo, or <tempdir>/aiostream-demo if unwritable"
+    )
     p.add_argument("--interval", default="1s", help="checkpoint interval")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--no-spark", action="store_true", help="verify in Python, not Spark")
@@ -47,6 +60,7 @@ def run_demo_worker(
     seed: int,
     work: Path,
     inputs: list[Path] | None = None,
+    env: dict[str, str] | None = None,
 ) -> ChaosResult | None:
     """Run the worker to the end under ``kills`` random SIGKILLs, echoing its progress.
 
@@ -62,7 +76,7 @@ def run_demo_worker(
     log = work / "worker.log"
     result = run_with_kills(
         cmd, kills=kills, seed=seed, log_path=log, on_line=show,
-        max_delay_after_checkpoint=1.0, timeout=1800, inputs=inputs,
+        max_delay_after_checkpoint=1.0, timeout=1800, inputs=inputs, env=env,
     )  # fmt: skip
     if result.exit_code != 0:
         print(f"{label}: worker failed with exit code {result.exit_code}; see {log}")
@@ -80,12 +94,46 @@ def run_demo_worker(
     return result
 
 
+def make_workdir(chosen: Path | None) -> Path:
+    """Make a fresh work directory: ``chosen``, else ``./.demo``, else one in the temp dir."""
+    candidates = (
+        [chosen]
+        if chosen is not None
+        else [Path(".demo"), Path(tempfile.gettempdir()) / "aiostream-demo"]
+    )
+    tried: list[str] = []
+    for candidate in candidates:
+        work = candidate.resolve()
+        shutil.rmtree(work, ignore_errors=True)
+        try:
+            work.mkdir(parents=True)
+        except OSError as exc:
+            tried.append(f"{work}: {exc.strerror or exc}")
+            continue
+        return work
+    raise ConfigError(f"no writable demo directory ({'; '.join(tried)}): pass --workdir")
+
+
+def worker_env() -> dict[str, str]:
+    """Return the environment minus ``AIOSTREAM_*``: the worker is configured by --set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the demo like Ctrl-C (PID 1 ignores a signal it has no handler for)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def demo_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    _stop_on_sigterm()
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    work: Path = args.workdir.resolve()
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = make_workdir(args.workdir)
+    print(f"demo: working in {work}")
     inputs = [work / f"events-{i}.jsonl" for i in range(args.parallelism)]
     per_file = args.events // len(inputs)
     print(f"demo: generating {args.events:,} events over {args.keys:,} app_ids (seed {seed})")
@@ -118,7 +166,9 @@ def demo_main(argv: list[str]) -> int:
         "1",
     ]
 
-    result = run_demo_worker("demo", cmd, kills=args.kills, seed=seed, work=work, inputs=inputs)
+    result = run_demo_worker(
+        "demo", cmd, kills=args.kills, seed=seed, work=work, inputs=inputs, env=worker_env()
+    )
     if result is None:
         return 1
     verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)

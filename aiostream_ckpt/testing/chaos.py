@@ -71,6 +71,7 @@ def run_with_kills(
     targets = [rng.uniform(0.1 + i * span, 0.1 + (i + 1) * span) for i in range(kills)]
     any_checkpoint = False
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed below
+    proc: subprocess.Popen[bytes] | None = None
     try:
         while True:
             result.runs += 1
@@ -126,6 +127,10 @@ def run_with_kills(
             result.elapsed = time.monotonic() - started
             return result
     finally:
+        # interrupted (SIGTERM/SIGINT of the demo, a timeout): the worker goes too
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
         if log is not None:
             log.close()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -90,14 +91,34 @@ def python_recount(inputs: list[Path], output: Path) -> Verdict:
     return check_pv_updates(read_committed_output(output), expected, malformed=malformed)
 
 
+def spark_unavailable() -> str | None:
+    """Why the Spark check cannot run here (PySpark or Java missing), or None when it can."""
+    if importlib.util.find_spec("pyspark") is None:
+        return "PySpark is not installed (pip install 'aiostream-ckpt[validate]')"
+    from aiostream_ckpt.validate.errors import ValidationConfigError
+    from aiostream_ckpt.validate.session import find_java
+
+    try:
+        find_java()
+    except ValidationConfigError as exc:
+        return str(exc)
+    return None
+
+
 def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: Path) -> Verdict:
-    if use_spark:
-        try:
-            from aiostream_ckpt.validate.cli import validate_main
-        except ImportError:
-            use_spark = False
-    if not use_spark:
-        return python_recount(inputs, output)
+    """Spark's verdict when ``use_spark`` and Spark can run, else the Python recount's.
+
+    The report names the check that ran and, when Spark was asked for but cannot
+    run, why it was skipped: a pass never claims a Spark check that did not happen.
+    """
+    skipped = spark_unavailable() if use_spark else None
+    if not use_spark or skipped is not None:
+        verdict = python_recount(inputs, output)
+        if skipped is not None:
+            verdict.report = f"spark check skipped: {skipped}\n{verdict.report}"
+        return verdict
+    from aiostream_ckpt.validate.cli import validate_main
+
     buf = io.StringIO()
     json_path = work / "validation.json"
     argv = ["--check", "pv_count", "--output-dir", str(output), "--json", str(json_path)]
