@@ -50,6 +50,15 @@ class ConnectorError(AiostreamError):
     """A source or sink failed; ``retriable`` tells whether a restart may help."""
 
 
+class TransactionLostError(ConnectorError):
+    """Output a completed checkpoint pre-committed is gone (its transaction was aborted).
+
+    Never retriable: a restart from the same checkpoint cannot bring it back.
+    """
+
+    retriable = False
+
+
 class RecordError(AiostreamError):
     """One input record could not be processed (malformed, undeserializable)."""
 

@@ -79,8 +79,6 @@ def build_kafka(env: StreamEnvironment) -> None:
         semantic=str(p.get("kafka_semantic", "exactly_once")),
         key_fn=_app_id_key,
         transactional_id_prefix=p.get("transactional_id_prefix"),
-        # open txn + pre-committed ones of concurrent checkpoints + one awaiting commit
-        pool_size=env.config.checkpoint.max_concurrent + 2,
         connect_timeout_s=timeout,
     )
     events = env.from_source(source, uid="events")

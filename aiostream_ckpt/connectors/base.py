@@ -36,6 +36,8 @@ class ConnectorContext:
     parallelism: int
     attempt: int = 0
     clock: Clock = field(default_factory=SystemClock)
+    #: The job's ``checkpoint.max_concurrent``: sinks size their transaction pools by it.
+    max_concurrent_checkpoints: int = 1
     dead_letter: DeadLetterFn = _raise_dead_letter
 
 

@@ -334,6 +334,7 @@ class JobRunner:
                 parallelism=parallelism,
                 attempt=attempt,
                 clock=self.clock,
+                max_concurrent_checkpoints=self.config.checkpoint.max_concurrent,
             )
             if dead_letter is not None:
                 ctx.dead_letter = dead_letter

@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from aiokafka import errors as kafka_errors
@@ -101,15 +102,15 @@ _OUTCOMES = {
     kafka_errors.InvalidTxnState.errno: EndTxnOutcome.INVALID_STATE,
     kafka_errors.InvalidProducerIdMapping.errno: EndTxnOutcome.UNKNOWN_PRODUCER_ID,
 }
-_RELOOKUP = {
-    kafka_errors.CoordinatorNotAvailableError.errno,
-    kafka_errors.NotCoordinatorError.errno,
-}
-_RETRY = {
-    kafka_errors.ConcurrentTransactions.errno,
-    kafka_errors.CoordinatorLoadInProgressError.errno,
-    *_RELOOKUP,
-}
+#: Answers a retry (after a new coordinator lookup) may get past.
+RETRY_CODES = frozenset(
+    {
+        kafka_errors.ConcurrentTransactions.errno,
+        kafka_errors.CoordinatorLoadInProgressError.errno,
+        kafka_errors.CoordinatorNotAvailableError.errno,
+        kafka_errors.NotCoordinatorError.errno,
+    }
+)
 
 
 async def end_prepared_transaction(
@@ -126,38 +127,63 @@ async def end_prepared_transaction(
     (retriable) if the coordinator can't be reached before ``timeout_s``, and
     (not retriable) on an error no retry can fix.
     """
-    deadline = time.monotonic() + timeout_s
     request = EndTxnRequest(
         transactional_id=txn.transactional_id,
         producer_id=txn.producer_id,
         producer_epoch=txn.producer_epoch,
         transaction_result=commit,
     )
+    resp = await send_to_coordinator(
+        client,
+        txn.transactional_id,
+        lambda: request,
+        what=f"EndTxn for {txn}",
+        timeout_s=timeout_s,
+        answers=frozenset(_OUTCOMES),
+        backoff_s=retry_backoff_s,
+    )
+    return _OUTCOMES[resp.error_code]
+
+
+async def send_to_coordinator(
+    client: Any,
+    transactional_id: str,
+    make: Callable[[], Any],
+    *,
+    what: str,
+    timeout_s: float,
+    answers: frozenset[int] = frozenset({0}),
+    retry: frozenset[int] = RETRY_CODES,
+    backoff_s: float = 0.1,
+) -> Any:
+    """Send ``make()`` to the id's transaction coordinator until it gives one of ``answers``.
+
+    Error codes in ``retry`` (and retriable client errors) are retried with a
+    new coordinator lookup until ``timeout_s`` (then a retriable
+    ``ConnectorError``); any other code is a non-retriable ``ConnectorError``.
+    """
+    deadline = time.monotonic() + timeout_s
     last = "no attempt"
     while True:
         try:
-            node = await client.coordinator_lookup(
-                CoordinationType.TRANSACTION, txn.transactional_id
-            )
-            resp = await client.send(node, request, group=ConnectionGroup.COORDINATION)
+            node = await client.coordinator_lookup(CoordinationType.TRANSACTION, transactional_id)
+            resp = await client.send(node, make(), group=ConnectionGroup.COORDINATION)
         except kafka_errors.KafkaError as exc:
             if not exc.retriable:
-                raise ConnectorError(f"EndTxn for {txn}: {exc!r}", retriable=False) from exc
+                raise ConnectorError(f"{what}: {exc!r}", retriable=False) from exc
             last = repr(exc)
             client.force_metadata_update()
         else:
-            outcome = _OUTCOMES.get(resp.error_code)
-            if outcome is not None:
-                return outcome
-            error = kafka_errors.for_code(resp.error_code).__name__
-            if resp.error_code not in _RETRY:
-                raise ConnectorError(f"EndTxn for {txn} failed: {error}", retriable=False)
+            code = getattr(resp, "error_code", 0)  # DescribeTransactions: per id
+            if code in answers:
+                return resp
+            error = kafka_errors.for_code(code).__name__
+            if code not in retry:
+                raise ConnectorError(f"{what} failed: {error}", retriable=False)
             last = error
-        if time.monotonic() + retry_backoff_s > deadline:
-            raise ConnectorError(
-                f"EndTxn for {txn} gave up after {timeout_s:.0f}s: {last}", retriable=True
-            )
-        await asyncio.sleep(retry_backoff_s)
+        if time.monotonic() + backoff_s > deadline:
+            raise ConnectorError(f"{what} gave up after {timeout_s:.0f}s: {last}", retriable=True)
+        await asyncio.sleep(backoff_s)
 
 
 async def commit_prepared_transaction(

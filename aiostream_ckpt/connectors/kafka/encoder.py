@@ -1,0 +1,146 @@
+"""Records to per-partition Kafka batches on one producer, with their delivered offsets.
+
+The offsets matter for recovery: a pre-committed transaction lists, per
+partition, the first and last offset it wrote, so a recovery that finds the
+transaction already ended can tell (by reading that range with
+``read_committed``) whether its records are in the output or were lost, and
+name the range if they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import errors as kafka_errors
+from aiokafka.partitioner import DefaultPartitioner
+
+from aiostream_ckpt.connectors.kafka.common import connector_error
+from aiostream_ckpt.errors import ConnectorError
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.sink import KafkaSink
+
+Serializer = Callable[[Any], bytes]
+KeyFn = Callable[[Any], bytes | str | None]
+HeadersFn = Callable[[Any], Iterable[tuple[str, bytes]] | None]
+
+_KEY_CACHE_MAX = 100_000
+#: Delivered batches are checked (and their offsets noted) every this many submits.
+_CHECK_EVERY = 1024
+
+#: Per partition, ``[first offset, last offset]`` written by one transaction.
+OffsetRanges = dict[int, list[int]]
+
+
+class RecordEncoder:
+    """Turns records into per-partition batches on one producer; tracks their delivery."""
+
+    def __init__(self, sink: KafkaSink, partitions: list[int]) -> None:
+        self._topic = sink.topic
+        self._dumps = sink.serializer
+        self._key_fn = sink.key_fn
+        self._headers_fn = sink.headers_fn
+        self._partitions = partitions
+        self._partitioner = DefaultPartitioner()
+        self._key_partition: dict[bytes, int] = {}
+        self._round_robin = 0
+        self._pending: list[tuple[asyncio.Future[Any], int]] = []
+        self._ranges: OffsetRanges = {}
+
+    def _partition(self, key: bytes | None) -> int:
+        if key is None:
+            return self._partitions[self._round_robin % len(self._partitions)]
+        p = self._key_partition.get(key)
+        if p is None:
+            if len(self._key_partition) >= _KEY_CACHE_MAX:
+                self._key_partition.clear()
+            p = self._partitioner(key, self._partitions, self._partitions)
+            self._key_partition[key] = p
+        return p
+
+    async def send(self, producer: Any, batch: list[Any]) -> int:
+        """Append ``batch`` to per-partition builders; submit each when full and at the end.
+
+        The per-record loop is the sink's hot path (measured): cached key ->
+        partition lookups inline, no per-record method calls beyond the user's.
+        """
+        dumps, key_fn, headers_fn = self._dumps, self._key_fn, self._headers_fn
+        cache = self._key_partition
+        builders: dict[int, Any] = {}
+        self._round_robin += 1
+        for record in batch:
+            value = dumps(record)
+            key: Any = None
+            p: int | None = None
+            if key_fn is not None:
+                key = key_fn(record)
+                if key.__class__ is str:
+                    key = key.encode()
+                p = cache.get(key) if key is not None else None
+            if p is None:
+                p = self._partition(key)
+            headers = None if headers_fn is None else list(headers_fn(record) or ())
+            builder = builders.get(p)
+            if builder is None:
+                builder = builders[p] = producer.create_batch()
+            if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                await self._submit(producer, builder, p)
+                builder = builders[p] = producer.create_batch()
+                if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                    raise ConnectorError(
+                        f"record of {len(value)} bytes does not fit in a Kafka batch "
+                        "(raise max_batch_size in producer_config)",
+                        retriable=False,
+                    )
+        for p, builder in builders.items():
+            if builder.record_count():
+                await self._submit(producer, builder, p)
+        return len(batch)
+
+    async def _submit(self, producer: Any, builder: Any, partition: int) -> None:
+        count = builder.record_count()
+        try:
+            fut = await producer.send_batch(builder, self._topic, partition=partition)
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"send to {self._topic}[{partition}] failed", exc) from exc
+        self._pending.append((fut, count))
+        if len(self._pending) > _CHECK_EVERY:
+            self.check_delivered(done_only=True)
+
+    def check_delivered(self, *, done_only: bool = False) -> None:
+        """Raise the first delivery failure; note delivered batches' offsets and forget them."""
+        still = []
+        ranges = self._ranges
+        for fut, count in self._pending:
+            if not fut.done():
+                if done_only:
+                    still.append((fut, count))
+                    continue
+                raise ConnectorError("a Kafka batch was not delivered by flush()", retriable=True)
+            exc = fut.exception()
+            if exc is not None:
+                self._pending = []
+                raise connector_error(f"delivery to {self._topic} failed", exc) from exc
+            meta = fut.result()
+            if meta is None or meta.offset is None or meta.offset < 0:
+                continue
+            last = meta.offset + count - 1
+            span = ranges.get(meta.partition)
+            if span is None:
+                ranges[meta.partition] = [meta.offset, last]
+            else:
+                span[0] = min(span[0], meta.offset)
+                span[1] = max(span[1], last)
+        self._pending = still
+
+    def take_ranges(self) -> OffsetRanges:
+        """Offsets written since the last call (call after :meth:`check_delivered`)."""
+        ranges, self._ranges = self._ranges, {}
+        return ranges
+
+    def reset(self) -> None:
+        """Forget batches of an aborted transaction."""
+        self._pending = []
+        self._ranges = {}

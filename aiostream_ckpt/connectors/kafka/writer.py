@@ -1,0 +1,321 @@
+"""The Kafka sink's writers: exactly-once (two-phase commit over a producer pool) and at-least-once.
+
+The protocol and the recovery rules are in :mod:`aiostream_ckpt.connectors.kafka.sink`;
+the pool in :mod:`~aiostream_ckpt.connectors.kafka.pool`, ending transactions in
+:mod:`~aiostream_ckpt.connectors.kafka.committer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import errors as kafka_errors
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.kafka.committer import (
+    Committer,
+    PendingTxn,
+    ids_to_fence,
+    owner_of,
+)
+from aiostream_ckpt.connectors.kafka.common import (
+    bootstrap_client,
+    connector_error,
+    require_topics,
+)
+from aiostream_ckpt.connectors.kafka.encoder import RecordEncoder
+from aiostream_ckpt.connectors.kafka.pool import (
+    ProducerPool,
+    Slot,
+    TxnState,
+    quietly,
+    start_producer,
+)
+from aiostream_ckpt.connectors.kafka.transactions import prepared_transaction
+from aiostream_ckpt.connectors.kafka.txn_admin import OPEN_STATES, list_transactional_ids
+from aiostream_ckpt.errors import ConnectorError
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.sink import KafkaSink
+
+log = logging.getLogger(__name__)
+
+
+class _WriterBase:
+    """Connection, topic check and delivery, shared by both semantics."""
+
+    def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
+        self._sink = sink
+        self._ctx = ctx
+        self._client: Any = None
+        self._encoder: RecordEncoder | None = None
+        self._recovered = False
+        self._closed = False
+        self._failure: ConnectorError | None = None
+        self.records_written = 0
+
+    @property
+    def _label(self) -> str:
+        return f"{self._sink.name}[{self._ctx.subtask_index}]"
+
+    async def _connect(self) -> None:
+        sink = self._sink
+        self._client = await bootstrap_client(
+            sink.bootstrap_servers,
+            sink.producer_config,
+            timeout_s=sink.connect_timeout_s,
+            what="sink metadata",
+        )
+        topics = await require_topics(
+            self._client, [sink.topic], bootstrap_servers=sink.bootstrap_servers
+        )
+        self._encoder = RecordEncoder(sink, topics[sink.topic])
+
+    async def _flush(self, producer: Any, what: str) -> None:
+        """Wait for every batch sent on ``producer``; the first failure sticks."""
+        assert self._encoder is not None
+        try:
+            await asyncio.wait_for(producer.flush(), self._sink.commit_timeout_s)
+            self._encoder.check_delivered()
+        except (kafka_errors.KafkaError, TimeoutError) as exc:
+            raise self._fail(connector_error(f"{what}: flush", exc)) from exc
+        except ConnectorError as exc:
+            raise self._fail(exc) from exc
+
+    def _fail(self, exc: ConnectorError) -> ConnectorError:
+        if self._failure is None:
+            self._failure = exc
+        return exc
+
+    def _failed(self) -> ConnectorError | None:
+        return self._failure
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if not self._recovered:
+            raise ConnectorError(f"{self._label}: writer used before recover()")
+        if self._closed:
+            raise ConnectorError(f"{self._label}: writer used after close()")
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await quietly(client.close(), "closing the metadata client")
+
+
+class TransactionalKafkaWriter(_WriterBase):
+    """Exactly-once writer of one subtask; see :mod:`aiostream_ckpt.connectors.kafka.sink`."""
+
+    def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
+        super().__init__(sink, ctx)
+        self._base = sink.transactional_id_prefix or f"{ctx.job_name}-{ctx.operator_uid}"
+        self._pool = ProducerPool(
+            sink,
+            f"{self._base}-{ctx.subtask_index}",
+            sink.pool_size_for(ctx),
+            label=self._label,
+            on_failure=self._on_background_failure,
+        )
+        self._open: Slot | None = None
+        self._pending: list[Slot] = []
+        self._committer: Committer | None = None
+
+    @property
+    def transactional_ids(self) -> list[str]:
+        return self._pool.transactional_ids
+
+    # -- recovery -------------------------------------------------------------
+
+    async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
+        """Commit what the restored checkpoint lists, fence what an earlier run left, check."""
+        await self._connect()
+        committer = self._committer = Committer(self._sink, self._client, label=self._label)
+        state = restored or {}
+        pending = [PendingTxn.from_state(e) for e in state.get("pending", [])]
+        unsure = await committer.commit_listed(pending)
+        # Only now may InitProducerId run for these ids (see the sink's docstring).
+        ctx = self._ctx
+        listed = await list_transactional_ids(
+            self._client, prefix=f"{self._base}-", states=OPEN_STATES
+        )
+        stale = ids_to_fence(
+            state,
+            listed,
+            base=self._base,
+            subtask=ctx.subtask_index,
+            parallelism=ctx.parallelism,
+            pool_size=len(self._pool.slots),
+        )
+        await asyncio.gather(committer.fence(stale), self._pool.start())
+        await committer.check_ended(
+            [
+                (entry, answer)
+                for entry, answer in unsure
+                if owner_of(entry.txn.transactional_id, self._base, ctx.parallelism)
+                == ctx.subtask_index
+            ]
+        )
+        self._recovered = True
+        log.info(
+            "%s: recovered from checkpoint %s; %d transactional producers %s-%d-0..%d ready",
+            self._label,
+            checkpoint_id,
+            len(self._pool.slots),
+            self._base,
+            ctx.subtask_index,
+            len(self._pool.slots) - 1,
+        )
+
+    @staticmethod
+    def merge_states(states: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+        """Merge old instances' states for a restore at another parallelism.
+
+        Committing a listed transaction is idempotent (EndTxn on a committed
+        transaction succeeds), so every new instance may get every one.
+        """
+        pending: dict[str, list[Any]] = {}
+        for state in states:
+            for entry in (state or {}).get("pending", []):
+                pending.setdefault(f"{entry[1]}/{entry[2]}/{entry[3]}", list(entry))
+        return {
+            "pending": sorted(pending.values(), key=lambda e: int(e[0])),
+            "pools": {str(i): int(s.get("pool_size", 0)) for i, s in enumerate(states) if s},
+        }
+
+    # -- writing --------------------------------------------------------------
+
+    async def write(self, batch: list[Any]) -> None:
+        if not batch:
+            return
+        self._check_usable()
+        slot = self._open or await self._begin()
+        assert self._encoder is not None
+        self.records_written += await self._encoder.send(slot.producer, batch)
+
+    async def _begin(self) -> Slot:
+        try:
+            slot = await self._pool.acquire(self._failed)
+        except ConnectorError as exc:
+            raise self._fail(exc) from exc
+        try:
+            await slot.producer.begin_transaction()
+        except kafka_errors.KafkaError as exc:
+            raise self._fail(connector_error(f"{slot.transactional_id}: begin", exc)) from exc
+        slot.advance(TxnState.OPEN)
+        self._open = slot
+        return slot
+
+    # -- two-phase commit -----------------------------------------------------
+
+    async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        """Flush the open transaction and list it (with all still pending) in the state."""
+        self._check_usable()
+        if self._pending and self._pending[-1].checkpoint_id >= checkpoint_id:
+            raise ConnectorError(
+                f"{self._label}: prepare_commit({checkpoint_id}) after "
+                f"prepare_commit({self._pending[-1].checkpoint_id})"
+            )
+        slot, self._open = self._open, None
+        if slot is not None:
+            assert self._encoder is not None
+            await self._flush(slot.producer, slot.transactional_id)
+            slot.prepared = prepared_transaction(slot.producer)
+            slot.ranges = self._encoder.take_ranges()
+            slot.checkpoint_id = checkpoint_id
+            slot.advance(TxnState.PRECOMMITTED)
+            self._pending.append(slot)
+        return self.state()
+
+    def state(self) -> dict[str, Any]:
+        """Writer state: ``[checkpoint, id, producer id, epoch, offsets]`` per pending txn."""
+        return {
+            "pending": [
+                PendingTxn(s.checkpoint_id, s.prepared, s.ranges).to_state()
+                for s in self._pending
+                if s.prepared
+            ],
+            "pool_size": len(self._pool.slots),
+        }
+
+    async def commit(self, checkpoint_id: int) -> None:
+        """Commit every pre-committed transaction up to ``checkpoint_id``; idempotent."""
+        if self._failure is not None:
+            raise self._failure
+        assert self._committer is not None
+        for slot in [s for s in self._pending if s.checkpoint_id <= checkpoint_id]:
+            try:
+                await self._committer.commit_slot(slot)
+            except ConnectorError as exc:
+                raise self._fail(exc) from exc
+            slot.advance(TxnState.COMMITTED)
+            self._pending.remove(slot)
+            self._pool.recycle(slot)
+
+    def _on_background_failure(self, exc: BaseException) -> None:
+        self._fail(
+            exc
+            if isinstance(exc, ConnectorError)
+            else ConnectorError(f"{self._label}: {exc!r}", retriable=True)
+        )
+
+    async def close(self) -> None:
+        """Abort the open transaction (no checkpoint covers it); keep pre-committed ones.
+
+        A pre-committed transaction's checkpoint may have completed: the next
+        recovery commits or fences it, so closing must not abort it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        slot, self._open = self._open, None
+        await self._pool.close(slot)
+        if slot is not None and self._encoder is not None:
+            self._encoder.reset()
+        await self._close_client()
+
+
+class AtLeastOnceKafkaWriter(_WriterBase):
+    """One idempotent producer; flushed at every barrier, so nothing acked is lost."""
+
+    def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
+        super().__init__(sink, ctx)
+        self._producer: Any = None
+
+    @staticmethod
+    def merge_states(states: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
+        return {}
+
+    async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
+        await self._connect()
+        self._producer = await start_producer(self._sink, None)
+        self._recovered = True
+
+    async def write(self, batch: list[Any]) -> None:
+        if not batch:
+            return
+        self._check_usable()
+        assert self._encoder is not None
+        self.records_written += await self._encoder.send(self._producer, batch)
+
+    async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        self._check_usable()
+        await self._flush(self._producer, self._label)
+        assert self._encoder is not None
+        self._encoder.take_ranges()
+        return {}
+
+    async def commit(self, checkpoint_id: int) -> None:
+        return None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await quietly(producer.stop(), "stopping the producer")
+        await self._close_client()
