@@ -54,9 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--progress",
         type=float,
-        default=0.0,
         metavar="SECONDS",
-        help="print a progress line to stderr every SECONDS",
+        help="print a progress line to stderr every SECONDS (progress.interval)",
     )
 
     ck = sub.add_parser("checkpoints", help="list or inspect checkpoints")
@@ -89,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
     sub.add_parser("demo", help="the page-view-count demo under kill -9", add_help=False)
+    sub.add_parser("config-reference", help="every config key as a Markdown table", add_help=False)
     sub.add_parser("demo-kafka", help="the same demo, Kafka to Kafka", add_help=False)
     return p
 
@@ -125,8 +125,9 @@ def _run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, daemon.request_shutdown)
         progress = None
-        if args.progress > 0:
-            progress = asyncio.create_task(_progress(runner, args.progress))
+        every = args.progress if args.progress is not None else loaded.progress_interval
+        if every > 0:
+            progress = asyncio.create_task(_progress(runner, every))
         try:
             result = await daemon.run()
         finally:
@@ -218,6 +219,10 @@ def _main(argv: list[str]) -> int:
             from aiostream_ckpt.daemon.demo_kafka import demo_kafka_main
 
             return demo_kafka_main(argv[1:])
+        if argv and argv[0] == "config-reference":
+            from aiostream_ckpt.daemon.config_reference import config_reference_main
+
+            return config_reference_main(argv[1:])
         if argv and argv[0] == "demo":
             from aiostream_ckpt.daemon.demo import demo_main
 

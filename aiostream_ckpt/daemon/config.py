@@ -140,12 +140,39 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "errors.dead_letter_dir": ("errors", "dead_letter_dir", _path),
 }
 _OTHER_KEYS = {"job.name": str, "log.format": str, "log.level": str, "progress.interval": str}
+#: the app's own parameters: any ``app.<name>``
+APP_KEYS = "app.*"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _SECTIONS = {
     "checkpoint": CheckpointConfig,
     "state": StateConfig,
     "restart": RestartConfig,
     "errors": ErrorConfig,
 }
+
+
+def schema_defaults() -> dict[str, Any]:
+    """Every config key with its built-in default (``None``: unset), from the schema itself.
+
+    The README's config table is generated from this (``aiostream-ckpt
+    config-reference``), so a key cannot be added without showing up there.
+    """
+    job, daemon, loaded = JobConfig(), DaemonSettings(), LoadedConfig(job=JobConfig())
+    out: dict[str, Any] = {}
+    for key, (section, name, _) in _SCHEMA.items():
+        out[key] = getattr(job if section is None else getattr(job, section), name)
+    for key, (name, _) in DAEMON_KEYS.items():
+        out[key] = getattr(daemon, name)
+    out["job.name"] = loaded.job_name
+    out["log.format"] = loaded.log_format
+    out["log.level"] = loaded.log_level
+    out["progress.interval"] = loaded.progress_interval
+    out[APP_KEYS] = None
+    return out
+
+
+def is_duration_key(key: str) -> bool:
+    return key == "progress.interval" or (key in _SCHEMA and _SCHEMA[key][2] is parse_duration)
 
 
 @dataclass
@@ -155,6 +182,8 @@ class LoadedConfig:
     job_name: str | None = None
     log_format: str = "text"
     log_level: str = "INFO"
+    #: seconds between progress lines on stderr (0: none); ``--progress`` wins
+    progress_interval: float = 0.0
     #: where each key's value came from, for error messages and `--print-config`
     sources: dict[str, str] = field(default_factory=dict)
     #: REST, savepoint directory, SIGTERM mode (``rest.*``, ``savepoint.*``, ``shutdown.*``)
@@ -234,7 +263,19 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
                     raise ConfigError(f"invalid config log.format={raw!r} ({origin}): text or json")
                 loaded.log_format = str(raw)
             elif key == "log.level":
-                loaded.log_level = str(raw).upper()
+                level = str(raw).strip().upper()
+                if level not in _LOG_LEVELS:
+                    raise ConfigError(
+                        f"invalid config log.level={raw!r} ({origin}): one of "
+                        + ", ".join(_LOG_LEVELS)
+                    )
+                loaded.log_level = level
+            elif key == "progress.interval":
+                try:
+                    loaded.progress_interval = parse_duration(raw)
+                except ValueError as exc:
+                    msg = f"invalid config progress.interval={raw!r} (from {origin}): must be {exc}"
+                    raise ConfigError(msg) from None
             continue
         spec = _SCHEMA.get(key)
         if spec is None:
