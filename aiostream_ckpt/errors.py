@@ -8,14 +8,24 @@ from __future__ import annotations
 
 
 class AiostreamError(Exception):
-    """Root of every error raised by aiostream-ckpt."""
+    """Root of every error raised by aiostream-ckpt.
+
+    ``detail`` is shown above the one-line message where a person reads it
+    (the CLI's stderr, the failure log): the app's traceback, for errors in
+    user code.
+    """
 
     retriable: bool = False
+    detail: str = ""
 
-    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+    def __init__(
+        self, message: str, *, retriable: bool | None = None, detail: str | None = None
+    ) -> None:
         super().__init__(message)
         if retriable is not None:
             self.retriable = retriable
+        if detail:
+            self.detail = detail
 
 
 class ConfigError(AiostreamError):
@@ -66,6 +76,8 @@ class RecordError(AiostreamError):
 class JobFailedError(AiostreamError):
     """The job failed for good: the restart strategy is exhausted or the error is fatal."""
 
-    def __init__(self, message: str, cause: BaseException | None = None) -> None:
-        super().__init__(message, retriable=False)
+    def __init__(
+        self, message: str, cause: BaseException | None = None, *, detail: str | None = None
+    ) -> None:
+        super().__init__(message, retriable=False, detail=detail)
         self.cause = cause

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
 
+from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
@@ -69,8 +70,11 @@ class RuntimeContext:
     def get_state(self, descriptor: StateDescriptor) -> Any:
         """Keyed state for ``descriptor``, scoped to the current key."""
         if self._backend is None:
-            raise TypeError(
-                f"operator {self.operator_uid!r} is not keyed: keyed state needs key_by() first"
+            # not restartable: every attempt would open the same way
+            raise JobGraphError(
+                f"operator {self.operator_uid!r} asks for keyed state {descriptor.name!r} in "
+                "open() but is not keyed: keyed state needs key_by(...).process(...) with a "
+                "KeyedProcessFunction"
             )
         return self._backend.create_state(descriptor)
 

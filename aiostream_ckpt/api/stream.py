@@ -21,6 +21,7 @@ from aiostream_ckpt.api.transformations import (
     TransformKind,
 )
 from aiostream_ckpt.connectors.base import Sink
+from aiostream_ckpt.errors import JobGraphError
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.environment import StreamEnvironment
@@ -120,6 +121,11 @@ class Stream(Generic[T]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run a :class:`ProcessFunction` on every record (no keyed state)."""
+        if isinstance(function, KeyedProcessFunction):
+            raise JobGraphError(
+                f"{type(function).__name__} is a KeyedProcessFunction: run it on a keyed "
+                "stream, key_by(...).process(...), so that it gets keyed state"
+            )
         node = self._add(TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
 

@@ -2,8 +2,9 @@
 
 An app is a Python module (``apps.pv_count``) or file (``apps/pv_count.py``)
 with a function ``build(env: StreamEnvironment) -> None`` that adds sources,
-operators and sinks to ``env``. Import errors become one-line
-:class:`AppLoadError`s naming the module and the cause.
+operators and sinks to ``env``. Import and build errors become
+:class:`AppLoadError`s naming the module and the cause, with the app's
+traceback (its own frames) as their ``detail``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import ModuleType
 
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.errors import AiostreamError, AppLoadError
+from aiostream_ckpt.user_errors import user_traceback
 
 
 def _is_file(spec: str) -> bool:
@@ -45,9 +47,10 @@ def import_app(spec: str) -> ModuleType:
         return importlib.import_module(spec)
     except AppLoadError:
         raise
-    except Exception as exc:  # any import-time error is the app's, reported in one line
+    except Exception as exc:  # any import-time error is the app's: its line, then the cause
         raise AppLoadError(
-            f"cannot import app module {spec!r}: {type(exc).__name__}: {exc}"
+            f"cannot import app module {spec!r}: {type(exc).__name__}: {exc}",
+            detail=user_traceback(exc),
         ) from exc
 
 
@@ -62,5 +65,6 @@ def build_app(spec: str, env: StreamEnvironment) -> None:
         raise
     except Exception as exc:
         raise AppLoadError(
-            f"app module {spec!r}: build(env) failed: {type(exc).__name__}: {exc}"
+            f"app module {spec!r}: build(env) failed: {type(exc).__name__}: {exc}",
+            detail=user_traceback(exc),
         ) from exc

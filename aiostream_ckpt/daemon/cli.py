@@ -190,6 +190,12 @@ def _checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_detail(exc: AiostreamError) -> None:
+    """Print the app's traceback above the one-line cause, which stays the last line."""
+    if exc.detail:
+        print(exc.detail, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -241,9 +247,11 @@ def _main(argv: list[str]) -> int:
 
             return health_main(args)
     except JobFailedError as exc:
+        _print_detail(exc)
         print(f"aiostream-ckpt: {exc}", file=sys.stderr)
         return 1
     except AiostreamError as exc:
+        _print_detail(exc)
         print(f"aiostream-ckpt: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

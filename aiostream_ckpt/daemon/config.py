@@ -26,7 +26,6 @@ in :mod:`aiostream_ckpt.daemon.settings`.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from aiostream_ckpt.daemon.settings import (
     parse_bool,
     parse_daemon_key,
 )
+from aiostream_ckpt.durations import parse_duration
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.runtime.config import (
     CheckpointConfig,
@@ -53,24 +53,6 @@ from aiostream_ckpt.runtime.config import (
 )
 
 ENV_PREFIX = "AIOSTREAM_"
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``1.5``, ``"200ms"``, ``"1s"``, ``"2m"``.
-
-    >>> parse_duration("200ms"), parse_duration("2m"), parse_duration(3)
-    (0.2, 120.0, 3.0)
-    """
-    if isinstance(value, bool):
-        raise ValueError("a duration, not a boolean")
-    if isinstance(value, int | float):
-        return float(value)
-    m = _DURATION_RE.match(str(value))
-    if not m:
-        raise ValueError("a duration like 500ms, 1s, 2m or a number of seconds")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 def _parse_int(value: Any) -> int:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from aiostream_ckpt.durations import parse_duration
+
 T = TypeVar("T")
 K = TypeVar("K")
 V = TypeVar("V")
@@ -28,7 +30,7 @@ class TtlUpdateType(Enum):
 
 @dataclass(frozen=True, slots=True)
 class StateTtlConfig:
-    """Expire entries ``ttl`` seconds after their last update (or read).
+    """Expire entries ``ttl`` seconds (or ``"10m"``, as in the config) after their last update.
 
     Expired entries are never returned; they are dropped lazily on access and
     when the backend flushes, so checkpoints shrink over time.
@@ -38,6 +40,7 @@ class StateTtlConfig:
     update_type: TtlUpdateType = TtlUpdateType.ON_CREATE_AND_WRITE
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ttl", parse_duration(self.ttl))
         if self.ttl <= 0:
             raise ValueError(f"state TTL must be positive, got {self.ttl}")
 

@@ -20,21 +20,26 @@ from datetime import timedelta
 from typing import Any
 
 from aiostream_ckpt.connectors.base import SourceReader, SplitAwareReader
+from aiostream_ckpt.durations import duration_millis
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.runtime.elements import MIN_WATERMARK
 
 TimestampAssigner = Callable[[Any], int]
-Duration = int | timedelta
+#: milliseconds (int), a ``timedelta``, or a string with a unit (``"1m"``, as in the config)
+Duration = int | timedelta | str
 
 #: The split id of a reader that cannot tell its splits apart.
 WHOLE_READER = "*"
 
 
 def to_millis(duration: Duration, what: str) -> int:
-    """Milliseconds of ``duration`` (an int is taken as milliseconds)."""
-    ms = int(duration.total_seconds() * 1000) if isinstance(duration, timedelta) else duration
-    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
-        raise ConfigError(f"{what} must be a non-negative number of milliseconds, got {duration!r}")
+    """Milliseconds of ``duration`` (an int is taken as milliseconds, ``"1m"`` as a minute)."""
+    try:
+        ms = duration_millis(duration)
+    except ValueError as exc:
+        raise ConfigError(f"{what} must be {exc}, got {duration!r}") from None
+    if ms < 0:
+        raise ConfigError(f"{what} must not be negative, got {duration!r}")
     return ms
 
 

@@ -62,7 +62,9 @@ class TumblingEventTimeWindows(WindowAssigner):
 
     @staticmethod
     def of(size: Duration, offset: Duration = 0) -> TumblingEventTimeWindows:
-        return TumblingEventTimeWindows(to_millis(size, "size"), to_millis(offset, "offset"))
+        return TumblingEventTimeWindows(
+            to_millis(size, "window size"), to_millis(offset, "window offset")
+        )
 
     def assign(self, timestamp: int) -> list[TimeWindow]:
         start = window_start(timestamp, self.offset, self.size)
@@ -86,7 +88,9 @@ class SlidingEventTimeWindows(WindowAssigner):
     @staticmethod
     def of(size: Duration, slide: Duration, offset: Duration = 0) -> SlidingEventTimeWindows:
         return SlidingEventTimeWindows(
-            to_millis(size, "size"), to_millis(slide, "slide"), to_millis(offset, "offset")
+            to_millis(size, "window size"),
+            to_millis(slide, "window slide"),
+            to_millis(offset, "window offset"),
         )
 
     def assign(self, timestamp: int) -> list[TimeWindow]:
@@ -115,7 +119,7 @@ class EventTimeSessionWindows(WindowAssigner):
 
     @staticmethod
     def with_gap(gap: Duration) -> EventTimeSessionWindows:
-        return EventTimeSessionWindows(to_millis(gap, "gap"))
+        return EventTimeSessionWindows(to_millis(gap, "session gap"))
 
     def assign(self, timestamp: int) -> list[TimeWindow]:
         return [TimeWindow(timestamp, timestamp + self.gap)]

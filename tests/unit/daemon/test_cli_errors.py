@@ -8,15 +8,42 @@ from tests.helpers import cli
 
 
 def test_app_module_that_does_not_import(tmp_path: Path) -> None:
+    """The app's own frames above the one-line cause; none of the engine's or importlib's."""
+    (tmp_path / "helper_mod.py").write_text(
+        "X = 1\n\n\ndef load():\n    import no_such_module_xyz\n"
+    )
     app = tmp_path / "broken_app.py"
-    app.write_text("import no_such_module_xyz\n")
+    app.write_text(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport helper_mod\nhelper_mod.load()\n"
+    )
     r = cli("run", str(app), "--set", f"checkpoint.dir={tmp_path / 'c'}")
     assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "cannot import app module" in lines[0]
-    assert "No module named 'no_such_module_xyz'" in lines[0]
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip(" ~^")]
+    assert "cannot import app module" in lines[-1]
+    assert "No module named 'no_such_module_xyz'" in lines[-1]
+    assert lines[:5] == [
+        "Traceback (the app's frames, most recent call last):",
+        f'  File "{app}", line 4, in <module>',
+        "    helper_mod.load()",
+        f'  File "{tmp_path / "helper_mod.py"}", line 5, in load',
+        "    import no_such_module_xyz",
+    ], r.stderr
+    assert len(lines) == 6, r.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_build_that_fails_shows_the_apps_line(tmp_path: Path) -> None:
+    app = tmp_path / "bad_build.py"
+    app.write_text("def build(env):\n    params = {}\n    return params['input']\n")
+    r = cli("run", str(app), "--set", f"checkpoint.dir={tmp_path / 'c'}")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip(" ~^")]  # not 3.11's carets
+    assert lines == [
+        "Traceback (the app's frames, most recent call last):",
+        f'  File "{app}", line 3, in build',
+        "    return params['input']",
+        f"aiostream-ckpt: error: app module '{app}': build(env) failed: KeyError: 'input'",
+    ], r.stderr
 
 
 def test_missing_module() -> None:

@@ -49,3 +49,41 @@ def test_plain_process_function_gets_no_key() -> None:
             out.collect(value.upper())
 
     assert ProcessOperator("up", Upper()).process_batch(["a", "b"]) == ["A", "B"]
+
+
+class Counting(KeyedProcessFunction[str, int]):
+    def open(self, ctx: Any) -> None:
+        from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+
+        self.n = ctx.get_state(ValueStateDescriptor("n", default=0))
+
+    def process_element(self, value: str, ctx: Context, out: Collector[int]) -> None:
+        self.n.update(self.n.value() + 1)
+        out.collect(self.n.value())
+
+
+def test_keyed_function_on_a_non_keyed_stream_fails_at_build() -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+    from aiostream_ckpt.errors import JobGraphError
+
+    env = StreamEnvironment("not-keyed")
+    src = env.from_collection(["a", "b"])
+    with pytest.raises(JobGraphError, match=r"Counting is a KeyedProcessFunction: .*key_by"):
+        src.process(Counting())  # type: ignore[arg-type]
+
+
+def test_keyed_state_in_a_non_keyed_function_fails_at_open_without_restarts() -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+    from aiostream_ckpt.errors import JobFailedError
+
+    class PlainButStateful(ProcessFunction[str, int]):
+        open = Counting.open  # asks for keyed state
+        process_element = Counting.process_element  # type: ignore[assignment]
+
+    env = StreamEnvironment("not-keyed")
+    env.from_collection(["a", "b"]).process(PlainButStateful(), uid="plain")
+    with pytest.raises(JobFailedError) as failed:
+        env.execute_and_collect(env.from_collection(["x"]))
+    message = str(failed.value)
+    assert "not restarted" in message and "after 0 restarts" in message, message
+    assert "operator 'plain' asks for keyed state 'n' in open() but is not keyed" in message

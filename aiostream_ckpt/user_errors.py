@@ -1,0 +1,47 @@
+"""Tracebacks of user code, trimmed to the user's frames.
+
+An exception in an app (its import, ``build(env)``, a function run on a
+record) is reported with the frames of the app's own files: the engine's
+frames (this package) and the import machinery say nothing to the user and
+would bury the line that failed. Only failures are formatted: nothing here
+runs per record.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _is_users(filename: str) -> bool:
+    if filename.startswith(("<frozen ", "<string>")):
+        return False
+    try:
+        resolved = str(Path(filename).resolve())
+    except (OSError, ValueError):
+        return True
+    return not resolved.startswith(_PACKAGE)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """``Traceback`` text of ``exc`` with only the user's frames ('' when there are none).
+
+    The exception line itself is not included: callers put the cause in their
+    one-line message and this text above it.
+    """
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
+    if not frames:
+        return ""
+    lines = traceback.format_list(frames)
+    return "Traceback (the app's frames, most recent call last):\n" + "".join(lines).rstrip("\n")
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file:line in function`` of the innermost user frame of ``exc``, if any."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
+    if not frames:
+        return None
+    last = frames[-1]
+    return f"{last.filename}:{last.lineno} in {last.name}"
