@@ -103,11 +103,57 @@ def parser() -> argparse.ArgumentParser:
         help="seconds to wait for a quiet machine before each timed run (quick 20, full 60)",
     )
     p.add_argument("--keep", action="store_true", help="keep run directories (outputs, logs)")
+    p.add_argument(
+        "--soak",
+        type=float,
+        metavar="MINUTES",
+        help="instead of the load test: run pv_count and a windowed app at a steady paced "
+        "load for MINUTES, sample RSS, state and checkpoint bytes and throughput, report "
+        "their slopes after warm-up (bench/soak.py)",
+    )
+    p.add_argument("--soak-rate", type=float, default=20_000.0, help="events/s per soaked app")
+    p.add_argument("--soak-keys", type=int, default=10_000, help="keys of the soaked apps")
+    p.add_argument(
+        "--soak-warmup", type=float, help="minutes left out of the slopes (default: min(5, 1/4))"
+    )
+    p.add_argument(
+        "--no-windows",
+        action="store_true",
+        help="skip the windowed throughput rows (tumbling and session windows on the same input)",
+    )
     return p
+
+
+def soak_main(args: argparse.Namespace) -> int:
+    """``--soak``: run bench/soak.py, print the slopes, write JSON and the plot."""
+    from bench.soak import run_soak
+    from bench.soak import table as soak_table
+
+    work = args.work.resolve() / "run-soak"
+    shutil.rmtree(work, ignore_errors=True)
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(128 << 20))
+    doc = run_soak(
+        args.soak, work, rate=args.soak_rate, keys=args.soak_keys, warmup_min=args.soak_warmup
+    )
+    print(soak_table(doc))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2))
+        say(f"soak results written to {args.json}")
+    if not args.no_plots:
+        from bench.plots import draw_soak
+
+        drawn = draw_soak(doc, args.plots or args.work.resolve() / "plots")
+        say(drawn if isinstance(drawn, str) else "plots: " + ", ".join(map(str, drawn)))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(a["flat"] for a in doc["apps"]) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.soak is not None:
+        return soak_main(args)
     full = bool(args.full)
     systems = (
         args.systems.split(",")
@@ -143,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         recovery=not args.no_recovery,
         latency=not args.no_latency,
         work=args.work.resolve(),
+        windows=not args.no_windows,
     )
     plan.work.mkdir(parents=True, exist_ok=True)
     if not args.no_malloc_tune:

@@ -38,6 +38,7 @@ class Plan:
     recovery: bool
     latency: bool
     work: Path
+    windows: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
@@ -132,6 +133,13 @@ def run_plan(plan: Plan) -> tuple[list[RunResult], list[float]]:
         if ver:
             m.result.config["version"] = ver
         measured.append(m)
+    if plan.windows and "aiostream-ckpt" in plan.systems:
+        from bench.windowed import windowed_rows
+
+        pv = next((m.result for m in measured if m.result.system == "aiostream-ckpt"), None)
+        measured += windowed_rows(
+            wl, work, repeats=plan.repeats, spec_args=ours_args, pv=pv if pv else None
+        )
     if plan.full:
         measured += scaling(plan, work)
     latencies: list[float] = []

@@ -44,12 +44,21 @@ def plot_spec(doc: dict[str, Any], latencies_ms: list[float]) -> dict[str, Any]:
 
 def draw(doc: dict[str, Any], latencies_ms: list[float], out_dir: Path) -> list[Path] | str:
     """Write the PNGs into ``out_dir``; the paths, or why no plot was drawn."""
+    return draw_spec(plot_spec(doc, latencies_ms), out_dir)
+
+
+def draw_soak(soak: dict[str, Any], out_dir: Path) -> list[Path] | str:
+    """Plot a soak's series (``bench.soak``): RSS, state, checkpoints, events/s over time."""
+    return draw_spec({"soak": soak}, out_dir)
+
+
+def draw_spec(spec: dict[str, Any], out_dir: Path) -> list[Path] | str:
     env = ensure_env("plot")
     if env.python is None:
         return f"no plots: {env.error}"
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "plot-spec.json"
-    spec_path.write_text(json.dumps(plot_spec(doc, latencies_ms)))
+    spec_path.write_text(json.dumps(spec))
     r = subprocess.run(
         [str(env.python), str(BENCH_DIR / "peers" / "draw_plots.py"), str(spec_path), str(out_dir)],
         capture_output=True,

@@ -241,6 +241,11 @@ def table(runs: list[RunResult]) -> str:
                 f"latency ms p50/p99/p99.9: {_fmt(lat.get('p50'), '.0f')}/"
                 f"{_fmt(lat.get('p99'), '.0f')}/{_fmt(lat.get('p999'), '.0f')}"
             )
+        win = r.config.get("windowed")
+        if r.status == "ok" and win:
+            note = f"{_fmt(win.get('x_pv_count'), '.2f')}x pv_count; last/first 10 %: " + _fmt(
+                win.get("last_vs_first"), ".2f"
+            )
         if r.status != "ok":
             note = f"{r.status.upper()}: {note}"
         rows.append(

@@ -105,8 +105,12 @@ def measure(
     expected: dict[str, int] | None = None,
     keep_outputs: bool = True,
     label: str = "",
+    check: Callable[[Path, Path], Verdict] | None = None,
 ) -> Measured:
-    """Run ``system`` ``repeats`` times; figures are medians over the repeats."""
+    """Run ``system`` ``repeats`` times; figures are medians over the repeats.
+
+    ``check(input, output_dir)`` judges each run's output (default: the pv_count recount).
+    """
     res = RunResult(
         system=system.name, path=system.path, experiment=experiment, events=workload.events
     )
@@ -146,11 +150,12 @@ def measure(
         walls.append(rec.wall_s)
         rss.append(rec.peak_rss_kb / 1024)
         attempts.append((attempt, win))
-        verdict = (
-            python_recount(workload.paths[0], attempt.output_dir, expected)
-            if (len(workload.paths) == 1)
-            else python_recount_multi(workload, attempt, expected)
-        )
+        if check is not None:
+            verdict = check(workload.paths[0], attempt.output_dir)
+        elif len(workload.paths) == 1:
+            verdict = python_recount(workload.paths[0], attempt.output_dir, expected)
+        else:
+            verdict = python_recount_multi(workload, attempt, expected)
         m.python_verdicts.append(verdict)
         if keep_outputs:
             m.outputs.append(attempt.output_dir)

@@ -10,9 +10,46 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def soak(spec, out):
+    """One panel per series of a soak, one line per app; the warm-up shaded."""
+    doc = spec["soak"]
+    panels = [
+        ("rss_mb", "RSS (MB)"),
+        ("working_state_mb", "working state on disk (MB)"),
+        ("checkpoint_dir_mb", "checkpoint dir on disk (MB)"),
+        ("events_per_s", "events/s"),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    for ax, (key, label) in zip(axes.flat, panels):
+        for app in doc["apps"]:
+            pts = app["series"][key]
+            slope = app["slope_pct_per_10min"][key]
+            tag = "n/a" if slope is None else f"{slope:+.2f} %/10 min"
+            ax.plot([t for t, _ in pts], [v for _, v in pts], label=f"{app['app']} ({tag})")
+            ax.axvspan(0, app["warmup_min"], color="grey", alpha=0.08)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("minutes")
+    fig.suptitle(
+        f"Soak: {doc['rate_per_app']:,.0f} events/s per app, {doc['keys']:,} keys, "
+        "1 s checkpoints (slopes after the shaded warm-up)"
+    )
+    fig.tight_layout()
+    p = out / "soak.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return [p]
+
+
 def main(spec_path, out_dir):
     spec = json.loads(Path(spec_path).read_text())
     out = Path(out_dir)
+    if "soak" in spec:
+        print(" ".join(str(p) for p in soak(spec, out)))
+        return
     written = []
 
     fig, ax = plt.subplots(figsize=(9, 4.5))

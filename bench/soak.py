@@ -1,0 +1,244 @@
+"""``python -m bench --soak MINUTES``: does ours stay flat under a steady load?
+
+Runs pv_count and the tumbling-window count (``apps/window_count.py``) side by
+side, each on generated input paced at a steady rate (``app.rate``), with
+1 s checkpoints, and samples every few seconds from outside the workers: RSS
+of each worker's process tree, bytes on disk of its working state
+(``state.local_dir``) and of its checkpoint directory, and its events read (the
+source task's ``records_in`` from the REST API). After the warm-up each series
+gets a least-squares slope, reported as growth in % of its mean per 10 minutes;
+the target is under 1 % for every series. A leak shows as a positive slope
+however noisy the samples are; a sawtooth (full checkpoints every 10, cache
+evictions) averages out over minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.monitor import _rss_kb, process_tree
+from bench.runner import say
+from bench.systems import ours_env_cwd
+
+#: Seconds between samples.
+SAMPLE_S = 5.0
+#: Growth per 10 minutes (% of the mean) a flat series stays under.
+TARGET_PCT_PER_10MIN = 1.0
+
+APPS = {
+    "pv_count": ("apps.pv_count", []),
+    "tumbling windows": ("apps.window_count", ["app.window=tumbling", "app.size=10000"]),
+}
+
+
+@dataclass
+class Worker:
+    """One soaked app: its process, directories and samples."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    run_dir: Path
+    #: (minutes since start, rss MB, working state MB, checkpoint dir MB, events read)
+    samples: list[tuple[float, float, float, float, int]] = field(default_factory=list)
+    url: str | None = None
+
+    @property
+    def state_dir(self) -> Path:
+        return self.run_dir / "state"
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "ckpt"
+
+
+def disk_mb(root: Path) -> float:
+    """Bytes on disk (allocated blocks, so sparse files count what they use) under ``root``."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            with contextlib.suppress(OSError):  # removed meanwhile (retention)
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total / 1e6
+
+
+def _events_read(w: Worker) -> int | None:
+    if w.url is None:
+        try:
+            info = json.loads((w.ckpt_dir / "daemon.json").read_text())
+            w.url = f"http://{info['host']}:{info['port']}"
+        except (OSError, ValueError, KeyError):
+            return None
+    try:
+        with urllib.request.urlopen(w.url + "/operators", timeout=2) as r:
+            tasks = json.loads(r.read())["tasks"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return sum(int(t["records_in"]) for t in tasks if "events" in t["operators"])
+
+
+def _start(name: str, rate: float, minutes: float, keys: int, work: Path) -> Worker:
+    app, sets = APPS[name]
+    run_dir = work / name.replace(" ", "-")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events = int(rate * (minutes * 60 + 120))  # outlasts the soak: it is stopped, not ended
+    sets = [
+        f"app.generate={events}",
+        f"app.rate={rate}",
+        f"app.keys={keys}",
+        f"app.output={run_dir / 'out'}",
+        f"checkpoint.dir={run_dir / 'ckpt'}",
+        "checkpoint.interval=1.0",
+        f"state.local_dir={run_dir / 'state'}",
+        "rest.port=0",
+        *sets,
+    ]
+    (run_dir / "state").mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", app]
+    for s in sets:
+        cmd += ["--set", s]
+    env, cwd = ours_env_cwd()
+    log = open(run_dir / "worker.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    log.close()
+    return Worker(name, proc, run_dir)
+
+
+def slope_pct_per_10min(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``(minutes, value)`` as % of the mean value per 10 minutes."""
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(v for _, v in points) / n
+    sxx = sum((t - mx) ** 2 for t, _ in points)
+    if sxx == 0 or my == 0:
+        return None
+    slope = sum((t - mx) * (v - my) for t, v in points) / sxx
+    return round(100 * slope * 10 / my, 3)
+
+
+def rates(samples: list[tuple[float, float, float, float, int]]) -> list[tuple[float, float]]:
+    """Events/s between consecutive samples, at the midpoint (minutes)."""
+    out = []
+    for a, b in itertools.pairwise(samples):
+        dt = (b[0] - a[0]) * 60
+        if dt > 0:
+            out.append(((a[0] + b[0]) / 2, (b[4] - a[4]) / dt))
+    return out
+
+
+def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
+    """Slopes after the warm-up, and the series."""
+    after = [s for s in w.samples if s[0] >= warmup_min]
+    rate_pts = [p for p in rates(w.samples) if p[0] >= warmup_min]
+    series = {
+        "rss_mb": [(t, r) for t, r, _, _, _ in after],
+        "working_state_mb": [(t, s) for t, _, s, _, _ in after],
+        "checkpoint_dir_mb": [(t, c) for t, _, _, c, _ in after],
+        "events_per_s": rate_pts,
+    }
+    slopes = {k: slope_pct_per_10min(v) for k, v in series.items()}
+    means = {k: round(sum(v for _, v in p) / len(p), 3) if p else None for k, p in series.items()}
+    flat = all(s is not None and abs(s) < TARGET_PCT_PER_10MIN for s in slopes.values())
+    return {
+        "app": w.name,
+        "exit_code": w.proc.returncode,
+        "samples": len(w.samples),
+        "warmup_min": warmup_min,
+        "mean_after_warmup": means,
+        "slope_pct_per_10min": slopes,
+        "flat": flat,
+        "series": {
+            "rss_mb": [(t, r) for t, r, _, _, _ in w.samples],
+            "working_state_mb": [(t, s) for t, _, s, _, _ in w.samples],
+            "checkpoint_dir_mb": [(t, c) for t, _, _, c, _ in w.samples],
+            "events_per_s": rates(w.samples),
+        },
+    }
+
+
+def run_soak(
+    minutes: float,
+    work: Path,
+    *,
+    rate: float,
+    keys: int,
+    warmup_min: float | None = None,
+) -> dict[str, Any]:
+    """Soak both apps for ``minutes`` at ``rate`` events/s each; return the document."""
+    warmup = warmup_min if warmup_min is not None else min(5.0, minutes / 4)
+    work.mkdir(parents=True, exist_ok=True)
+    say(
+        f"soak: pv_count and tumbling windows, {rate:,.0f} events/s each, {keys:,} keys, "
+        f"{minutes:g} min (slopes after {warmup:g} min)"
+    )
+    workers = [_start(name, rate, minutes, keys, work) for name in APPS]
+    t0 = time.monotonic()
+    try:
+        while (now := (time.monotonic() - t0) / 60) < minutes:
+            for w in workers:
+                if w.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"soak: {w.name} exited early ({w.proc.returncode}); "
+                        f"see {w.run_dir / 'worker.log'}"
+                    )
+                n = _events_read(w)
+                if n is None:
+                    continue  # not serving yet
+                rss = sum(_rss_kb(p) for p in process_tree(w.proc.pid)) / 1024
+                w.samples.append((round(now, 4), rss, disk_mb(w.state_dir), disk_mb(w.ckpt_dir), n))
+            if int(now * 60 / SAMPLE_S) % 12 == 0 and workers[0].samples:
+                say("  " + "; ".join(_line(w) for w in workers if w.samples))
+            time.sleep(SAMPLE_S)
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+    return {
+        "minutes": minutes,
+        "rate_per_app": rate,
+        "keys": keys,
+        "sample_s": SAMPLE_S,
+        "target_pct_per_10min": TARGET_PCT_PER_10MIN,
+        "apps": [summarize(w, warmup) for w in workers],
+    }
+
+
+def _line(w: Worker) -> str:
+    t, rss, state, ckpt, n = w.samples[-1]
+    return (
+        f"{w.name} {t:.1f} min: {n:,} events, RSS {rss:.0f} MB, "
+        f"state {state:.1f} MB, ckpt {ckpt:.1f} MB"
+    )
+
+
+def table(doc: dict[str, Any]) -> str:
+    """Slopes per app and series, in % of the mean per 10 minutes."""
+    names = ("rss_mb", "working_state_mb", "checkpoint_dir_mb", "events_per_s")
+    rows = [("app", *(f"{n} (mean)" for n in names), "flat")]
+    for a in doc["apps"]:
+        cells = []
+        for n in names:
+            s, m = a["slope_pct_per_10min"][n], a["mean_after_warmup"][n]
+            slope = "-" if s is None else f"{s:+.2f}"
+            cells.append(f"{slope} %/10min ({'-' if m is None else m})")
+        rows.append((a["app"], *cells, "yes" if a["flat"] else "NO"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
