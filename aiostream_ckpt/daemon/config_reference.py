@@ -77,7 +77,9 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     ),
     "state.local_dir": (
         "(a temp dir)",
-        "working copy of the keyed state (LMDB), rebuilt from the checkpoint on every start",
+        "working copy of the keyed state (LMDB), rebuilt from the checkpoint on every start: "
+        "one `aiostream-state-*` directory per attempt, deleted when it ends; one left by a "
+        "killed process (kill -9, OOM) is removed at the next start",
     ),
     "state.cache_max_entries": (None, "keyed-state entries cached in memory per operator"),
     "state.allow_pickle": (

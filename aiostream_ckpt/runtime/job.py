@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
+from aiostream_ckpt.state import local_dirs
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.environment import StreamEnvironment
@@ -226,9 +226,8 @@ class JobRunner:
         """One attempt; True when the job reached its end, False when cancelled."""
         config = self.config
         self.storage.discard_incomplete()
-        local_root = config.state.local_dir or Path(tempfile.gettempdir())
-        local_root.mkdir(parents=True, exist_ok=True)
-        local_dir = Path(tempfile.mkdtemp(prefix="aiostream-state-", dir=local_root))
+        local = local_dirs.claim(config.state.local_dir or Path(tempfile.gettempdir()))
+        local_dir = local.path
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         coordinator = CheckpointCoordinator(
             job_name=self.env.job_name,
@@ -274,7 +273,7 @@ class JobRunner:
         finally:
             self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
             executor.shutdown(wait=True, cancel_futures=True)
-            shutil.rmtree(local_dir, ignore_errors=True)
+            local.release()
 
     def _first_checkpoint_id(self, restored: CompletedCheckpoint | None) -> int:
         """Continue after the restored id (as Flink does after a savepoint).
