@@ -110,22 +110,26 @@ class WindowOperator(StreamOperator):
         kc = self._kc
         ks = self._key_selector
         tsf = self._ts
-        merging = self.spec.assigner.merging
-        assign = self.spec.assigner.assign
+        if self.spec.assigner.merging:
+            for rec in batch:
+                kc.key = ks(rec)
+                if not self._add_to_session(rec, tsf(rec)):
+                    self._late(rec)
+            return out
+        bounds = self.spec.assigner.bounds
+        add, after_add = self._add, self._after_add
+        lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
         for rec in batch:
             kc.key = ks(rec)
-            ts = tsf(rec)
-            if merging:
-                if not self._add_to_session(rec, ts):
-                    self._late(rec)
-                continue
             skipped = True
-            for window in assign(ts):
-                if window.end - 1 + self._lateness <= self.watermark:
+            for window in bounds(tsf(rec)):
+                max_ts = window[1] - 1
+                if max_ts + lateness <= watermark:
                     continue
                 skipped = False
-                self._add(window, rec)
-                self._after_add(window)
+                # a window that was there and is not due yet has its timers set already
+                if add(window, rec) or max_ts <= watermark:
+                    after_add(window)
             if skipped:
                 self._late(rec)
         return out
@@ -137,29 +141,31 @@ class WindowOperator(StreamOperator):
         else:
             self.late_dropped += 1
 
-    def _add(self, window: tuple[int, int], record: Any) -> None:
-        window = (window[0], window[1])  # a plain tuple: the JSON map key
+    def _add(self, window: tuple[int, int], record: Any) -> bool:
+        """Add ``record`` to the key's ``window`` (a plain tuple: the JSON map key); True if new."""
         contents = self._contents
         current = contents.get(window, _MISSING)
+        contents.put(window, self._fold(current, record))
+        return current is _MISSING
+
+    def _fold(self, current: Any, record: Any) -> Any:
+        """Return a window's contents with ``record`` added (``_MISSING``: a new window)."""
         kind = self.spec.kind
         if kind is WindowKind.AGGREGATE:
             fn: AggregateFunction[Any, Any, Any] = self.spec.function
-            acc = fn.create_accumulator() if current is _MISSING else current
-            contents.put(window, fn.add(record, acc))
-        elif kind is WindowKind.REDUCE:
-            reduce = self.spec.function
-            contents.put(window, record if current is _MISSING else reduce(current, record))
-        else:
-            # A new list each time: the state may still hold the old one for a snapshot.
-            contents.put(window, [record] if current is _MISSING else [*current, record])
+            return fn.add(record, fn.create_accumulator() if current is _MISSING else current)
+        if kind is WindowKind.REDUCE:
+            return record if current is _MISSING else self.spec.function(current, record)
+        # A new list each time: the state may still hold the old one for a snapshot.
+        return [record] if current is _MISSING else [*current, record]
 
-    def _after_add(self, window: TimeWindow) -> None:
+    def _after_add(self, window: tuple[int, int]) -> None:
         """Set the window's timers, or fire it now if its time has passed (late firing)."""
         timers = self._timers
         assert timers is not None
-        max_ts = window.end - 1
+        max_ts = window[1] - 1
         if max_ts <= self.watermark:
-            self._fire(window, self._contents.get((window.start, window.end)))
+            self._fire(TimeWindow(*window), self._contents.get(window))
         else:
             timers.register_event_time_timer(max_ts)
         if self._lateness:
@@ -178,18 +184,23 @@ class WindowOperator(StreamOperator):
                 merged = merged.cover(window)
             else:
                 others.append(window)
-        if merged.end - 1 + self._lateness <= self.watermark:
+        window = (merged.start, merged.end)
+        max_ts = window[1] - 1
+        if max_ts + self._lateness <= self.watermark:
             return False  # only possible with nothing touched: those were cleaned up
+        current: Any = _MISSING
+        existed = False
         if touched:
             touched.sort()
-            combined = self._merge_contents([v for _, v in touched])
-            gone = [window for window, _ in touched if window != merged]
-            for window in gone:
-                contents.remove(window)
-            contents.put((merged.start, merged.end), combined)
-            self._drop_timers(gone, [*others, merged])
-        self._add(merged, record)
-        self._after_add(merged)
+            current = self._merge_contents([v for _, v in touched])
+            gone = [w for w, _ in touched if w != window]
+            existed = len(gone) < len(touched)
+            for w in gone:
+                contents.remove(w)
+            self._drop_timers(gone, [*others, window])
+        contents.put(window, self._fold(current, record))
+        if not existed or max_ts <= self.watermark:  # else its timers are set already
+            self._after_add(window)
         return True
 
     def _timer_times(self, window: tuple[int, int]) -> tuple[int, ...]:

@@ -7,6 +7,7 @@ is its own state key: it serializes to a JSON array and comes back as a tuple.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from aiostream_ckpt.errors import ConfigError
@@ -46,6 +47,10 @@ class WindowAssigner(ABC):
     @abstractmethod
     def assign(self, timestamp: int) -> list[TimeWindow]: ...
 
+    def bounds(self, timestamp: int) -> Sequence[tuple[int, int]]:
+        """Return :meth:`assign`'s windows as plain ``(start, end)`` tuples (per record)."""
+        return [(w.start, w.end) for w in self.assign(timestamp)]
+
 
 class TumblingEventTimeWindows(WindowAssigner):
     """Fixed, non-overlapping windows of ``size``.
@@ -69,6 +74,11 @@ class TumblingEventTimeWindows(WindowAssigner):
     def assign(self, timestamp: int) -> list[TimeWindow]:
         start = window_start(timestamp, self.offset, self.size)
         return [TimeWindow(start, start + self.size)]
+
+    def bounds(self, timestamp: int) -> Sequence[tuple[int, int]]:
+        size = self.size
+        start = timestamp - (timestamp - self.offset + size) % size  # window_start, inlined
+        return ((start, start + size),)
 
 
 class SlidingEventTimeWindows(WindowAssigner):

@@ -149,13 +149,7 @@ class MapStateImpl(KeyedStateBase):
         return m
 
     def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
-        m = self._full_map(key)
-        out = []
-        for map_key, entry in list(m.items()):
-            v = self._live(key, m, map_key, entry)
-            if v is not _DELETED:
-                out.append((map_key, v))
-        return out
+        return list(self._full_map(key).items())  # complete: no markers, every entry live
 
     # -- MapState protocol -------------------------------------------------------
     def get(self, map_key: Any, default: Any = None) -> Any:
@@ -290,6 +284,15 @@ class TtlMapState(MapStateImpl):
     """Map state whose entries expire one by one, as Flink's do."""
 
     __slots__ = ()
+
+    def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
+        m = self._full_map(key)
+        out = []
+        for map_key, entry in list(m.items()):
+            v = self._live(key, m, map_key, entry)
+            if v is not _DELETED:
+                out.append((map_key, v))
+        return out
 
     def _wrap(self, value: Any) -> tuple[Any, Any]:
         now = self._now()
