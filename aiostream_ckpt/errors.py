@@ -48,6 +48,10 @@ class CorruptCheckpointError(CheckpointError):
     """Checkpoint metadata or a state file failed its checksum or could not be parsed."""
 
 
+class RestoreRefusedError(CheckpointError):
+    """A restore would retract committed output and was not allowed to (no retry helps)."""
+
+
 class StateError(AiostreamError):
     """Keyed or operator state could not be read, written or restored."""
 

@@ -160,8 +160,10 @@ class CheckpointCoordinator:
     ) -> asyncio.Future[CompletedCheckpoint]:
         """Inject barrier n at every source now; the future resolves when n completes."""
         cid = self._next_id
-        self._next_id += 1
         is_savepoint = savepoint_dir is not None
+        if is_savepoint:  # a savepoint leaves no chk-N behind: its id must not come back
+            self.storage.note_savepoint_id(cid)
+        self._next_id += 1
         pending = PendingCheckpoint(
             checkpoint_id=cid,
             is_savepoint=is_savepoint,
@@ -207,6 +209,23 @@ class CheckpointCoordinator:
         """Undo :meth:`suspend_triggers` (the stop failed and the job goes on)."""
         self._suspended = False
         self._maybe_trigger_final()
+
+    def commit_savepoint(self, checkpoint_id: int) -> None:
+        """Tell every task that savepoint ``checkpoint_id`` completed: sinks commit its output.
+
+        Only for stop-with-savepoint, as Flink does for a synchronous savepoint
+        (the stopped job's output is complete): no checkpoint may follow it,
+        and the caller first records it as the job's restore point
+        (:meth:`CheckpointStorage.record_stop_savepoint`).
+        """
+        for listener in self._listeners:
+            listener.notify_checkpoint_complete(checkpoint_id)
+
+    def skip_ids_through(self, checkpoint_id: int) -> None:
+        """Start above ``checkpoint_id`` (output is named by it already); only before start."""
+        if self._started:
+            raise CheckpointError("checkpoint ids can be skipped only before the first trigger")
+        self._next_id = max(self._next_id, checkpoint_id + 1)
 
     @property
     def next_checkpoint_id(self) -> int:

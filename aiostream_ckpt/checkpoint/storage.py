@@ -5,6 +5,9 @@ Layout::
     <dir>/chk-0000000042/_metadata           durable last: its presence = completed
     <dir>/chk-0000000042/<uid>-<subtask>/   files of this checkpoint only
     <dir>/shared/                           files later checkpoints build on (incremental)
+    <dir>/chk-0000000041.bad/_set_aside     a checkpoint judged bad, with the reason
+    <dir>/_checkpoint_ids                   highest id handed to a savepoint
+    <dir>/_stop_savepoint                   the savepoint a stop-with-savepoint committed
 
 Metadata is written to a temp file, fsynced, renamed, and the directory
 fsynced: a crash leaves either no metadata or a whole one, and the checksum
@@ -14,6 +17,7 @@ never touched by retention.
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import logging
 import os
@@ -22,6 +26,8 @@ import shutil
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import orjson
 
 from aiostream_ckpt.checkpoint.metadata import (
     METADATA_FILE,
@@ -34,6 +40,10 @@ from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)
 _CHK_RE = re.compile(r"^chk-(\d{10})$")
+_BAD_RE = re.compile(r"^chk-(\d{10})\.bad$")
+SET_ASIDE_FILE = "_set_aside"
+_IDS_FILE = "_checkpoint_ids"
+_STOP_SAVEPOINT_FILE = "_stop_savepoint"
 
 
 def fsync_dir(path: Path) -> None:
@@ -107,10 +117,89 @@ class CheckpointStorage:
                 ids.append(int(m.group(1)))
         return sorted(ids)
 
+    def _ids_set_aside(self) -> dict[int, Path]:
+        out: dict[int, Path] = {}
+        for p in self.root.iterdir():
+            m = _BAD_RE.match(p.name)
+            if m and p.is_dir():
+                out[int(m.group(1))] = p
+        return out
+
     def next_checkpoint_id(self) -> int:
-        """Ids grow across restarts, so a new checkpoint never reuses an old directory."""
-        ids = self._ids_on_disk()
-        return (ids[-1] + 1) if ids else 1
+        """One more than any id this directory has seen: ids only grow, across restarts too.
+
+        Committed output is named by checkpoint id, so an id must never come
+        back: checkpoints (kept or set aside) count, and so do savepoints,
+        which leave no ``chk-N`` behind (:meth:`note_savepoint_id`).
+        """
+        seen = [*self._ids_on_disk(), *self._ids_set_aside(), self._savepoint_high_water()]
+        return max(seen, default=0) + 1
+
+    def _savepoint_high_water(self) -> int:
+        try:
+            return int(orjson.loads((self.root / _IDS_FILE).read_bytes())["savepoint"])
+        except FileNotFoundError:
+            return 0
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{self.root / _IDS_FILE} is unreadable: {exc}") from exc
+
+    def note_savepoint_id(self, checkpoint_id: int) -> None:
+        """Remember a savepoint's id durably before its barrier goes out (rare: savepoints)."""
+        if checkpoint_id > self._savepoint_high_water():
+            write_atomically(self.root / _IDS_FILE, orjson.dumps({"savepoint": checkpoint_id}))
+
+    # -- bad checkpoints ---------------------------------------------------------------
+
+    def set_aside(self, checkpoint_id: int, reason: str) -> None:
+        """Rename a checkpoint judged bad to ``chk-N.bad`` so no restart picks it again.
+
+        Its files stay for inspection (``checkpoints list`` shows the reason);
+        retention neither keeps the shared files only it references nor
+        deletes the directory.
+        """
+        src = self.checkpoint_dir(checkpoint_id)
+        dst = src.with_name(src.name + ".bad")
+        note = {"reason": reason, "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        try:
+            write_atomically(src / SET_ASIDE_FILE, orjson.dumps(note))
+            os.replace(src, dst)
+            fsync_dir(self.root)
+        except (OSError, CheckpointError) as exc:
+            msg = f"cannot set aside bad checkpoint {checkpoint_id} ({src}): {exc}"
+            raise CheckpointError(msg, retriable=True) from exc
+        log.error("checkpoint %d set aside as %s: %s", checkpoint_id, dst.name, reason)
+
+    def set_aside_checkpoints(self) -> dict[int, str]:
+        """Checkpoint id -> why it was set aside, for every ``chk-N.bad``."""
+        out: dict[int, str] = {}
+        for cid, path in sorted(self._ids_set_aside().items()):
+            try:
+                out[cid] = str(orjson.loads((path / SET_ASIDE_FILE).read_bytes())["reason"])
+            except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+                out[cid] = "(reason unreadable)"
+        return out
+
+    # -- stop-with-savepoint -------------------------------------------------------------
+
+    def record_stop_savepoint(self, directory: Path, checkpoint_id: int) -> None:
+        """Make a stop-with-savepoint's savepoint this job's newest restore point.
+
+        Written before its output is committed: a restart on this directory
+        must then resume from the savepoint, not from an older checkpoint
+        whose restore would have to retract that output.
+        """
+        body = {"id": checkpoint_id, "path": str(directory.resolve())}
+        write_atomically(self.root / _STOP_SAVEPOINT_FILE, orjson.dumps(body))
+
+    def stop_savepoint(self) -> tuple[int, Path] | None:
+        try:
+            body = orjson.loads((self.root / _STOP_SAVEPOINT_FILE).read_bytes())
+            return int(body["id"]), Path(body["path"])
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            log.error("%s is unreadable (%s); ignoring it", self.root / _STOP_SAVEPOINT_FILE, exc)
+            return None
 
     def target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
         exclusive = self.checkpoint_dir(checkpoint_id) / f"{uid}-{subtask}"

@@ -26,6 +26,37 @@ def _raise_dead_letter(raw: bytes | str, reason: str, origin: dict[str, Any]) ->
     raise RecordError(f"malformed record at {origin}: {reason}")
 
 
+@dataclass(frozen=True, slots=True)
+class RestoreInfo:
+    """What an attempt restores from, for writers that must say why they retract output."""
+
+    kind: str  # "checkpoint" or "savepoint"; "none" after every checkpoint was set aside
+    checkpoint_id: int
+    path: str
+    #: unique per attempt: names the ``_retracted/<tag>/`` directory of this restore
+    tag: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.checkpoint_id, "path": self.path}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSurvey:
+    """What a writer's recovery would do to its output, found before it touches anything.
+
+    ``lost``: pre-committed transactions the restored state lists that are
+    neither staged nor committed (the restore point cannot be used);
+    ``retract``: committed files newer than the restored checkpoint, as
+    ``(name, records)``; ``highest_id``: the highest checkpoint id that names
+    any of its committed or retracted output (new ids must go above it).
+    """
+
+    location: str
+    lost: list[str]
+    retract: list[tuple[str, int]]
+    highest_id: int
+
+
 @dataclass(slots=True)
 class ConnectorContext:
     """What a reader or writer instance knows about its place in the job."""
@@ -39,6 +70,7 @@ class ConnectorContext:
     #: The job's ``checkpoint.max_concurrent``: sinks size their transaction pools by it.
     max_concurrent_checkpoints: int = 1
     dead_letter: DeadLetterFn = _raise_dead_letter
+    restore: RestoreInfo | None = None
 
 
 class SourceReader(Protocol):

@@ -344,7 +344,8 @@ class ExactlyOnceFileSink:
     Output is the committed files ``part-<checkpoint>-<subtask>.jsonl`` of
     ``directory``; read them with :func:`read_committed_output`. A fresh start
     (no checkpoint to restore) refuses a directory that already has committed
-    output, since appending to it would mix two runs.
+    output, since appending to it would mix two runs. What a reader may rely
+    on is the output contract of :mod:`aiostream_ckpt.connectors.output_recovery`.
     """
 
     def __init__(
@@ -368,4 +369,5 @@ class ExactlyOnceFileSink:
             attempt=ctx.attempt,
             prefix=self.prefix,
             serializer=self.serializer,
+            restore=ctx.restore,
         )

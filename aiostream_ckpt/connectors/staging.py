@@ -16,6 +16,9 @@ distinct prefixes)::
     part-0000000007-0003.jsonl        committed; sorts in commit order
 
 Hidden names keep staged data out of Spark's and the validator's view.
+Recovery (which files to commit, abort or retract, and whether the restored
+state belongs to this directory at all) follows the output contract of
+:mod:`aiostream_ckpt.connectors.output_recovery`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ from typing import IO, Any
 
 import orjson
 
+from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
+from aiostream_ckpt.connectors.output_recovery import (
+    claim_location,
+    count_records,
+    plan_recovery,
+    retract_files,
+)
 from aiostream_ckpt.errors import ConnectorError
 
 log = logging.getLogger(__name__)
@@ -190,12 +200,18 @@ def merge_writer_states(states: Iterable[Mapping[str, Any] | None]) -> dict[str,
     """Union of several old writers' states, for restoring at another parallelism.
 
     Committing is idempotent, so every new writer may be given the union.
+    They all wrote to one directory: its location is theirs.
     """
     seen: dict[str, list[str]] = {}
+    location = None
     for state in states:
         for staged, final in (state or {}).get("pending", []):
             seen.setdefault(staged, [staged, final])
-    return {"pending": list(seen.values())}
+        location = location or (state or {}).get("location")
+    merged: dict[str, Any] = {"pending": list(seen.values())}
+    if location is not None:
+        merged["location"] = location
+    return merged
 
 
 class StagedFileWriter:
@@ -221,8 +237,11 @@ class StagedFileWriter:
         prefix: str = "part",
         serializer: Serializer = orjson.dumps,
         buffer_size: int = _BUFFER_SIZE,
+        restore: RestoreInfo | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self._restore = restore
+        self._location: str | None = None
         self.subtask = subtask
         self._parallelism = parallelism
         self._attempt = attempt
@@ -250,53 +269,45 @@ class StagedFileWriter:
         p = self._parallelism
         return self.subtask == 0 and p is not None and subtask >= p
 
+    def survey(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> OutputSurvey:
+        """Tell what :meth:`recover` would commit, find lost and retract (touches nothing)."""
+        plan = plan_recovery(self.directory, self._naming, self._owns, restored, checkpoint_id)
+        retract = [(n, count_records(self.directory / n)) for n, _ in plan.retract]
+        return OutputSurvey(str(self.directory), plan.lost, retract, plan.highest_id)
+
     def _recover_sync(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
-        listed = [(str(s), str(f)) for s, f in (restored or {}).get("pending", [])]
-        for staged, final in listed:
-            _commit_file(d, staged, final)
-        keep = {s for s, _ in listed}
-        aborted: list[str] = []
-        newer: list[str] = []
-        foreign_committed: list[str] = []
-        with os.scandir(d) as it:
-            names = [e.name for e in it]
-        for name in names:
-            sub = self._naming.staged_subtask(name)
-            if sub is not None:
-                if self._owns(sub) and name not in keep:
-                    aborted.append(name)
-                continue
-            parsed = self._naming.committed(name)
-            if parsed is None:
-                continue
-            cid, sub = parsed
-            if checkpoint_id is None:
-                foreign_committed.append(name)
-            elif cid > checkpoint_id and self._owns(sub):
-                newer.append(name)
-        if checkpoint_id is None and restored is None and foreign_committed:
+        plan = plan_recovery(d, self._naming, self._owns, restored, checkpoint_id)
+        if plan.lost:
+            raise ConnectorError(
+                f"pre-committed file(s) {', '.join(str(d / s) for s in plan.lost)} are missing "
+                f"and were never committed: their records are lost",
+                retriable=False,
+            )
+        if plan.foreign:
             raise ConnectorError(
                 f"output directory already has committed output from a previous run: {d}; "
                 "use a new directory or remove it",
                 retriable=False,
             )
-        for name in aborted:
-            (d / name).unlink(missing_ok=True)
-        if aborted:
-            log.info("%s: discarded %d staged file(s) of unfinished checkpoints", d, len(aborted))
-        if newer:
-            log.warning(
-                "%s: removing committed output of checkpoints after %s, whose records "
-                "will be replayed: %s",
+        self._location = claim_location(d, plan.location)
+        for staged, final in plan.commit:
+            _commit_file(d, staged, final)
+        if plan.retract:
+            retract_files(
                 d,
-                checkpoint_id,
-                ", ".join(sorted(newer)),
+                plan.retract,
+                restore=self._restore,
+                checkpoint_id=checkpoint_id or 0,
+                owner=f"{self._naming.prefix}-{self.subtask:04d}",
             )
-            for name in newer:
-                (d / name).unlink(missing_ok=True)
-        if listed or aborted or newer:
+        for name in plan.abort:
+            (d / name).unlink(missing_ok=True)
+        if plan.abort:
+            n = len(plan.abort)
+            log.info("%s: discarded %d staged file(s) of unfinished checkpoints", d, n)
+        if plan.commit or plan.abort:
             _fsync_dir(d)
 
     # -- the open transaction ----------------------------------------------
@@ -375,7 +386,10 @@ class StagedFileWriter:
 
     def state(self) -> dict[str, Any]:
         """Writer state for a checkpoint: every pre-committed, uncommitted file."""
-        return {"pending": [[t.staged, t.final] for t in self._pending]}
+        state: dict[str, Any] = {"pending": [[t.staged, t.final] for t in self._pending]}
+        if self._location is not None:
+            state["location"] = self._location
+        return state
 
     async def commit(self, checkpoint_id: int) -> None:
         """Commit every pre-committed file up to ``checkpoint_id``; idempotent."""
@@ -397,14 +411,20 @@ class StagedFileWriter:
             _fsync_dir(self.directory)
 
     async def close(self) -> None:
-        """Close the open file without committing; recovery discards what it holds."""
+        """Close and delete the open transaction: never committed, so a stopped job leaves none.
+
+        Pre-committed files stay: a checkpoint lists them.
+        """
         self._closed = True
         f, self._file = self._file, None
+        txn, self._open = self._open, None
         if f is not None:
             try:
                 f.close()
+                if txn is not None:
+                    (self.directory / txn.staged).unlink(missing_ok=True)
             except OSError as e:  # its records are uncommitted: recovery discards them anyway
-                log.warning("%s: closing the open part file failed: %s", self.directory, e)
+                log.warning("%s: discarding the open part file failed: %s", self.directory, e)
 
 
 class DeadLetterWriter(StagedFileWriter):
@@ -426,9 +446,15 @@ class DeadLetterWriter(StagedFileWriter):
         parallelism: int | None = None,
         attempt: int = 0,
         prefix: str = "dead-letter",
+        restore: RestoreInfo | None = None,
     ) -> None:
         super().__init__(
-            directory, subtask=subtask, parallelism=parallelism, attempt=attempt, prefix=prefix
+            directory,
+            subtask=subtask,
+            parallelism=parallelism,
+            attempt=attempt,
+            prefix=prefix,
+            restore=restore,
         )
         self.count = 0
 

@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         help="drop savepoint state of operators (uids) the job no longer has",
     )
     run.add_argument(
+        "--allow-retract-output",
+        action="store_true",
+        help="let a savepoint restore move output committed after the savepoint to "
+        "<output>/_retracted/ (with a manifest) and produce it again",
+    )
+    run.add_argument(
         "--log-format", choices=["text", "json"], help="log lines as text (default) or JSON"
     )
     run.add_argument(
@@ -107,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
         sets.append(f"job.restore_from={args.from_savepoint}")
     if args.allow_non_restored_state:
         sets.append("job.allow_non_restored_state=true")
+    if args.allow_retract_output:
+        sets.append("job.allow_retract_output=true")
     if args.log_format:
         sets.append(f"log.format={args.log_format}")
     loaded = load_config(args.config, env=os.environ, sets=sets)

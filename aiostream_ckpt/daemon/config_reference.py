@@ -75,6 +75,12 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "drop (and log) savepoint state of uids the job no longer has "
         "(`run --allow-non-restored-state`)",
     ),
+    "job.allow_retract_output": (
+        None,
+        "let a savepoint restore move output committed after the savepoint to "
+        "`<output>/_retracted/` with a manifest (`run --allow-retract-output`; see the "
+        "output contract)",
+    ),
     "state.local_dir": (
         "(a temp dir)",
         "working copy of the keyed state (LMDB), rebuilt from the checkpoint on every start: "

@@ -65,7 +65,7 @@ def savepoint_dirs(*parents: Path) -> list[Path]:
 
 
 def list_checkpoints(directory: Path, savepoint_dir: Path | None = None) -> list[str]:
-    """Completed checkpoints newest first, then the savepoints beside them."""
+    """Completed checkpoints newest first, those set aside as bad, then the savepoints."""
     if not directory.is_dir():
         raise CheckpointError(f"not a checkpoint directory: {directory}")
     storage = CheckpointStorage(directory, create=False)
@@ -77,6 +77,8 @@ def list_checkpoints(directory: Path, savepoint_dir: Path | None = None) -> list
             lines.append(f"{cid:>6}  {'?':19}  {'?':>12}  {'?':>9}  CORRUPT: {exc}")
             continue
         lines.append(_row(str(cid), chk, "completed (final)" if chk.is_final else "completed"))
+    for cid, reason in sorted(storage.set_aside_checkpoints().items(), reverse=True):
+        lines.append(f"{cid:>6}  {'-':19}  {'-':>12}  {'-':>9}  set aside: {reason}")
     if len(lines) == 1:
         lines.append("(no completed checkpoints)")
     parents = [directory, directory / "savepoints"]

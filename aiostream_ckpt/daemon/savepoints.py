@@ -2,17 +2,19 @@
 
 A savepoint is a checkpoint triggered by hand into its own self-contained
 directory (the coordinator writes every state file and the ``_metadata``
-there; retention never touches it). Sinks are *not* told it completed, as in
-Flink's intermediate savepoints: their pre-committed output stays pending and
-is committed either by the next regular checkpoint or, after
-stop-with-savepoint, by the job restored from the savepoint (``recover``
-commits what the savepoint lists).
+there; retention never touches it). Sinks are *not* told an intermediate
+savepoint completed, as in Flink: their pre-committed output stays pending and
+is committed by the next regular checkpoint.
 
 Stop-with-savepoint first suspends periodic checkpoints: a checkpoint
 completing after the savepoint would commit output that the job restored from
 the savepoint produces again (a file sink can retract it on recovery, a Kafka
-transaction cannot). Records processed after the savepoint's barrier are only
-ever in open transactions, which the cancellation discards.
+transaction cannot). Then, as Flink does, the sinks commit the savepoint's
+output, so a stopped job's output is complete: the savepoint is first
+recorded in the checkpoint directory as the job's newest restore point, so a
+restart there resumes from it rather than retracting that output. Records
+processed after the savepoint's barrier are only ever in open transactions,
+which the cancellation discards.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class SavepointService:
                 raise
             self.stopping = True
             self.final_savepoint = result
+            await self._commit_savepoint(coordinator, result)
             log.info(
                 "stop-with-savepoint: savepoint %d at %s; stopping the job",
                 result.checkpoint_id,
@@ -141,6 +144,21 @@ class SavepointService:
             )
             self._runner.cancel()
             return result
+
+    async def _commit_savepoint(
+        self, coordinator: CheckpointCoordinator, result: SavepointResult
+    ) -> None:
+        """Commit the savepoint's output once it is the directory's restore point."""
+        storage = self._runner.storage
+        try:
+            await asyncio.to_thread(
+                storage.record_stop_savepoint, result.path, result.checkpoint_id
+            )
+        except CheckpointError as exc:  # still exact: a restore from it commits the output
+            log.error("stop-with-savepoint: %s; its output stays pre-committed", exc)
+            return
+        coordinator.commit_savepoint(result.checkpoint_id)
+        await self._wait_committed(result.checkpoint_id)
 
     async def cancel(self) -> None:
         """Stop now; the newest checkpoint stays for a later resume."""

@@ -140,6 +140,8 @@ class JobConfig:
     errors: ErrorConfig = field(default_factory=ErrorConfig)
     restore_from: Path | None = None
     allow_non_restored_state: bool = False
+    #: let a savepoint restore move output committed after it aside (see the output contract)
+    allow_retract_output: bool = False
 
     def validate(self) -> JobConfig:
         _check(

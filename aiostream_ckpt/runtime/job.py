@@ -22,17 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
-from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import Clock, SystemClock
-from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.base import ConnectorContext, RestoreInfo
 from aiostream_ckpt.errors import (
     ConfigError,
     CorruptCheckpointError,
     JobFailedError,
+    RestoreRefusedError,
     StateMigrationError,
 )
 from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
+from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.state import local_dirs
@@ -108,7 +110,7 @@ class JobRunner:
         self.storage = CheckpointStorage(self.config.checkpoint.directory)
         self.run_state = JobRun()
         self._on_started = on_started
-        self._bad_checkpoints: set[int] = set()
+        self.restore_points = RestorePoints(self.storage, self.config.restore_from)
         self._cancel = asyncio.Event()
         #: ids used so far in this process (savepoints leave no chk-N directory behind)
         self._next_id_floor = 1
@@ -118,21 +120,6 @@ class JobRunner:
         self._cancel.set()
 
     # -- restore point ----------------------------------------------------------------
-
-    def _restore_point(self) -> CompletedCheckpoint | None:
-        for cid in self.storage.completed_newest_first():
-            if cid in self._bad_checkpoints:
-                continue
-            try:
-                return read_checkpoint(self.storage.checkpoint_dir(cid))
-            except CorruptCheckpointError as exc:
-                log.error(
-                    "checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc
-                )
-                self._bad_checkpoints.add(cid)
-        if self.config.restore_from is not None:
-            return read_checkpoint(self.config.restore_from)
-        return None
 
     def _check_state_matches(self, restored: CompletedCheckpoint) -> None:
         """Refuse state for operators the job does not have, unless told to drop it.
@@ -174,7 +161,7 @@ class JobRunner:
         chains = plan_chains(self.env.transformations, self.config)
         run = self.run_state
         while True:
-            restored = self._restore_point()
+            restored = self.restore_points.choose()
             if restored is not None:
                 self._check_state_matches(restored)
                 log.info(
@@ -194,8 +181,11 @@ class JobRunner:
                     restored.checkpoint_id,
                     exc,
                 )
-                self._bad_checkpoints.add(restored.checkpoint_id)
+                self.restore_points.set_aside(restored.checkpoint_id, str(exc))
                 continue
+            except RestoreRefusedError as exc:
+                run.status = JobStatus.FAILED
+                raise JobFailedError(f"cannot restore: {exc}", exc) from exc
             except Exception as exc:
                 delay = strategy.next_delay(exc)
                 if delay is None:
@@ -240,6 +230,8 @@ class JobRunner:
         )
         if restored is not None and not restored.is_savepoint:
             coordinator.latest_completed = restored
+        fallback = restored is None and self.restore_points.after_set_aside()
+        restore = restore_info(restored, fallback=fallback)
         tasks: list[StreamTask] = []
         try:
             specs = build_chain_specs(
@@ -249,8 +241,8 @@ class JobRunner:
                 attempt=attempt,
                 backend_factory=_default_backend_factory(config, self.clock),
                 local_dir=local_dir,
-                dead_letter_factory=self._dead_letter_factory(),
-                connector_context=self._connector_context(attempt),
+                dead_letter_factory=self._dead_letter_factory(restore),
+                connector_context=self._connector_context(attempt, restore),
                 monotonic=self.clock.monotonic,
             )
             tasks = [
@@ -265,10 +257,20 @@ class JobRunner:
                 )
                 for spec in specs
             ]
+            if fallback:  # every checkpoint was set aside: all earlier output is newer
+                for t in tasks:
+                    t.recover_checkpoint_id = 0
             self.run_state.tasks = tasks
             self.run_state.coordinator = coordinator
             if self._on_started is not None:
                 self._on_started(self.run_state)
+            try:
+                await restore_tasks(
+                    tasks, restored, coordinator, allow_retract=config.allow_retract_output
+                )
+            except BaseException:
+                await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)
+                raise
             return await self._supervise(coordinator, tasks)
         finally:
             self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
@@ -309,7 +311,7 @@ class JobRunner:
                     t.cancel()
                 await asyncio.gather(*running, cancel_wait, return_exceptions=True)
 
-    def _dead_letter_factory(self) -> Callable[[str, int], Any] | None:
+    def _dead_letter_factory(self, restore: RestoreInfo | None) -> Callable[[str, int], Any] | None:
         errors = self.config.errors
         if errors.on_malformed is MalformedPolicy.FAIL:
             return None
@@ -320,11 +322,13 @@ class JobRunner:
         from aiostream_ckpt.connectors.files import DeadLetterWriter
 
         def factory(uid: str, subtask: int) -> Any:
-            return DeadLetterWriter(directory / uid, subtask)
+            return DeadLetterWriter(directory / uid, subtask, restore=restore)
 
         return factory
 
-    def _connector_context(self, attempt: int) -> Callable[[str, int, int, Any], ConnectorContext]:
+    def _connector_context(
+        self, attempt: int, restore: RestoreInfo | None
+    ) -> Callable[[str, int, int, Any], ConnectorContext]:
         def make(uid: str, subtask: int, parallelism: int, dead_letter: Any) -> ConnectorContext:
             ctx = ConnectorContext(
                 job_name=self.env.job_name,
@@ -334,6 +338,7 @@ class JobRunner:
                 attempt=attempt,
                 clock=self.clock,
                 max_concurrent_checkpoints=self.config.checkpoint.max_concurrent,
+                restore=restore,
             )
             if dead_letter is not None:
                 ctx.dead_letter = dead_letter

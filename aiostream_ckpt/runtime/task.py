@@ -33,7 +33,7 @@ from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint, TaskAck
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.connectors.base import SinkWriter, SourceReader
+from aiostream_ckpt.connectors.base import OutputSurvey, SinkWriter, SourceReader
 from aiostream_ckpt.errors import AiostreamError, CheckpointError
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.elements import (
@@ -142,6 +142,10 @@ class StreamTask:
         self._batch_size = batch_size
         self._params = params
         self._restored = restored
+        #: the checkpoint writers recover to: the restored one's id, None on a fresh
+        #: start, 0 when every checkpoint was set aside (all earlier output is newer)
+        self.recover_checkpoint_id = restored.checkpoint_id if restored is not None else None
+        self._state_restored = self._outputs_recovered = self._closed = False
         self.state = TaskState.CREATED
         self.metrics = TaskMetrics()
         self._lock = asyncio.Lock()
@@ -179,7 +183,8 @@ class StreamTask:
         self._bg.spawn(self._run_notifier(), f"{self.task_id}-notify")
         work: asyncio.Future[Any] | None = None
         try:
-            await self._open()
+            await self.restore_state()
+            await self.recover_outputs()
             main = self._run_source() if self.spec.reader is not None else self._run_input()
             work = asyncio.ensure_future(main)
             watch: set[asyncio.Future[Any]] = {work, self._bg_error}
@@ -199,13 +204,22 @@ class StreamTask:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
             await self._bg.cancel_all()
-            await self._close()
+            await self.close()
 
     def _background_failed(self, exc: BaseException) -> None:
         if not self._bg_error.done():
             self._bg_error.set_result(exc)
 
-    async def _open(self) -> None:
+    # -- restore, in the job's order: every task's state, then the outputs -------------
+
+    async def restore_state(self) -> None:
+        """Rewind the source and restore keyed state (verifying its files); idempotent.
+
+        The job runs this for every task before any task recovers its outputs,
+        so a corrupt checkpoint is found before a sink commits or retracts.
+        """
+        if self._state_restored:
+            return
         spec = self.spec
         restored = self._restored
         if spec.reader is not None:
@@ -215,11 +229,6 @@ class StreamTask:
                 for st in restored.subtask_states(spec.head_uid).values():
                     positions.update((st.get("operator") or {}).get("positions", {}))
             await spec.reader.start(positions)
-            if spec.dead_letter is not None:
-                await spec.dead_letter.recover(
-                    self._restored_writer_state(spec.head_uid, DEAD_LETTER_KEY, spec.dead_letter),
-                    restored.checkpoint_id if restored else None,
-                )
         for op in spec.operators:
             if op.backend is not None and restored is not None:
                 handles = [
@@ -240,12 +249,37 @@ class StreamTask:
                     backend=op.backend,
                 )
             )
-        if spec.writer is not None:
-            await spec.writer.recover(
-                self._restored_writer_state(spec.sink_uid, "writer", spec.writer),
-                restored.checkpoint_id if restored else None,
-            )
         self._restore_time()
+        self._state_restored = True
+
+    def _writers(self) -> list[tuple[Any, str | None, str]]:
+        spec = self.spec
+        out: list[tuple[Any, str | None, str]] = []
+        if spec.reader is not None and spec.dead_letter is not None:
+            out.append((spec.dead_letter, spec.head_uid, DEAD_LETTER_KEY))
+        if spec.writer is not None:
+            out.append((spec.writer, spec.sink_uid, "writer"))
+        return out
+
+    async def survey_outputs(self) -> list[OutputSurvey]:
+        """Tell what recovering this task's writers would do (read-only)."""
+        out = []
+        for writer, uid, key in self._writers():
+            survey = getattr(writer, "survey", None)
+            if callable(survey):
+                state = self._restored_writer_state(uid, key, writer)
+                out.append(await asyncio.to_thread(survey, state, self.recover_checkpoint_id))
+        return out
+
+    async def recover_outputs(self) -> None:
+        """Let the dead-letter writer and the sink commit, abort and retract; idempotent."""
+        if self._outputs_recovered:
+            return
+        for writer, uid, key in self._writers():
+            await writer.recover(
+                self._restored_writer_state(uid, key, writer), self.recover_checkpoint_id
+            )
+        self._outputs_recovered = True
 
     def _restored_writer_state(
         self, uid: str | None, key: str, writer: object
@@ -260,7 +294,11 @@ class StreamTask:
             writer=writer,
         )
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
+        """Close operators, backends, reader and writers (once; also if never run)."""
+        if self._closed:
+            return
+        self._closed = True
         spec = self.spec
         for op in spec.operators:
             try:

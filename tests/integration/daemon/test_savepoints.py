@@ -78,15 +78,28 @@ def test_stop_with_savepoint_restore_at_1_and_3(tmp_path: Path) -> None:
 
 
 def test_restore_in_the_same_checkpoint_dir_prefers_its_checkpoints(tmp_path: Path) -> None:
-    """Flink HA's rule: the job's own newer checkpoints win over --from-savepoint; still exact."""
-    savepoint, _ = stop_with_savepoint(tmp_path, 2)
+    """Flink HA's rule: the directory's own newer restore point wins over --from-savepoint.
+
+    After stop-with-savepoint that is the stop's savepoint (its output is
+    committed, so the directory records it), not an older savepoint named on
+    the command line; still exact, nothing retracted.
+    """
+    with live(tmp_path / "ckpt", tmp_path / "out", 2) as d:
+        d.wait_for("checkpoint 2 completed")
+        status, older = d.request("POST", "/savepoints", token=TOKEN)
+        assert status == 200, older
+        d.wait_for("checkpoint 4 completed")
+        status, stop = d.request("POST", "/job/stop-with-savepoint", token=TOKEN)
+        assert status == 200, stop
+        assert d.wait() == 0, d.stderr[-3000:]
     r = cli(
         *pv_args(tmp_path / "ckpt", tmp_path / "out", 2, "--set", "rest.enabled=false"),
         "--from-savepoint",
-        str(savepoint),
+        older["path"],
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "restoring from checkpoint" in r.stderr
+    assert f"restoring from savepoint {stop['id']}" in r.stderr
+    assert not (tmp_path / "out" / "_retracted").exists()
     assert check_pv_output(
         tmp_path / "out", generated_counts(EVENTS, splits=SPLITS, keys=KEYS)
     ).exact

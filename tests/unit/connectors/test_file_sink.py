@@ -16,6 +16,7 @@ from aiostream_ckpt.connectors.files import (
     merge_writer_states,
     read_committed_output,
 )
+from aiostream_ckpt.connectors.output_recovery import LOCATION_FILE, read_location
 from aiostream_ckpt.connectors.staging import StagedFileWriter
 from aiostream_ckpt.errors import ConnectorError
 
@@ -33,7 +34,8 @@ async def writer(
 
 
 def listing(d: Path) -> list[str]:
-    return sorted(os.listdir(d))
+    """Output and staged files (the hidden location marker is neither)."""
+    return sorted(n for n in os.listdir(d) if n != LOCATION_FILE)
 
 
 def committed(d: Path) -> list[Any]:
@@ -51,14 +53,17 @@ async def test_prepare_then_commit_makes_output_visible(tmp_path: Path) -> None:
     await w.write([])
     assert committed(tmp_path) == []
     state = await w.prepare_commit(1)
-    assert state == {"pending": [[".part-0000-0000000001.pending", "part-0000000001-0000.jsonl"]]}
+    assert state == {
+        "pending": [[".part-0000-0000000001.pending", "part-0000000001-0000.jsonl"]],
+        "location": read_location(tmp_path),
+    }
     assert committed(tmp_path) == []
     await w.commit(1)
     await w.commit(1)  # idempotent
     assert committed(tmp_path) == [{"a": 1}, {"a": 2}]
     assert listing(tmp_path) == ["part-0000000001-0000.jsonl"]
     # An epoch without records creates no file.
-    assert await w.prepare_commit(2) == {"pending": []}
+    assert await w.prepare_commit(2) == {"pending": [], "location": read_location(tmp_path)}
     await w.commit(2)
     assert listing(tmp_path) == ["part-0000000001-0000.jsonl"]
 
@@ -121,9 +126,8 @@ async def test_recover_discards_staged_files_of_unfinished_checkpoints(tmp_path:
     await w.prepare_commit(2)  # checkpoint 2 never completes
     await w.write([{"n": 3}])
     await w.close()
-    other = await writer(tmp_path, {"pending": []}, 1, subtask=1, parallelism=2)
-    await other.write([{"other": 1}])
-    await other.close()
+    # what a killed subtask 1 leaves behind (close() would have discarded it)
+    (tmp_path / ".part-0001-a0-1.inprogress").write_bytes(b'{"other": 1}\n')
     before = listing(tmp_path)
     assert ".part-0000-0000000002.pending" in before
 
@@ -135,21 +139,46 @@ async def test_recover_discards_staged_files_of_unfinished_checkpoints(tmp_path:
     assert committed(tmp_path) == [{"n": 1}]
 
 
-async def test_recover_to_older_checkpoint_removes_newer_committed_files(
+async def test_close_discards_the_open_transaction_only(tmp_path: Path) -> None:
+    """A stopped writer leaves no hidden in-progress file; pre-committed ones stay listed."""
+    w = await writer(tmp_path)
+    await w.write([{"n": 1}])
+    await w.prepare_commit(1)
+    await w.write([{"n": 2}])
+    await w.close()
+    assert listing(tmp_path) == [".part-0000-0000000001.pending"]
+
+
+async def test_recover_to_older_checkpoint_retracts_newer_committed_files(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Output committed after the restored checkpoint moves aside with a manifest, never deleted."""
     w = await writer(tmp_path)
     states = {}
     for cid in (1, 2, 3):
-        await w.write([{"n": cid}])
+        await w.write([{"n": cid}, {"n": cid}])
         states[cid] = roundtrip(await w.prepare_commit(cid))
         await w.commit(cid)
     await w.close()
     with caplog.at_level(logging.WARNING):
         await writer(tmp_path, states[1], 1)  # checkpoints 2 and 3 turned out corrupt
-    assert committed(tmp_path) == [{"n": 1}]
-    assert "part-0000000002-0000.jsonl" in caplog.text
-    assert "part-0000000003-0000.jsonl" in caplog.text
+    assert committed(tmp_path) == [{"n": 1}, {"n": 1}]
+    assert "retracted 4 committed record(s) in 2 file(s) of checkpoint(s) 2, 3" in caplog.text
+    [aside] = (tmp_path / "_retracted").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == [
+        "_manifest-part-0000.json",
+        "part-0000000002-0000.jsonl",
+        "part-0000000003-0000.jsonl",
+    ]
+    manifest = orjson.loads((aside / "_manifest-part-0000.json").read_bytes())
+    assert [(e["file"], e["checkpoint"], e["records"]) for e in manifest["what"]] == [
+        ("part-0000000002-0000.jsonl", 2, 2),
+        ("part-0000000003-0000.jsonl", 3, 2),
+    ]
+    assert manifest["records"] == 4 and manifest["restored"]["id"] == 1
+    assert "restored checkpoint 1" in manifest["why"]
+    survey = ExactlyOnceFileSink(tmp_path).create_writer(ctx()).survey(states[1], 1)
+    assert survey.retract == [] and survey.highest_id == 3, "retracted names stay used"
 
 
 async def test_recover_fails_when_listed_file_is_gone(tmp_path: Path) -> None:

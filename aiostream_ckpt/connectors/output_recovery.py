@@ -1,0 +1,235 @@
+"""Recovering a staged-file output directory, under the output contract.
+
+The contract (what a reader of the directory may rely on):
+
+- a visible ``part-<checkpoint>-<subtask>.jsonl`` is committed: its content
+  never changes and its name is never used again, by this run or any later
+  one restored into the directory (checkpoint ids only grow: a new attempt
+  starts above the highest id any file of the directory, retracted ones
+  included, is named by);
+- output is withdrawn only when a restore goes back before it (a corrupt
+  newest checkpoint, or a savepoint restored with ``--allow-retract-output``),
+  only after every task's restored state was verified, and never deleted:
+  the files move to ``_retracted/<restore tag>/`` with a manifest saying
+  which files, how many records, why, which checkpoint was restored and
+  which checkpoint each file belonged to; their records are produced again
+  from the restored point.
+
+A directory also carries a hidden location marker: the writer state records
+it, so a savepoint restored into another directory or a fresh volume starts
+a fresh output there instead of looking for the old location's staged files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import secrets
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from aiostream_ckpt.connectors.base import RestoreInfo
+
+log = logging.getLogger(__name__)
+
+LOCATION_FILE = "_output_location"
+RETRACTED_DIR = "_retracted"
+
+
+class Naming(Protocol):
+    def staged_subtask(self, name: str) -> int | None: ...
+
+    def committed(self, name: str) -> tuple[int, int] | None: ...
+
+
+@dataclass
+class RecoveryPlan:
+    """What recovering one writer does; worked out before anything is touched."""
+
+    #: (staged, final) pre-committed files to commit now
+    commit: list[tuple[str, str]] = field(default_factory=list)
+    #: listed pre-committed files that are neither staged nor committed
+    lost: list[str] = field(default_factory=list)
+    #: staged files of this writer the restored state does not list
+    abort: list[str] = field(default_factory=list)
+    #: (name, checkpoint id) of committed files newer than the restored checkpoint
+    retract: list[tuple[str, int]] = field(default_factory=list)
+    #: committed files in a directory this restore must find without output
+    foreign: list[str] = field(default_factory=list)
+    #: location id the directory has or will get (None: a new one is made)
+    location: str | None = None
+    highest_id: int = 0
+
+
+def read_location(directory: Path) -> str | None:
+    try:
+        return (directory / LOCATION_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def claim_location(directory: Path, wanted: str | None) -> str:
+    """Give ``directory`` its location id unless it has one (writers race: first wins)."""
+    current = read_location(directory)
+    if current is not None:
+        return current
+    tmp = directory / f"{LOCATION_FILE}.{secrets.token_hex(4)}.tmp"
+    tmp.write_text((wanted or uuid.uuid4().hex) + "\n")
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, directory / LOCATION_FILE)  # exclusive, unlike rename
+    finally:
+        tmp.unlink(missing_ok=True)
+    located = read_location(directory)
+    assert located is not None
+    return located
+
+
+def _highest_id(directory: Path, names: Iterable[str], naming: Naming) -> int:
+    ids = [p[0] for p in map(naming.committed, names) if p is not None]
+    retracted = directory / RETRACTED_DIR
+    if retracted.is_dir():
+        for sub in retracted.iterdir():
+            if sub.is_dir():
+                ids += [p[0] for p in map(naming.committed, os.listdir(sub)) if p is not None]
+    return max(ids, default=0)
+
+
+def plan_recovery(
+    directory: Path,
+    naming: Naming,
+    owns: Callable[[int], bool],
+    restored: dict[str, Any] | None,
+    checkpoint_id: int | None,
+) -> RecoveryPlan:
+    """Classify the directory's files for a writer restored to ``checkpoint_id`` (read-only).
+
+    ``checkpoint_id`` None is a fresh start (committed output there is
+    foreign); 0 a restore to before the first checkpoint (every checkpoint
+    was set aside: all own output is newer).
+    """
+    names = os.listdir(directory) if directory.is_dir() else []
+    present = set(names)
+    listed = [(str(s), str(f)) for s, f in (restored or {}).get("pending", [])]
+    state_location = (restored or {}).get("location")
+    marker = read_location(directory)
+    if state_location is None or marker == state_location:
+        same = True
+    elif marker is None:  # a directory that lost its marker still holds the listed files
+        same = any(s in present or f in present for s, f in listed)
+    else:
+        same = False
+    plan = RecoveryPlan(highest_id=_highest_id(directory, names, naming))
+    plan.location = marker if marker is not None else (state_location if same else None)
+    keep: set[str] = set()
+    if same:
+        for staged, final in listed:
+            keep.add(staged)
+            if staged in present:
+                plan.commit.append((staged, final))
+            elif final not in present:
+                plan.lost.append(staged)
+    for name in names:
+        sub = naming.staged_subtask(name)
+        if sub is not None:
+            if owns(sub) and name not in keep:
+                plan.abort.append(name)
+            continue
+        parsed = naming.committed(name)
+        if parsed is None:
+            continue
+        cid, sub = parsed
+        if checkpoint_id is None or not same:
+            plan.foreign.append(name)
+        elif cid > checkpoint_id and owns(sub):
+            plan.retract.append((name, cid))
+    plan.retract.sort(key=lambda r: r[1])
+    return plan
+
+
+def count_records(path: Path) -> int:
+    """Lines of a committed JSON-lines file (one record each)."""
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+    return n
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def retract_files(
+    directory: Path,
+    files: list[tuple[str, int]],
+    *,
+    restore: RestoreInfo | None,
+    checkpoint_id: int,
+    owner: str,
+) -> int:
+    """Move committed ``files`` aside with a manifest; return their record count.
+
+    The manifest is durable before the first file moves: a crash in between
+    leaves files still visible, which the next recovery retracts again.
+    """
+    tag = restore.tag if restore is not None else dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    target = directory / RETRACTED_DIR / tag
+    target.mkdir(parents=True, exist_ok=True)
+    entries: list[dict[str, Any]] = []
+    for name, cid in files:
+        path = directory / name
+        entries.append(
+            {
+                "file": name,
+                "checkpoint": cid,
+                "records": count_records(path),
+                "bytes": path.stat().st_size,
+            }
+        )
+    total = sum(int(e["records"]) for e in entries)
+    kind = restore.kind if restore is not None else "checkpoint"
+    manifest = {
+        "what": entries,
+        "records": total,
+        "why": (
+            f"committed after the restored {kind} {checkpoint_id}: the job was restored to "
+            "a point before this output, and produces its records again from there"
+        ),
+        "restored": restore.to_json() if restore is not None else {"id": checkpoint_id},
+        "time": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    manifest_path = target / f"_manifest-{owner}.json"
+    tmp = manifest_path.with_name(manifest_path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, manifest_path)
+    for name, _ in files:
+        os.rename(directory / name, target / name)
+    _fsync_dir(target)
+    _fsync_dir(directory)
+    log.warning(
+        "%s: retracted %d committed record(s) in %d file(s) of checkpoint(s) %s, committed "
+        "after the restored %s %d; moved to %s with a manifest, their records are produced again",
+        directory,
+        total,
+        len(files),
+        ", ".join(str(c) for c in sorted({c for _, c in files})),
+        kind,
+        checkpoint_id,
+        target,
+    )
+    return total

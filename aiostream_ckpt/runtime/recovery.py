@@ -1,0 +1,144 @@
+"""An attempt's restore, in the order that keeps committed output safe.
+
+1. **Choose**: the newest completed checkpoint of the directory that is not
+   set aside, or the savepoint a stop-with-savepoint committed if it is newer,
+   else the ``--from-savepoint`` savepoint, else nothing (a fresh start).
+   Unreadable metadata sets its checkpoint aside at once.
+2. **Verify**: every task rewinds its source and restores its keyed state;
+   restoring checks every state file (present, size, sha256) before applying
+   it. Nothing is written to any output yet.
+3. **Survey** the outputs: what each file writer would commit, which of its
+   pre-committed files are gone (the restore point is then unusable), what it
+   would retract, and the highest checkpoint id its output has used.
+4. **Decide**: a checkpoint that failed 2 or 3 is set aside (renamed
+   ``chk-N.bad``, never chosen again) and the runner tries the next older
+   one; a savepoint restore that would retract committed output is refused
+   unless ``--allow-retract-output``; new checkpoint ids start above every
+   id the outputs used.
+5. **Recover** the outputs: only now do sinks and dead-letter writers commit,
+   abort and retract (move aside with a manifest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import secrets
+from collections.abc import Awaitable, Iterable
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
+from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
+from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError, RestoreRefusedError
+from aiostream_ckpt.runtime.task import StreamTask
+
+log = logging.getLogger(__name__)
+
+
+class RestorePoints:
+    """Chooses restore points and sets aside the bad ones, durably."""
+
+    def __init__(self, storage: CheckpointStorage, restore_from: Path | None) -> None:
+        self.storage = storage
+        self.restore_from = restore_from
+        #: set aside in this process when the rename failed (read-only directory)
+        self._bad: set[int] = set()
+
+    def set_aside(self, checkpoint_id: int, reason: str) -> None:
+        self._bad.add(checkpoint_id)
+        try:
+            self.storage.set_aside(checkpoint_id, reason)
+        except CheckpointError as exc:
+            log.error("%s; skipping it in this process only", exc)
+
+    def choose(self) -> CompletedCheckpoint | None:
+        chosen: CompletedCheckpoint | None = None
+        for cid in self.storage.completed_newest_first():
+            if cid in self._bad:
+                continue
+            try:
+                chosen = read_checkpoint(self.storage.checkpoint_dir(cid))
+                break
+            except CorruptCheckpointError as exc:
+                log.error(
+                    "checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc
+                )
+                self.set_aside(cid, str(exc))
+        stopped = self.storage.stop_savepoint()
+        if stopped is not None and (chosen is None or stopped[0] > chosen.checkpoint_id):
+            try:
+                return read_checkpoint(stopped[1])
+            except CorruptCheckpointError as exc:
+                log.error("the stop-with-savepoint's savepoint cannot be used: %s", exc)
+        if chosen is None and self.restore_from is not None:
+            return read_checkpoint(self.restore_from)
+        return chosen
+
+    def after_set_aside(self) -> bool:
+        """Whether checkpoints were set aside: restoring nothing then means 'before them all'."""
+        return bool(self._bad) or bool(self.storage.set_aside_checkpoints())
+
+
+def restore_info(restored: CompletedCheckpoint | None, *, fallback: bool) -> RestoreInfo | None:
+    """Describe the restore for retraction manifests (None on a plain fresh start)."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    if restored is None:
+        if not fallback:
+            return None
+        return RestoreInfo("none", 0, "", f"{stamp}-restored-nothing-{secrets.token_hex(3)}")
+    kind = "savepoint" if restored.is_savepoint else "checkpoint"
+    tag = f"{stamp}-restored-{kind}-{restored.checkpoint_id}-{secrets.token_hex(3)}"
+    return RestoreInfo(kind, restored.checkpoint_id, str(restored.directory), tag)
+
+
+async def _all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Await every step, then raise the first failure (none is left running)."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+async def restore_tasks(
+    tasks: list[StreamTask],
+    restored: CompletedCheckpoint | None,
+    coordinator: CheckpointCoordinator,
+    *,
+    allow_retract: bool,
+) -> None:
+    """Run steps 2-5 of the module docstring for one attempt (before the coordinator starts)."""
+    await _all(t.restore_state() for t in tasks)
+    found = await _all(t.survey_outputs() for t in tasks)
+    surveys: list[OutputSurvey] = [s for per_task in found for s in per_task]
+    lost = [f"{s.location}/{name}" for s in surveys for name in s.lost]
+    if lost:
+        what = "savepoint" if restored is not None and restored.is_savepoint else "checkpoint"
+        raise CorruptCheckpointError(
+            f"{what} {restored.checkpoint_id if restored else '?'} lists pre-committed output "
+            f"that is neither staged nor committed: {', '.join(lost[:5])}"
+            + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        )
+    retract = [(s.location, name, n) for s in surveys for name, n in s.retract]
+    if retract and restored is not None and restored.is_savepoint and not allow_retract:
+        raise RestoreRefusedError(_refusal(restored, retract))
+    coordinator.skip_ids_through(max((s.highest_id for s in surveys), default=0))
+    await _all(t.recover_outputs() for t in tasks)
+
+
+def _refusal(restored: CompletedCheckpoint, retract: list[tuple[str, str, int]]) -> str:
+    records = sum(n for _, _, n in retract)
+    places = sorted({loc for loc, _, _ in retract})
+    names = ", ".join(name for _, name, _ in retract[:5]) + (" ..." if len(retract) > 5 else "")
+    return (
+        f"restoring savepoint {restored.checkpoint_id} ({restored.directory}) would retract "
+        f"{len(retract)} committed file(s) with {records} record(s) that were committed after "
+        f"it, in {', '.join(places)} ({names}); nothing was changed. Either restore into a new "
+        "output directory (blue/green: the job starts writing there from the savepoint's "
+        "positions), or run again with --allow-retract-output to move those files to "
+        "<output>/_retracted/ with a manifest and produce their records again"
+    )
