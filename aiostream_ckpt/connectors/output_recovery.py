@@ -163,7 +163,8 @@ def count_records(path: Path) -> int:
     return n
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make renames and creations in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -219,8 +220,8 @@ def retract_files(
     os.replace(tmp, manifest_path)
     for name, _ in files:
         os.rename(directory / name, target / name)
-    _fsync_dir(target)
-    _fsync_dir(directory)
+    fsync_dir(target)
+    fsync_dir(directory)
     log.warning(
         "%s: retracted %d committed record(s) in %d file(s) of checkpoint(s) %s, committed "
         "after the restored %s %d; moved to %s with a manifest, their records are produced again",

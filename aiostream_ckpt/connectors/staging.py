@@ -41,6 +41,7 @@ from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
 from aiostream_ckpt.connectors.output_recovery import (
     claim_location,
     count_records,
+    fsync_dir,
     plan_recovery,
     retract_files,
 )
@@ -123,14 +124,6 @@ def serialize_lines(records: list[Any], dumps: Serializer = orjson.dumps) -> byt
         return join(map(dumps, records)) + b"\n"
     n = _SERIALIZE_SLICE
     return join([join(map(dumps, records[i : i + n])) for i in range(0, len(records), n)]) + b"\n"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _io_error(what: str, path: Path, e: OSError) -> ConnectorError:
@@ -308,7 +301,7 @@ class StagedFileWriter:
             n = len(plan.abort)
             log.info("%s: discarded %d staged file(s) of unfinished checkpoints", d, n)
         if plan.commit or plan.abort:
-            _fsync_dir(d)
+            fsync_dir(d)
 
     # -- the open transaction ----------------------------------------------
 
@@ -382,7 +375,7 @@ class StagedFileWriter:
             )
         with _io("pre-commit", d / inprogress):
             os.rename(d / inprogress, d / pending)
-            _fsync_dir(d)
+            fsync_dir(d)
 
     def state(self) -> dict[str, Any]:
         """Writer state for a checkpoint: every pre-committed, uncommitted file."""
@@ -408,7 +401,7 @@ class StagedFileWriter:
         with _io("commit into", self.directory):
             for t in due:
                 _commit_file(self.directory, t.staged, t.final)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
 
     async def close(self) -> None:
         """Close and delete the open transaction: never committed, so a stopped job leaves none.

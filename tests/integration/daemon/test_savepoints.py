@@ -88,7 +88,7 @@ def test_restore_in_the_same_checkpoint_dir_prefers_its_checkpoints(tmp_path: Pa
         d.wait_for("checkpoint 2 completed")
         status, older = d.request("POST", "/savepoints", token=TOKEN)
         assert status == 200, older
-        d.wait_for("checkpoint 4 completed")
+        d.wait_for(f"checkpoint {older['id'] + 1} completed")
         status, stop = d.request("POST", "/job/stop-with-savepoint", token=TOKEN)
         assert status == 200, stop
         assert d.wait() == 0, d.stderr[-3000:]
