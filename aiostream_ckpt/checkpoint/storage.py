@@ -8,6 +8,7 @@ Layout::
     <dir>/chk-0000000041.bad/_set_aside     a checkpoint judged bad, with the reason
     <dir>/_checkpoint_ids                   highest id handed to a savepoint
     <dir>/_stop_savepoint                   the savepoint a stop-with-savepoint committed
+    <dir>/_stop_savepoint.bad               ... once it proved bad, with the reason
 
 Metadata is written to a temp file, fsynced, renamed, and the directory
 fsynced: a crash leaves either no metadata or a whole one, and the checksum
@@ -200,6 +201,25 @@ class CheckpointStorage:
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             log.error("%s is unreadable (%s); ignoring it", self.root / _STOP_SAVEPOINT_FILE, exc)
             return None
+
+    def set_aside_stop_savepoint(self, reason: str) -> None:
+        """Stop restoring from the stop-with-savepoint's savepoint (it proved bad).
+
+        The record is renamed, with the reason, not deleted; restores go back
+        to the newest checkpoint, retracting the savepoint's committed output.
+        """
+        src = self.root / _STOP_SAVEPOINT_FILE
+        try:
+            body = orjson.loads(src.read_bytes())
+            body["set_aside"] = reason
+            write_atomically(src.with_name(src.name + ".bad"), orjson.dumps(body))
+            src.unlink()
+            fsync_dir(self.root)
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError, TypeError) as exc:
+            raise CheckpointError(f"cannot set aside {src}: {exc}", retriable=True) from exc
+        log.error("the stop-with-savepoint's savepoint %s is set aside: %s", body["path"], reason)
 
     def target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
         exclusive = self.checkpoint_dir(checkpoint_id) / f"{uid}-{subtask}"

@@ -174,6 +174,9 @@ class JobRunner:
             try:
                 finished = await self._run_attempt(chains, restored, run.attempt)
             except CorruptCheckpointError as exc:
+                if restored is not None and self.restore_points.is_stop_savepoint(restored):
+                    self.restore_points.set_aside_stop_savepoint(str(exc))
+                    continue
                 if restored is None or restored.is_savepoint:
                     raise JobFailedError(f"cannot restore: {exc}", exc) from exc
                 log.error(

@@ -47,11 +47,27 @@ class RestorePoints:
         self.restore_from = restore_from
         #: set aside in this process when the rename failed (read-only directory)
         self._bad: set[int] = set()
+        #: the directory of the stop-with-savepoint's savepoint when it was chosen
+        self._stop_savepoint: Path | None = None
+        self._stop_savepoint_bad = False
 
     def set_aside(self, checkpoint_id: int, reason: str) -> None:
         self._bad.add(checkpoint_id)
         try:
             self.storage.set_aside(checkpoint_id, reason)
+        except CheckpointError as exc:
+            log.error("%s; skipping it in this process only", exc)
+
+    def is_stop_savepoint(self, restored: CompletedCheckpoint) -> bool:
+        """Whether ``restored`` is the directory's own stop-with-savepoint restore point."""
+        return restored.is_savepoint and restored.directory == self._stop_savepoint
+
+    def set_aside_stop_savepoint(self, reason: str) -> None:
+        """Fall back from a bad stop-with-savepoint savepoint to the checkpoints."""
+        self._stop_savepoint = None
+        self._stop_savepoint_bad = True
+        try:
+            self.storage.set_aside_stop_savepoint(reason)
         except CheckpointError as exc:
             log.error("%s; skipping it in this process only", exc)
 
@@ -68,12 +84,15 @@ class RestorePoints:
                     "checkpoint %d is corrupt (%s); falling back to the previous one", cid, exc
                 )
                 self.set_aside(cid, str(exc))
-        stopped = self.storage.stop_savepoint()
+        stopped = None if self._stop_savepoint_bad else self.storage.stop_savepoint()
         if stopped is not None and (chosen is None or stopped[0] > chosen.checkpoint_id):
             try:
-                return read_checkpoint(stopped[1])
+                savepoint = read_checkpoint(stopped[1])
             except CorruptCheckpointError as exc:
-                log.error("the stop-with-savepoint's savepoint cannot be used: %s", exc)
+                self.set_aside_stop_savepoint(str(exc))
+            else:
+                self._stop_savepoint = savepoint.directory
+                return savepoint
         if chosen is None and self.restore_from is not None:
             return read_checkpoint(self.restore_from)
         return chosen

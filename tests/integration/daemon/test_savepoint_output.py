@@ -117,3 +117,23 @@ def test_restoring_an_older_savepoint_into_live_output_needs_the_flag(tmp_path: 
         m["restored"]["kind"] == "savepoint" and m["restored"]["id"] == sp_id for m in manifests
     )
     assert "committed record(s)" in r.stderr and "WARNING" in r.stderr
+
+
+def test_a_corrupt_stop_savepoint_falls_back_to_the_checkpoints(tmp_path: Path) -> None:
+    """The stop's savepoint is the restore point; if it proves bad, the newest checkpoint is."""
+    savepoint, sp_id = stop_with_savepoint(tmp_path, 2)
+    chk = read_checkpoint(savepoint)
+    handle = chk.operators["pv-count"]["subtasks"]["0"]["keyed"]
+    victim = savepoint / handle["files"][0]
+    victim.write_bytes(victim.read_bytes()[:-7] + b"garbage")
+    out = tmp_path / "out"
+    committed_by_stop = sorted(n for n in digests(out) if int(n.split("-")[1]) == sp_id)
+    assert committed_by_stop
+    r = cli(*pv_args(tmp_path / "ckpt", out, 2, "--set", "rest.enabled=false"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "restoring from checkpoint" in r.stderr
+    assert check_pv_output(out, generated_counts(EVENTS, splits=SPLITS, keys=KEYS)).exact
+    [aside] = (out / "_retracted").iterdir()
+    assert sorted(p.name for p in aside.glob("part-*")) == committed_by_stop
+    bad = orjson.loads((tmp_path / "ckpt" / "_stop_savepoint.bad").read_bytes())
+    assert bad["id"] == sp_id and "sha256" in bad["set_aside"]

@@ -139,6 +139,35 @@ async def test_recover_discards_staged_files_of_unfinished_checkpoints(tmp_path:
     assert committed(tmp_path) == [{"n": 1}]
 
 
+async def test_state_of_another_location_means_a_fresh_output(tmp_path: Path) -> None:
+    """A savepoint's writer state restored into a new directory or an emptied volume."""
+    blue = tmp_path / "blue"
+    w = await writer(blue)
+    await w.write([{"n": 1}])
+    state = roundtrip(await w.prepare_commit(1))
+    await w.close()
+    assert state["location"] == read_location(blue)
+    for green in (tmp_path / "green", blue):
+        if green == blue:  # a fresh volume mounted at the same path
+            for p in blue.iterdir():
+                p.unlink()
+        fresh = ExactlyOnceFileSink(green).create_writer(ctx())
+        survey = fresh.survey(state, 1)
+        assert survey.lost == [] and survey.retract == []
+        await fresh.recover(state, 1)
+        assert read_location(green) not in (None, state["location"])
+        assert committed(green) == []
+    # the same location with its pre-committed file gone is a loss, not a fresh start
+    w = await writer(tmp_path / "red")
+    await w.write([{"n": 1}])
+    state = roundtrip(await w.prepare_commit(1))
+    await w.close()
+    (tmp_path / "red" / ".part-0000-0000000001.pending").unlink()
+    assert ExactlyOnceFileSink(tmp_path / "red").create_writer(ctx()).survey(state, 1).lost
+    with pytest.raises(ConnectorError, match="records are lost"):
+        await writer(tmp_path / "red", state, 1)
+
+
 async def test_close_discards_the_open_transaction_only(tmp_path: Path) -> None:
     """A stopped writer leaves no hidden in-progress file; pre-committed ones stay listed."""
     w = await writer(tmp_path)
