@@ -99,9 +99,8 @@ class SavepointService:
         self, coordinator: CheckpointCoordinator, directory: str | Path | None
     ) -> SavepointResult:
         path = self._new_dir(directory)
-        fut = coordinator.trigger(savepoint_dir=path)
         try:
-            completed = await fut
+            completed = await coordinator.trigger(savepoint_dir=path)
         except BaseException as exc:
             # a failed savepoint must not look like one: remove what was written
             shutil.rmtree(path, ignore_errors=True)
