@@ -185,7 +185,10 @@ def retract_files(
     The manifest is durable before the first file moves: a crash in between
     leaves files still visible, which the next recovery retracts again.
     """
-    tag = restore.tag if restore is not None else dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    if restore is not None:
+        tag = restore.tag
+    else:  # unique, like a restore's tag: a later retraction must not replace this manifest
+        tag = f"{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
     target = directory / RETRACTED_DIR / tag
     target.mkdir(parents=True, exist_ok=True)
     entries: list[dict[str, Any]] = []

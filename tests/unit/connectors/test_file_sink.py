@@ -17,7 +17,7 @@ from aiostream_ckpt.connectors.files import (
     read_committed_output,
 )
 from aiostream_ckpt.connectors.output_recovery import LOCATION_FILE, read_location
-from aiostream_ckpt.connectors.staging import StagedFileWriter
+from aiostream_ckpt.connectors.staging import StagedFileWriter, committed_files
 from aiostream_ckpt.errors import ConnectorError
 
 
@@ -208,6 +208,40 @@ async def test_recover_to_older_checkpoint_retracts_newer_committed_files(
     assert "restored checkpoint 1" in manifest["why"]
     survey = ExactlyOnceFileSink(tmp_path).create_writer(ctx()).survey(states[1], 1)
     assert survey.retract == [] and survey.highest_id == 3, "retracted names stay used"
+
+
+async def test_a_crash_in_the_middle_of_a_retraction_is_finished_by_the_next_recovery(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the manifest and one move: the next recovery moves the rest, loses nothing."""
+    from aiostream_ckpt.connectors import output_recovery
+
+    w = await writer(tmp_path)
+    states = {}
+    for cid in (1, 2, 3):
+        await w.write([{"n": cid}])
+        states[cid] = roundtrip(await w.prepare_commit(cid))
+        await w.commit(cid)
+    await w.close()
+    real_rename, moves = os.rename, []
+
+    def dying_rename(src: Any, dst: Any) -> None:
+        if moves:
+            raise KeyboardInterrupt("killed")  # stands in for SIGKILL: nothing after runs
+        moves.append(src)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(output_recovery.os, "rename", dying_rename)
+    with pytest.raises(KeyboardInterrupt):
+        await writer(tmp_path, states[1], 1)
+    monkeypatch.setattr(output_recovery.os, "rename", real_rename)
+    assert len(committed_files(tmp_path)) == 2, "one file moved, one still visible"
+    await writer(tmp_path, states[1], 1)
+    assert committed(tmp_path) == [{"n": 1}]
+    moved = sorted(p.name for p in (tmp_path / "_retracted").rglob("part-*"))
+    assert moved == ["part-0000000002-0000.jsonl", "part-0000000003-0000.jsonl"]
+    manifests = list((tmp_path / "_retracted").rglob("_manifest-*.json"))
+    assert len(manifests) == 2  # each attempt says what it set out to move
 
 
 async def test_recover_fails_when_listed_file_is_gone(tmp_path: Path) -> None:
