@@ -8,7 +8,10 @@ renamed into, only moved aside with a manifest.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import orjson
@@ -16,7 +19,7 @@ import pytest
 
 from aiostream_ckpt.checkpoint.storage import read_checkpoint
 from aiostream_ckpt.connectors.staging import committed_files, read_committed_output
-from tests.helpers import check_pv_output, cli, cli_cmd, make_pv_input, recount
+from tests.helpers import REPO, check_pv_output, cli, cli_cmd, make_pv_input, recount
 from tests.integration.engine.test_recovery import run_until_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -144,3 +147,40 @@ def test_checkpoint_set_aside_once_is_never_chosen_again(tmp_path: Path) -> None
         line.split()[0] == str(cid) and "set aside:" in line and "checksum" in line
         for line in listing.splitlines()
     ), listing
+
+
+def test_kill9_right_after_a_retraction_then_resume(tmp_path: Path) -> None:
+    """kill -9 during recovery itself: after output was moved aside, before a new checkpoint."""
+    inp = make_pv_input(tmp_path / "in.jsonl", 400_000)
+    args = args_for(
+        tmp_path, inp,
+        "--set", "checkpoint.retained=2",
+        "--set", "checkpoint.full_every=1000",
+        "--set", "checkpoint.max_delta_ratio=0",
+    )  # fmt: skip
+    run_until_checkpoint(cli_cmd("run", "apps.pv_count", *args), 5)
+    newest = completed_dirs(tmp_path / "ckpt")[-1]
+    base = read_checkpoint(newest).operators["pv-count"]["subtasks"]["0"]["keyed"]["chain"][0]
+    victim = tmp_path / "ckpt" / base["path"]
+    victim.write_bytes(victim.read_bytes()[:-7] + b"garbage")
+    before = digests(tmp_path / "out")
+    proc = subprocess.Popen(
+        cli_cmd("run", "apps.pv_count", *args, "--set", "checkpoint.interval=1h"),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        if b"committed record(s)" in raw:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the restart retracted nothing"
+    r = cli("run", "apps.pv_count", *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert check_pv_output(tmp_path / "out", recount(inp)).exact
+    after = digests(tmp_path / "out")
+    assert all(after[n] == before[n] for n in set(after) & set(before)), "a file was rewritten"
+    moved = {p.name for p in (tmp_path / "out" / "_retracted").rglob("part-*.jsonl")}
+    assert moved == set(before) - set(after) and not moved & set(after)
