@@ -1,5 +1,6 @@
 """The public API: build jobs on a :class:`StreamEnvironment`."""
 
+from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.api.functions import (
     Collector,
@@ -19,6 +20,8 @@ from aiostream_ckpt.state.descriptors import (
 )
 
 __all__ = [
+    "AsyncFunction",
+    "AsyncRetry",
     "Collector",
     "Context",
     "KeyedProcessFunction",

@@ -11,9 +11,15 @@ the same name before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from aiostream_ckpt.api.async_functions import (
+    AsyncFunction,
+    AsyncRetry,
+    AsyncSpec,
+    as_async_function,
+)
 from aiostream_ckpt.api.functions import KeyedProcessFunction, ProcessFunction
 from aiostream_ckpt.api.transformations import (
     Partitioning,
@@ -87,6 +93,43 @@ class Stream(Generic[T]):
         return Stream(
             self._env, self._add(TransformKind.MAP, name, fn=fn, uid=uid, parallelism=parallelism)
         )
+
+    def map_async(
+        self,
+        fn: Callable[[T], Awaitable[R]] | AsyncFunction[T, R],
+        *,
+        capacity: int = 100,
+        timeout: float | None = None,
+        ordered: bool = True,
+        retry: AsyncRetry | None = None,
+        serializer: str = "json",
+        name: str = "map_async",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Apply an ``async def`` or :class:`AsyncFunction`, ``capacity`` calls in flight at most.
+
+        ``ordered=False`` emits results as they arrive (never across a
+        watermark or barrier). ``timeout`` (seconds) bounds a record's calls,
+        retries included; ``retry`` retries failed calls. A call that fails
+        for good fails the job, naming the operator. Records in flight at a
+        checkpoint are in it and are issued again after a restore
+        (``serializer``: ``json`` or ``pickle`` for them); results are
+        emitted exactly once. See :mod:`aiostream_ckpt.api.async_functions`.
+
+        >>> import asyncio
+        >>> from aiostream_ckpt.api.environment import StreamEnvironment
+        >>> async def lookup(x):
+        ...     await asyncio.sleep(0.001 * (5 - x))
+        ...     return {"id": x, "sq": x * x}
+        >>> env = StreamEnvironment("doc")
+        >>> s = env.from_collection([1, 2, 3, 4]).map_async(lookup, capacity=4, uid="lookup")
+        >>> env.execute_and_collect(s)
+        [{'id': 1, 'sq': 1}, {'id': 2, 'sq': 4}, {'id': 3, 'sq': 9}, {'id': 4, 'sq': 16}]
+        """
+        spec = AsyncSpec(as_async_function(fn), capacity, timeout, ordered, retry, serializer)
+        node = self._add(TransformKind.ASYNC_MAP, name, fn=spec, uid=uid, parallelism=parallelism)
+        return Stream(self._env, node)
 
     def flat_map(
         self,

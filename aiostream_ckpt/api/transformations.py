@@ -11,6 +11,7 @@ from typing import Any
 class TransformKind(Enum):
     SOURCE = "source"
     MAP = "map"
+    ASYNC_MAP = "async_map"
     FLAT_MAP = "flat_map"
     FILTER = "filter"
     PROCESS = "process"
@@ -25,6 +26,7 @@ class TransformKind(Enum):
     def is_stateful(self) -> bool:
         return self in (
             TransformKind.KEYED_PROCESS,
+            TransformKind.ASYNC_MAP,
             TransformKind.REDUCE,
             TransformKind.WINDOW,
             TransformKind.SOURCE,

@@ -21,6 +21,7 @@ from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.barrier.unaligned import UnalignedBarrierHandler
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
 from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
 from aiostream_ckpt.runtime.config import CheckpointingMode, JobConfig
 from aiostream_ckpt.runtime.operators import (
@@ -111,6 +112,8 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
     def chainable(e: Edge) -> bool:
         if not config.chaining or e.source.kind is TransformKind.SINK or e.tag is not None:
             return False
+        if e.target.kind is TransformKind.ASYNC_MAP:
+            return False  # it heads its own task: see runtime.async_task
         if len(producers[e.target.id]) != 1 or len(consumers[e.source.id]) != 1:
             return False
         if e.source.parallelism != e.target.parallelism:
@@ -148,6 +151,8 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return MapOperator(t.uid, t.fn)
     if kind is TransformKind.FILTER:
         return FilterOperator(t.uid, t.fn)
+    if kind is TransformKind.ASYNC_MAP:
+        return AsyncWaitOperator(t.uid, t.fn, t.key_selector)
     if kind is TransformKind.FLAT_MAP:
         return FlatMapOperator(t.uid, t.fn)
     if kind is TransformKind.PROCESS:

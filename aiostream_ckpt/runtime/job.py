@@ -32,6 +32,7 @@ from aiostream_ckpt.errors import (
     RestoreRefusedError,
     StateMigrationError,
 )
+from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
 from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
@@ -249,7 +250,7 @@ class JobRunner:
                 monotonic=self.clock.monotonic,
             )
             tasks = [
-                StreamTask(
+                (AsyncWaitTask if is_async_chain(spec) else StreamTask)(
                     spec,
                     coordinator=coordinator,
                     executor=executor,

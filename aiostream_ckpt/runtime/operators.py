@@ -20,6 +20,7 @@ from aiostream_ckpt.api.functions import (
     ProcessFunction,
     RuntimeContext,
 )
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
 
@@ -64,6 +65,15 @@ class StreamOperator(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called on success and on failure."""
+
+    def snapshot_state(self) -> dict[str, Any] | None:
+        """JSON-able operator state for the checkpoint (keyed state goes through ``backend``)."""
+        return None
+
+    def restore_state(  # noqa: B027 - optional hook
+        self, restored: CompletedCheckpoint, subtask: int, parallelism: int
+    ) -> None:
+        """Take this instance's share of the operator state of ``restored`` (before ``open``)."""
 
 
 class MapOperator(StreamOperator):

@@ -240,6 +240,8 @@ class StreamTask:
                     await asyncio.get_running_loop().run_in_executor(
                         self._executor, op.backend.restore, restored.root, handles
                     )
+            if restored is not None:
+                op.restore_state(restored, spec.subtask, spec.parallelism)
             op.open(
                 RuntimeContext(
                     operator_uid=op.uid,
@@ -632,6 +634,8 @@ class StreamTask:
                 if op.backend is not None and targets is not None:
                     parts.append((op.uid, op.backend.snapshot(targets[op.uid])))
                     put(op.uid)
+                if (held := op.snapshot_state()) is not None:
+                    put(op.uid, operator=held)
             if spec.writer is not None and spec.sink_uid is not None:
                 put(spec.sink_uid, operator={"writer": await spec.writer.prepare_commit(cid)})
         sync_seconds = mono() - started

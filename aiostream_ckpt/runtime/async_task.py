@@ -1,0 +1,149 @@
+"""The task that runs a chain headed by an :class:`AsyncWaitOperator` (``map_async``).
+
+A plain task does one thing at a time: take an element, push it through the
+chain, emit. Here results arrive between input elements, so the loop waits on
+*either* the input gate *or* a completion of the operator, and only this loop
+emits (results, watermarks and barriers never race each other). The chain
+after the async operator runs on results as the rest of a chain runs on input.
+
+- A batch goes into the operator; while part of it waits for room the loop
+  reads no further input (backpressure), it only waits for completions.
+- A watermark is queued in the operator behind the records before it and
+  forwarded when it leaves (it never overtakes a result, in either order mode).
+- At a barrier the ready results go out first, then the snapshot takes the
+  records still in flight as operator state, and the calls go on.
+- At the end of input every call is awaited and emitted before end-of-input.
+
+The async operator is never chained to its input (``runtime.graph``), so it is
+always the head of an input task's chain; the plain task's hot path is untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
+from aiostream_ckpt.runtime.elements import CheckpointBarrier, Watermark
+from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
+
+
+def is_async_chain(spec: ChainSpec) -> bool:
+    return bool(spec.operators) and isinstance(spec.operators[0], AsyncWaitOperator)
+
+
+class AsyncWaitTask(StreamTask):
+    """A :class:`StreamTask` whose loop also waits on the async operator's completions."""
+
+    def __init__(self, spec: ChainSpec, **kw: Any) -> None:
+        super().__init__(spec, **kw)
+        op = spec.operators[0]
+        assert isinstance(op, AsyncWaitOperator) and spec.input_gate is not None
+        self._async = op
+        self._after = spec.operators[1:]
+
+    async def _open(self) -> None:
+        await super()._open()
+        spec = self.spec
+        await self._async.start(
+            RuntimeContext(
+                operator_uid=self._async.uid,
+                subtask_index=spec.subtask,
+                parallelism=spec.parallelism,
+                params=self._params,
+                backend=None,
+            ),
+            self._clock,
+        )
+
+    async def _close(self) -> None:
+        try:
+            await self._async.stop()
+        finally:
+            await super()._close()
+
+    async def _run_input(self) -> None:
+        gate = self.spec.input_gate
+        handler = self.spec.barrier_handler
+        assert gate is not None and handler is not None
+        op = self._async
+        replay = self._replay
+        metrics = self.metrics
+        get: asyncio.Future[tuple[int, Any]] | None = None
+        done_wait: asyncio.Future[Any] | None = None
+        try:
+            while not self._done.is_set():
+                await self._emit_ready()
+                if op.blocked:  # part of a batch waits for room: read nothing else
+                    await op.wakeup()
+                    continue
+                if replay:
+                    channel, element = replay.popleft()
+                else:
+                    if get is None:
+                        get = asyncio.ensure_future(gate.queue.get())
+                    if not get.done():
+                        waits: set[asyncio.Future[Any]] = {get, op.wakeup()}
+                        if self.state is TaskState.ENDED:
+                            if done_wait is None:
+                                done_wait = asyncio.ensure_future(self._done.wait())
+                            waits.add(done_wait)
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                        if not get.done():
+                            continue
+                    channel, element = get.result()
+                    get = None
+                if handler.holding and handler.is_held(channel):
+                    handler.hold(channel, element)
+                    continue
+                if type(element) is list:
+                    metrics.records_in += len(element)
+                    metrics.batches_in += 1
+                    op.offer(element)
+                else:
+                    await self._on_control(channel, element)
+        finally:
+            for fut in (get, done_wait):
+                if fut is not None:
+                    fut.cancel()
+                    await asyncio.gather(fut, return_exceptions=True)
+
+    async def _emit_ready(self) -> None:
+        """Send what the operator lets go of now through the rest of the chain."""
+        for item in self._async.pop_ready():
+            if type(item) is list:
+                await self._push_after(item)
+            else:
+                assert isinstance(item, Watermark)
+                await super()._advance_watermark(item.timestamp)
+
+    async def _push_after(self, batch: list[Any]) -> None:
+        for op in self._after:
+            batch = op.process_batch(batch)
+            if not batch:
+                break
+        self._after_batch()
+        if batch:
+            await self._emit(batch)
+        if self._side is not None:
+            await self._side.flush()
+
+    async def _advance_watermark(self, timestamp: int) -> None:
+        op = self._async
+        if op.idle:
+            await super()._advance_watermark(timestamp)
+        else:
+            op.add_watermark(Watermark(timestamp))
+
+    async def _checkpoint(self, barrier: CheckpointBarrier, alignment_seconds: float) -> None:
+        # results already back go out before the barrier: fewer calls to repeat after a restore
+        await self._emit_ready()
+        await super()._checkpoint(barrier, alignment_seconds)
+
+    async def _end_input(self) -> None:
+        op = self._async
+        while not op.idle:
+            await op.wakeup()
+            await self._emit_ready()
+        await super()._end_input()

@@ -1,0 +1,382 @@
+"""The async wait operator behind ``map_async``: calls in flight, their order, their snapshot.
+
+Each admitted record becomes an *entry*: its call runs as an asyncio task the
+operator owns, and the entry stays in the operator's queue until its result
+is emitted. At most ``capacity`` entries exist at once; a batch that does not
+fit waits in ``_pending`` and the task reads no further input meanwhile, so
+backpressure reaches the source through the bounded channels.
+
+Order (Flink's ordered/unordered stream element queues):
+
+- ordered: one FIFO of entries and watermarks; the head leaves once done;
+- unordered: segments closed by watermarks; a segment's done entries leave
+  in completion order, its watermark once the segment is empty, and nothing
+  of a later segment leaves before that watermark.
+
+The task drives this (``runtime.async_task``): it admits, waits on input
+*or* a completion, emits what :meth:`AsyncWaitOperator.pop_ready` hands out.
+At a barrier, every entry not yet emitted is written into operator state as
+its input record (see :mod:`aiostream_ckpt.api.async_functions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.api.async_functions import AsyncSpec
+from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.errors import RecordError, StateError
+from aiostream_ckpt.runtime.elements import Watermark
+from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT_KEY = "in_flight"
+
+
+class AsyncCallError(RecordError):
+    """An async call failed for good (it raised, or timed out) for one record."""
+
+    def __init__(self, message: str, record: Any) -> None:
+        super().__init__(message)
+        self.record = record
+
+
+class _Entry:
+    __slots__ = ("done", "error", "record", "result", "segment")
+
+    def __init__(self, record: Any) -> None:
+        self.record = record
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.segment: _Segment | None = None
+
+
+class _Segment:
+    """Unordered mode: entries between two watermarks, and the watermark closing them."""
+
+    __slots__ = ("done", "open", "watermark")
+
+    def __init__(self) -> None:
+        self.open: dict[_Entry, None] = {}  # insertion-ordered set
+        self.done: list[_Entry] = []
+        self.watermark: Watermark | None = None
+
+
+class _OrderedQueue:
+    def __init__(self) -> None:
+        self._items: deque[_Entry | Watermark] = deque()
+
+    def push(self, entry: _Entry) -> None:
+        self._items.append(entry)
+
+    def push_watermark(self, wm: Watermark) -> None:
+        self._items.append(wm)
+
+    def on_done(self, entry: _Entry) -> None:
+        return None
+
+    def pop_ready(self) -> list[_Entry | Watermark]:
+        items = self._items
+        out: list[_Entry | Watermark] = []
+        while items:
+            head = items[0]
+            if type(head) is _Entry and not head.done:
+                break
+            out.append(items.popleft())
+        return out
+
+    def entries(self) -> Iterator[_Entry]:
+        return (e for e in self._items if type(e) is _Entry)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _UnorderedQueue:
+    def __init__(self) -> None:
+        self._segments: deque[_Segment] = deque([_Segment()])
+
+    def push(self, entry: _Entry) -> None:
+        last = self._segments[-1]
+        if last.watermark is not None:
+            last = _Segment()
+            self._segments.append(last)
+        entry.segment = last
+        last.open[entry] = None
+
+    def push_watermark(self, wm: Watermark) -> None:
+        last = self._segments[-1]
+        if last.watermark is not None:
+            last = _Segment()
+            self._segments.append(last)
+        last.watermark = wm
+
+    def on_done(self, entry: _Entry) -> None:
+        seg = entry.segment
+        assert seg is not None
+        del seg.open[entry]
+        seg.done.append(entry)
+
+    def pop_ready(self) -> list[_Entry | Watermark]:
+        out: list[_Entry | Watermark] = []
+        segments = self._segments
+        while True:
+            seg = segments[0]
+            if seg.done:
+                out.extend(seg.done)
+                seg.done = []
+            if seg.open or seg.watermark is None:
+                return out
+            out.append(seg.watermark)
+            segments.popleft()
+            if not segments:
+                segments.append(_Segment())
+
+    def entries(self) -> Iterator[_Entry]:
+        for seg in self._segments:
+            yield from seg.done
+            yield from seg.open
+
+    def __len__(self) -> int:
+        return sum(len(s.open) + len(s.done) + (s.watermark is not None) for s in self._segments)
+
+
+class AsyncWaitOperator(StreamOperator):
+    """Up to ``capacity`` calls of an async function in flight; see the module docstring."""
+
+    def __init__(
+        self, uid: str, spec: AsyncSpec, key_selector: Callable[[Any], Any] | None = None
+    ) -> None:
+        super().__init__(uid)
+        self.spec = spec
+        self._fn = spec.function
+        self._capacity = spec.capacity
+        self._timeout = spec.timeout
+        self._retry = spec.retry
+        self._key_selector = key_selector
+        self._queue: _OrderedQueue | _UnorderedQueue = (
+            _OrderedQueue() if spec.ordered else _UnorderedQueue()
+        )
+        self._pending: deque[Any] = deque()
+        self._size = 0  # entries admitted and not yet emitted
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._ready = False
+        self._clock: Clock = SystemClock()
+        self._opened = False
+        #: calls started (re-issued ones included), for metrics and tests
+        self.calls_started = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self, ctx: RuntimeContext, clock: Clock) -> None:
+        """Open the user function (after state was restored)."""
+        self._clock = clock
+        await self._fn.open(ctx)
+        self._opened = True
+
+    async def stop(self) -> None:
+        """Cancel the calls in flight, await them, then close the user function."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._opened:
+            self._opened = False
+            await self._fn.close()
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        raise TypeError(f"operator {self.uid!r}: an async operator is driven by its task")
+
+    # -- input --------------------------------------------------------------------------
+
+    def offer(self, batch: list[Any]) -> None:
+        """Take ``batch``; :meth:`admit` starts as many of its calls as there is room for."""
+        self._pending.extend(batch)
+        self.admit()
+
+    def admit(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        while pending and self._size < self._capacity:
+            entry = _Entry(pending.popleft())
+            queue.push(entry)
+            self._size += 1
+            self.calls_started += 1
+            task = loop.create_task(self._call(entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @property
+    def blocked(self) -> bool:
+        """Records wait for room: the task must not read on."""
+        return bool(self._pending)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, nothing waiting, nothing to emit."""
+        return not self._pending and not len(self._queue)
+
+    @property
+    def in_flight(self) -> int:
+        return self._size
+
+    def add_watermark(self, wm: Watermark) -> None:
+        """Queue ``wm`` behind the entries before it (the task forwards it when it leaves)."""
+        self._queue.push_watermark(wm)
+        self._signal()
+
+    # -- calls --------------------------------------------------------------------------
+
+    async def _call(self, entry: _Entry) -> None:
+        try:
+            if self._timeout is None:
+                entry.result = await self._attempts(entry.record)
+            else:
+                async with asyncio.timeout(self._timeout):
+                    entry.result = await self._attempts(entry.record)
+        except Exception as exc:  # handed to the error policy when the entry is emitted
+            entry.error = exc
+        entry.done = True
+        self._queue.on_done(entry)
+        self._signal()
+
+    async def _attempts(self, record: Any) -> Any:
+        retry = self._retry
+        attempt = 1
+        while True:
+            try:
+                return await self._fn.invoke(record)
+            except Exception as exc:
+                if retry is None or attempt >= retry.attempts or not isinstance(exc, retry.on):
+                    raise
+                attempt += 1
+                log.debug("operator %s: retry %d after %r", self.uid, attempt, exc)
+                await self._clock.sleep(retry.delay_before(attempt))
+
+    def _signal(self) -> None:
+        self._ready = True
+        fut = self._wakeup
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def wakeup(self) -> asyncio.Future[None]:
+        """Return a future that is done once something may be ready to emit."""
+        fut = self._wakeup
+        if fut is None or fut.done():
+            fut = self._wakeup = asyncio.get_running_loop().create_future()
+            if self._ready:
+                fut.set_result(None)
+        return fut
+
+    # -- output -------------------------------------------------------------------------
+
+    def pop_ready(self) -> list[list[Any] | Watermark]:
+        """Results that may leave now, in emission order: record batches and watermarks.
+
+        A failed call raises :class:`AsyncCallError` (the job fails, naming the
+        operator) when its turn to be emitted comes.
+        """
+        if not self._ready:
+            return []
+        self._ready = False
+        items = self._queue.pop_ready()
+        if not items:
+            return []
+        out: list[list[Any] | Watermark] = []
+        batch: list[Any] = []
+        for item in items:
+            if type(item) is Watermark:
+                if batch:
+                    out.append(batch)
+                    batch = []
+                out.append(item)
+                continue
+            assert isinstance(item, _Entry)
+            self._size -= 1
+            if item.error is not None:
+                raise self._failure(item)
+            batch.append(item.result)
+        if batch:
+            out.append(batch)
+        self.admit()
+        return out
+
+    def _failure(self, entry: _Entry) -> AsyncCallError:
+        exc = entry.error
+        what = (
+            f"timed out after {self._timeout} s"
+            if isinstance(exc, TimeoutError)
+            else f"raised {exc!r}"
+        )
+        err = AsyncCallError(
+            f"operator {self.uid!r}: async call {what} for record {entry.record!r:.200}",
+            entry.record,
+        )
+        err.__cause__ = exc
+        return err
+
+    # -- snapshot and restore -----------------------------------------------------------
+
+    def snapshot_state(self) -> dict[str, Any] | None:
+        """Store the input records of every entry not yet emitted (or not yet admitted)."""
+        records = [e.record for e in self._queue.entries()]
+        records.extend(self._pending)
+        return {IN_FLIGHT_KEY: [self._encode(r) for r in records]}
+
+    def restore_state(self, restored: CompletedCheckpoint, subtask: int, parallelism: int) -> None:
+        """Re-issue the restored records before any new input.
+
+        At another parallelism, keyed streams take the records of their key
+        groups; others take old subtask ``j``'s records when ``j % parallelism``
+        is their index.
+        """
+        old = restored.subtask_states(self.uid)
+        keyed = self._key_selector is not None
+        if keyed:
+            maxp = restored.max_parallelism
+            groups = KeyGroupRange.for_operator(subtask, parallelism, maxp)
+        for j in sorted(old):
+            if not keyed and j % parallelism != subtask:
+                continue
+            for raw in (old[j].get("operator") or {}).get(IN_FLIGHT_KEY, ()):
+                record = self._decode(raw)
+                if keyed:
+                    assert self._key_selector is not None
+                    kg = key_group_for(serialize_key(self._key_selector(record)), maxp)
+                    if kg not in groups:
+                        continue
+                self._pending.append(record)
+
+    def _encode(self, record: Any) -> str:
+        try:
+            if self.spec.serializer == "json":
+                return orjson.dumps(record).decode()
+            return base64.b64encode(pickle.dumps(record, protocol=5)).decode("ascii")
+        except (TypeError, pickle.PicklingError) as exc:
+            raise StateError(
+                f"operator {self.uid!r}: a record in flight cannot go into the checkpoint "
+                f"with serializer={self.spec.serializer!r} ({exc}); records must be "
+                "JSON-able, or pass serializer='pickle' to map_async"
+            ) from exc
+
+    def _decode(self, raw: str) -> Any:
+        if self.spec.serializer == "json":
+            return orjson.loads(raw)
+        return pickle.loads(base64.b64decode(raw))

@@ -1,0 +1,293 @@
+"""The async wait operator alone: order, watermarks, capacity, errors, snapshot and restore.
+
+Calls are futures the test completes, so every interleaving is chosen, not waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry, AsyncSpec
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.clock import ManualClock
+from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
+from aiostream_ckpt.runtime.elements import Watermark
+from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
+
+
+class Controlled(AsyncFunction[int, str]):
+    """Each call waits until the test resolves (or fails) its record's future."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.futures: dict[int, asyncio.Future[str]] = {}
+
+    async def invoke(self, value: int) -> str:
+        self.calls.append(value)
+        fut = self.futures.get(value)
+        if fut is None or fut.done():
+            fut = self.futures[value] = asyncio.get_running_loop().create_future()
+        return await fut
+
+    def answer(self, value: int) -> None:
+        self.futures[value].set_result(f"r{value}")
+
+
+def make(fn: AsyncFunction[Any, Any], *, capacity: int = 10, ordered: bool = True, **kw: Any):
+    spec = AsyncSpec(
+        fn,
+        capacity,
+        kw.pop("timeout", None),
+        ordered,
+        kw.pop("retry", None),
+        kw.pop("serializer", "json"),
+    )
+    return AsyncWaitOperator("lookup", spec, kw.pop("key_selector", None))
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def flat(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for it in items:
+        out.extend(it if type(it) is list else [it])
+    return out
+
+
+async def test_ordered_emits_in_input_order_whatever_the_completion_order() -> None:
+    fn = Controlled()
+    op = make(fn, capacity=10)
+    op.offer([1, 2, 3])
+    await settle()
+    fn.answer(3)
+    fn.answer(2)
+    await settle()
+    assert op.pop_ready() == []  # 1 is still out: nothing may overtake it
+    fn.answer(1)
+    await settle()
+    assert flat(op.pop_ready()) == ["r1", "r2", "r3"]
+    assert op.idle
+    await op.stop()
+
+
+async def test_unordered_emits_as_results_arrive_but_never_across_a_watermark() -> None:
+    fn = Controlled()
+    op = make(fn, capacity=10, ordered=False)
+    op.offer([1, 2])
+    await settle()
+    op.add_watermark(Watermark(100))
+    op.offer([3, 4])
+    await settle()
+    fn.answer(4)
+    fn.answer(2)
+    await settle()
+    assert flat(op.pop_ready()) == ["r2"]  # 4 is behind the watermark, 1 is out
+    fn.answer(1)
+    await settle()
+    # the watermark goes once everything before it went, then what came after it
+    assert flat(op.pop_ready()) == ["r1", Watermark(100), "r4"]
+    fn.answer(3)
+    await settle()
+    assert flat(op.pop_ready()) == ["r3"]
+    await op.stop()
+
+
+async def test_ordered_watermark_leaves_after_the_records_before_it() -> None:
+    fn = Controlled()
+    op = make(fn)
+    op.offer([1])
+    await settle()
+    op.add_watermark(Watermark(5))
+    op.offer([2])
+    await settle()
+    fn.answer(2)
+    await settle()
+    assert op.pop_ready() == []
+    fn.answer(1)
+    await settle()
+    assert op.pop_ready() == [["r1"], Watermark(5), ["r2"]]
+    await op.stop()
+
+
+async def test_capacity_bounds_calls_and_the_rest_of_the_batch_waits() -> None:
+    fn = Controlled()
+    op = make(fn, capacity=3)
+    op.offer([1, 2, 3, 4, 5])
+    await settle()
+    assert fn.calls == [1, 2, 3]
+    assert op.blocked and op.in_flight == 3
+    fn.answer(2)
+    await settle()
+    assert op.pop_ready() == []  # in order: 2 waits for 1 and keeps its slot
+    assert fn.calls == [1, 2, 3]
+    fn.answer(1)
+    await settle()
+    assert flat(op.pop_ready()) == ["r1", "r2"]
+    await settle()
+    assert fn.calls == [1, 2, 3, 4, 5]  # two slots freed, two records admitted
+    assert not op.blocked
+    await op.stop()
+
+
+async def test_a_raising_call_fails_with_the_operator_and_the_record_named() -> None:
+    fn = Controlled()
+    op = make(fn)
+    op.offer([1, 2])
+    await settle()
+    fn.futures[1].set_exception(ValueError("service said no"))
+    await settle()
+    with pytest.raises(AsyncCallError, match=r"operator 'lookup'.*raised ValueError.*record 1"):
+        op.pop_ready()
+    await op.stop()
+
+
+async def test_a_timed_out_call_fails_naming_the_timeout() -> None:
+    fn = Controlled()  # never answered
+    op = make(fn, timeout=0.01)
+    op.offer([7])
+    await asyncio.wait_for(op.wakeup(), 5)
+    with pytest.raises(AsyncCallError, match=r"operator 'lookup'.*timed out after 0.01 s.*7"):
+        op.pop_ready()
+    await op.stop()
+
+
+class FailTwice(AsyncFunction[int, int]):
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def invoke(self, value: int) -> int:
+        self.attempts += 1
+        if self.attempts < 3:
+            raise ConnectionError("flaky")
+        return value
+
+
+async def test_retry_waits_on_the_injected_clock_then_succeeds() -> None:
+    fn = FailTwice()
+    clock = ManualClock()
+    op = make(fn, retry=AsyncRetry(attempts=3, delay=1.0, backoff=2.0))
+    await op.start(None, clock)  # type: ignore[arg-type]
+    op.offer([9])
+    await settle()
+    assert fn.attempts == 1
+    clock.advance(1.0)  # before attempt 2: delay
+    await settle()
+    assert fn.attempts == 2
+    clock.advance(1.0)
+    await settle()
+    assert fn.attempts == 2  # before attempt 3: delay * backoff = 2 s
+    clock.advance(1.0)
+    await settle()
+    assert flat(op.pop_ready()) == [9]
+    await op.stop()
+
+
+async def test_retry_gives_up_after_its_attempts() -> None:
+    fn = FailTwice()
+    op = make(fn, retry=AsyncRetry(attempts=2, delay=0.0))
+    op.offer([9])
+    await asyncio.wait_for(op.wakeup(), 5)
+    await settle()
+    with pytest.raises(AsyncCallError, match="ConnectionError"):
+        op.pop_ready()
+    assert fn.attempts == 2
+    await op.stop()
+
+
+def checkpoint_of(states: dict[int, dict[str, Any]], parallelism: int) -> CompletedCheckpoint:
+    subtasks = {str(i): {"parallelism": parallelism, "operator": st} for i, st in states.items()}
+    return CompletedCheckpoint(
+        checkpoint_id=1,
+        is_savepoint=False,
+        job_name="t",
+        trigger_time=0.0,
+        completion_time=0.0,
+        duration_seconds=0.0,
+        max_parallelism=128,
+        operators={"lookup": {"parallelism": parallelism, "subtasks": subtasks}},
+        tasks={},
+        size_bytes=0,
+        directory=Path("."),
+        root=Path("."),
+    )
+
+
+async def test_snapshot_holds_every_record_not_emitted_and_restore_reissues_them() -> None:
+    fn = Controlled()
+    op = make(fn, capacity=2)
+    op.offer([{"k": "a", "n": 1}, {"k": "b", "n": 2}, {"k": "c", "n": 3}])
+    await settle()
+    state = op.snapshot_state()
+    assert state is not None
+    # two calls in flight (not waited for) and one record waiting for room
+    assert len(state["in_flight"]) == 3
+    await op.stop()
+
+    fn2 = Controlled()
+    op2 = make(fn2, capacity=10)
+    op2.restore_state(checkpoint_of({0: state}, 1), 0, 1)
+    op2.admit()
+    await settle()
+    assert fn2.calls == [{"k": "a", "n": 1}, {"k": "b", "n": 2}, {"k": "c", "n": 3}]
+    await op2.stop()
+
+
+async def test_restore_at_another_parallelism_keeps_every_record_once() -> None:
+    old = {j: {"in_flight": [f'{{"k":"k{j}-{i}"}}' for i in range(5)]} for j in range(3)}
+    # non-keyed: old subtask j goes to new subtask j % 2
+    got: list[Any] = []
+    for sub in range(2):
+        op = make(Controlled())
+        op.restore_state(checkpoint_of(old, 3), sub, 2)
+        got.extend(op.snapshot_state()["in_flight"])  # type: ignore[index]
+    assert sorted(got) == sorted(r for st in old.values() for r in st["in_flight"])
+    # keyed: each record goes to the subtask owning its key group
+    seen: list[Any] = []
+    for sub in range(2):
+        op = make(Controlled(), key_selector=lambda r: r["k"])
+        op.restore_state(checkpoint_of(old, 3), sub, 2)
+        rng = KeyGroupRange.for_operator(sub, 2, 128)
+        for raw in op.snapshot_state()["in_flight"]:  # type: ignore[index]
+            key = raw.split('"')[3]
+            assert key_group_for(serialize_key(key), 128) in rng
+            seen.append(raw)
+    assert sorted(seen) == sorted(got)
+
+
+async def test_a_record_that_cannot_be_checkpointed_is_a_clear_error() -> None:
+    op = make(Controlled())
+    op.offer([{1, 2}])  # a set: not JSON
+    await settle()
+    with pytest.raises(StateError, match=r"operator 'lookup'.*serializer='pickle'"):
+        op.snapshot_state()
+    await op.stop()
+    op = make(Controlled(), serializer="pickle")
+    op.offer([{1, 2}])
+    await settle()
+    state = op.snapshot_state()
+    op2 = make(Controlled(), serializer="pickle")
+    op2.restore_state(checkpoint_of({0: state}, 1), 0, 1)  # type: ignore[dict-item]
+    assert op2.blocked  # the set came back, waiting to be issued
+    await op.stop()
+
+
+def test_map_async_rejects_a_blocking_function() -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+
+    env = StreamEnvironment("t")
+    with pytest.raises(TypeError, match="async def"):
+        env.from_collection([1]).map_async(lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="capacity"):
+
+        async def f(x: int) -> int:
+            return x
+
+        env.from_collection([1]).map_async(f, capacity=0)
