@@ -12,11 +12,15 @@ Params: ``input`` (JSON-lines file(s), comma-separated) or ``generate=N``;
 (seconds, default 10); ``ordered`` (1, or 0 for unordered); ``retries``
 (attempts in all, default 1: no retry); ``mode=sync`` does the same lookup
 with a blocking HTTP call in ``map`` (the bench's comparison).
+``simulate=SECONDS`` replaces the service by a wait of that long (the same
+answer, no HTTP): the bench's measure of the operator without a client's cost.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -26,6 +30,7 @@ import aiohttp
 from aiostream_ckpt.api import AsyncFunction, AsyncRetry, RuntimeContext, StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.connectors.generator import GeneratorSource
+from aiostream_ckpt.testing.lookup_service import segment_of
 
 
 def _query(service: str, event: dict[str, Any]) -> str:
@@ -68,11 +73,36 @@ class BlockingLookup:
         return {"seq": value["seq"], "app_id": value["app_id"], "segment": answer["segment"]}
 
 
+def _answer(value: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": value["seq"], "app_id": value["app_id"], "segment": segment_of(value["app_id"])}
+
+
+class SimulatedLookup(AsyncFunction[dict[str, Any], dict[str, Any]]):
+    """The service's answer after ``latency`` seconds, without HTTP."""
+
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+
+    async def invoke(self, value: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(self.latency)
+        return _answer(value)
+
+
+class BlockingSimulatedLookup:
+    def __init__(self, latency: float) -> None:
+        self.latency = latency
+
+    def __call__(self, value: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(self.latency)
+        return _answer(value)
+
+
 def build(env: StreamEnvironment) -> None:
     p = env.params
-    for key in ("output", "service"):
-        if key not in p:
-            raise ValueError(f"set app.{key}")
+    if "output" not in p:
+        raise ValueError("set app.output")
+    if "service" not in p and "simulate" not in p:
+        raise ValueError("set app.service (the lookup service's URL) or app.simulate")
     if "generate" in p:
         source: Any = GeneratorSource(
             int(p["generate"]), seed=int(p.get("seed", 0)), keys=int(p.get("keys", 1000))
@@ -84,13 +114,17 @@ def build(env: StreamEnvironment) -> None:
     else:
         raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
     events = env.from_source(source, uid="events")
-    service = str(p["service"])
+    latency = float(p["simulate"]) if "simulate" in p else None
+    service = str(p.get("service", ""))
     if p.get("mode") == "sync":
-        enriched = events.map(BlockingLookup(service), name="lookup", uid="lookup")
+        blocking: Any = (
+            BlockingLookup(service) if latency is None else BlockingSimulatedLookup(latency)
+        )
+        enriched = events.map(blocking, name="lookup", uid="lookup")
     else:
         attempts = int(p.get("retries", 1))
         enriched = events.map_async(
-            HttpLookup(service),
+            HttpLookup(service) if latency is None else SimulatedLookup(latency),
             capacity=int(p.get("capacity", 100)),
             timeout=float(p.get("timeout", 10)),
             ordered=str(p.get("ordered", "1")) != "0",

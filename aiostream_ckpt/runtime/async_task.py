@@ -24,7 +24,7 @@ import asyncio
 from typing import Any
 
 from aiostream_ckpt.api.functions import RuntimeContext
-from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
+from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.elements import CheckpointBarrier, Watermark
 from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
 
@@ -57,6 +57,10 @@ class AsyncWaitTask(StreamTask):
             self._clock,
         )
 
+    def _time_uids(self) -> list[str | None]:
+        # the operator's own entry carries the task's event time when nothing keyed follows
+        return [*super()._time_uids(), self._async.uid]
+
     async def _close(self) -> None:
         try:
             await self._async.stop()
@@ -72,11 +76,14 @@ class AsyncWaitTask(StreamTask):
         metrics = self.metrics
         get: asyncio.Future[tuple[int, Any]] | None = None
         done_wait: asyncio.Future[Any] | None = None
+        await self._announce_time()
         try:
             while not self._done.is_set():
                 await self._emit_ready()
-                if op.blocked:  # part of a batch waits for room: read nothing else
-                    await op.wakeup()
+                if op.blocked:  # records wait for room (a batch, restored ones): read nothing else
+                    op.admit()
+                    if op.blocked:
+                        await op.wakeup()
                     continue
                 if replay:
                     channel, element = replay.popleft()
@@ -114,9 +121,11 @@ class AsyncWaitTask(StreamTask):
         for item in self._async.pop_ready():
             if type(item) is list:
                 await self._push_after(item)
-            else:
-                assert isinstance(item, Watermark)
+            elif isinstance(item, Watermark):
                 await super()._advance_watermark(item.timestamp)
+            else:
+                assert isinstance(item, AsyncCallError)
+                raise item  # a call failed for good: the job fails, naming the operator
 
     async def _push_after(self, batch: list[Any]) -> None:
         for op in self._after:

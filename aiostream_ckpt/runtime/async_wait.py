@@ -287,11 +287,12 @@ class AsyncWaitOperator(StreamOperator):
 
     # -- output -------------------------------------------------------------------------
 
-    def pop_ready(self) -> list[list[Any] | Watermark]:
-        """Results that may leave now, in emission order: record batches and watermarks.
+    def pop_ready(self) -> list[list[Any] | Watermark | AsyncCallError]:
+        """Return what may leave now, in emission order: record batches, watermarks, failures.
 
-        A failed call raises :class:`AsyncCallError` (the job fails, naming the
-        operator) when its turn to be emitted comes.
+        A failed call (it raised, or timed out) comes out in its turn as an
+        :class:`AsyncCallError` naming the operator and the record; the task
+        applies the error policy to it.
         """
         if not self._ready:
             return []
@@ -299,20 +300,18 @@ class AsyncWaitOperator(StreamOperator):
         items = self._queue.pop_ready()
         if not items:
             return []
-        out: list[list[Any] | Watermark] = []
+        out: list[list[Any] | Watermark | AsyncCallError] = []
         batch: list[Any] = []
         for item in items:
-            if type(item) is Watermark:
-                if batch:
-                    out.append(batch)
-                    batch = []
-                out.append(item)
-                continue
-            assert isinstance(item, _Entry)
-            self._size -= 1
-            if item.error is not None:
-                raise self._failure(item)
-            batch.append(item.result)
+            if type(item) is _Entry:
+                self._size -= 1
+                if item.error is None:
+                    batch.append(item.result)
+                    continue
+            if batch:
+                out.append(batch)
+                batch = []
+            out.append(self._failure(item) if isinstance(item, _Entry) else item)
         if batch:
             out.append(batch)
         self.admit()

@@ -44,9 +44,7 @@ def enriched(e: dict[str, Any]) -> dict[str, Any]:
 def job_env(tmp_path: Path, **kw: Any) -> StreamEnvironment:
     config = JobConfig(
         batch_size=kw.pop("batch_size", 64),
-        checkpoint=CheckpointConfig(
-            directory=tmp_path / "ckpt", interval=kw.pop("interval", 0.05)
-        ),
+        checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=kw.pop("interval", 0.05)),
         restart=RestartConfig(strategy=RestartStrategyKind.NONE),
     )
     return StreamEnvironment("enrich", config=config)
@@ -60,9 +58,7 @@ def test_ordered_output_keeps_input_order_and_capacity_holds_at_the_server(
     with LookupService(latency=0.0, slow=slow) as svc:
         env = job_env(tmp_path)
         src = env.from_collection(events(600), uid="events")
-        out = env.execute_and_collect(
-            src.map_async(HttpLookup(svc.url), capacity=16, uid="lookup")
-        )
+        out = env.execute_and_collect(src.map_async(HttpLookup(svc.url), capacity=16, uid="lookup"))
         assert out == [enriched(e) for e in events(600)]
         assert 1 < svc.max_concurrent <= 16, svc.max_concurrent
         assert sorted(svc.served_seqs()) == list(range(600))
