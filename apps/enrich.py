@@ -28,9 +28,9 @@ from typing import Any
 import aiohttp
 
 from aiostream_ckpt.api import AsyncFunction, AsyncRetry, RuntimeContext, StreamEnvironment
-from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
-from aiostream_ckpt.connectors.generator import GeneratorSource
+from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
 from aiostream_ckpt.testing.lookup_service import segment_of
+from apps.pv_count import event_source
 
 
 def _query(service: str, event: dict[str, Any]) -> str:
@@ -103,17 +103,7 @@ def build(env: StreamEnvironment) -> None:
         raise ValueError("set app.output")
     if "service" not in p and "simulate" not in p:
         raise ValueError("set app.service (the lookup service's URL) or app.simulate")
-    if "generate" in p:
-        source: Any = GeneratorSource(
-            int(p["generate"]), seed=int(p.get("seed", 0)), keys=int(p.get("keys", 1000))
-        )
-    elif "input" in p:
-        source = JsonLinesFileSource(
-            [s for s in str(p["input"]).split(",") if s], required={"app_id": str}
-        )
-    else:
-        raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
-    events = env.from_source(source, uid="events")
+    events = env.from_source(event_source(p), uid="events")
     latency = float(p["simulate"]) if "simulate" in p else None
     service = str(p.get("service", ""))
     if p.get("mode") == "sync":

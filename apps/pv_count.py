@@ -86,6 +86,23 @@ def build_kafka(env: StreamEnvironment) -> None:
     counts.sink_to(sink, uid="pv-sink")
 
 
+def event_source(p: dict[str, Any]) -> Any:
+    """Return the source of ``app.generate`` or ``app.input`` (the apps on files share it)."""
+    if "generate" in p:
+        return GeneratorSource(
+            int(p["generate"]),
+            seed=int(p.get("seed", 0)),
+            keys=int(p.get("keys", 1000)),
+            splits=int(p.get("splits", 1)),
+            rate=float(p["rate"]) if "rate" in p else None,
+        )
+    if "input" in p:
+        return JsonLinesFileSource(
+            [s for s in str(p["input"]).split(",") if s], required={"app_id": str}
+        )
+    raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
+
+
 def build(env: StreamEnvironment) -> None:
     p = env.params
     if "kafka_bootstrap" in p:
@@ -93,20 +110,7 @@ def build(env: StreamEnvironment) -> None:
         return
     if "output" not in p:
         raise ValueError("set app.output (the output directory)")
-    if "generate" in p:
-        source: Any = GeneratorSource(
-            int(p["generate"]),
-            seed=int(p.get("seed", 0)),
-            keys=int(p.get("keys", 1000)),
-            splits=int(p.get("splits", 1)),
-            rate=float(p["rate"]) if "rate" in p else None,
-        )
-    elif "input" in p:
-        source = JsonLinesFileSource(
-            [s for s in str(p["input"]).split(",") if s], required={"app_id": str}
-        )
-    else:
-        raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
+    source = event_source(p)
     events = env.from_source(source, uid="events")
     counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count", name="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="pv-sink")

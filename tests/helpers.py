@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt.testing.recount import recount_inputs
@@ -319,3 +320,28 @@ def generated_pv_args(
         "--set", "checkpoint.interval=100ms",
         *extra,
     ]  # fmt: skip
+
+
+def completed_checkpoint(
+    uid: str, parallelism: int, subtasks: dict[int, dict[str, Any]], *, max_parallelism: int = 128
+) -> CompletedCheckpoint:
+    """A ``CompletedCheckpoint`` holding ``subtasks`` (index -> state entry) of operator ``uid``."""
+    return CompletedCheckpoint(
+        checkpoint_id=7,
+        is_savepoint=True,
+        job_name="j",
+        trigger_time=0.0,
+        completion_time=0.0,
+        duration_seconds=0.0,
+        max_parallelism=max_parallelism,
+        operators={
+            uid: {
+                "parallelism": parallelism,
+                "subtasks": {str(i): st for i, st in subtasks.items()},
+            }
+        },
+        tasks={},
+        size_bytes=0,
+        directory=Path("/sp"),
+        root=Path("/sp"),
+    )

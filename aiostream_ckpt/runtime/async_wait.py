@@ -54,14 +54,16 @@ class AsyncCallError(RecordError):
 
 
 class _Entry:
-    __slots__ = ("done", "error", "record", "result", "segment")
+    __slots__ = ("done", "error", "record", "result", "segment", "task", "timed_out")
 
     def __init__(self, record: Any) -> None:
         self.record = record
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.timed_out = False
         self.segment: _Segment | None = None
+        self.task: asyncio.Task[None] | None = None
 
 
 class _Segment:
@@ -172,7 +174,10 @@ class AsyncWaitOperator(StreamOperator):
         )
         self._pending: deque[Any] = deque()
         self._size = 0  # entries admitted and not yet emitted
-        self._tasks: set[asyncio.Task[None]] = set()
+        # (deadline, entry) in admission order, so deadlines ascend: one timer
+        # for the earliest replaces a timeout context per call (~11 us a record)
+        self._deadlines: deque[tuple[float, _Entry]] = deque()
+        self._expiry: asyncio.TimerHandle | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._ready = False
         self._clock: Clock = SystemClock()
@@ -190,7 +195,10 @@ class AsyncWaitOperator(StreamOperator):
 
     async def stop(self) -> None:
         """Cancel the calls in flight, await them, then close the user function."""
-        tasks = list(self._tasks)
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        tasks = [e.task for e in self._queue.entries() if e.task is not None and not e.done]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -214,14 +222,33 @@ class AsyncWaitOperator(StreamOperator):
             return
         queue = self._queue
         loop = asyncio.get_running_loop()
+        timeout = self._timeout
+        deadline = loop.time() + timeout if timeout is not None else 0.0
+        deadlines = self._deadlines
         while pending and self._size < self._capacity:
             entry = _Entry(pending.popleft())
             queue.push(entry)
             self._size += 1
             self.calls_started += 1
-            task = loop.create_task(self._call(entry))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            entry.task = loop.create_task(self._call(entry))
+            if timeout is not None:
+                deadlines.append((deadline, entry))
+        if deadlines and self._expiry is None:
+            self._expiry = loop.call_at(deadlines[0][0], self._expire)
+
+    def _expire(self) -> None:
+        """Cancel the calls past their deadline; they fail with a timeout (see ``_call``)."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][1].done or deadlines[0][0] <= now):
+            _, entry = deadlines.popleft()
+            if not entry.done and entry.task is not None:
+                entry.timed_out = True
+                entry.task.cancel()
+        if deadlines:
+            self._expiry = loop.call_at(deadlines[0][0], self._expire)
 
     @property
     def blocked(self) -> bool:
@@ -246,11 +273,14 @@ class AsyncWaitOperator(StreamOperator):
 
     async def _call(self, entry: _Entry) -> None:
         try:
-            if self._timeout is None:
-                entry.result = await self._attempts(entry.record)
-            else:
-                async with asyncio.timeout(self._timeout):
-                    entry.result = await self._attempts(entry.record)
+            entry.result = await self._attempts(entry.record)
+        except asyncio.CancelledError:
+            if not entry.timed_out:
+                raise  # stop(): the task is closing
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the cancellation was our timeout, it is handled here
+            entry.error = TimeoutError(f"no result within {self._timeout} s")
         except Exception as exc:  # handed to the error policy when the entry is emitted
             entry.error = exc
         entry.done = True
@@ -319,11 +349,7 @@ class AsyncWaitOperator(StreamOperator):
 
     def _failure(self, entry: _Entry) -> AsyncCallError:
         exc = entry.error
-        what = (
-            f"timed out after {self._timeout} s"
-            if isinstance(exc, TimeoutError)
-            else f"raised {exc!r}"
-        )
+        what = f"timed out after {self._timeout} s" if entry.timed_out else f"raised {exc!r}"
         err = AsyncCallError(
             f"operator {self.uid!r}: async call {what} for record {entry.record!r:.200}",
             entry.record,

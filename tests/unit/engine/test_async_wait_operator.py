@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.elements import Watermark
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
+from tests.helpers import completed_checkpoint
 
 
 class Controlled(AsyncFunction[int, str]):
@@ -166,6 +166,23 @@ async def test_a_timed_out_call_fails_naming_the_timeout() -> None:
     await op.stop()
 
 
+async def test_only_the_calls_past_their_deadline_time_out() -> None:
+    fn = Controlled()
+    op = make(fn, capacity=3, timeout=0.05)
+    op.offer([1, 2, 3])
+    await settle()
+    fn.answer(1)
+    fn.answer(3)
+    await settle()
+    assert flat(op.pop_ready()) == ["r1"]
+    await asyncio.wait_for(op.wakeup(), 5)  # 2's deadline
+    err, rest = op.pop_ready()
+    assert isinstance(err, AsyncCallError) and err.record == 2 and "timed out" in str(err)
+    assert rest == ["r3"]
+    assert op.idle
+    await op.stop()
+
+
 class FailTwice(AsyncFunction[int, int]):
     def __init__(self) -> None:
         self.attempts = 0
@@ -210,21 +227,8 @@ async def test_retry_gives_up_after_its_attempts() -> None:
 
 
 def checkpoint_of(states: dict[int, dict[str, Any]], parallelism: int) -> CompletedCheckpoint:
-    subtasks = {str(i): {"parallelism": parallelism, "operator": st} for i, st in states.items()}
-    return CompletedCheckpoint(
-        checkpoint_id=1,
-        is_savepoint=False,
-        job_name="t",
-        trigger_time=0.0,
-        completion_time=0.0,
-        duration_seconds=0.0,
-        max_parallelism=128,
-        operators={"lookup": {"parallelism": parallelism, "subtasks": subtasks}},
-        tasks={},
-        size_bytes=0,
-        directory=Path("."),
-        root=Path("."),
-    )
+    subtasks = {i: {"parallelism": parallelism, "operator": st} for i, st in states.items()}
+    return completed_checkpoint("lookup", parallelism, subtasks)
 
 
 async def test_snapshot_holds_every_record_not_emitted_and_restore_reissues_them() -> None:

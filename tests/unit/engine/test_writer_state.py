@@ -12,24 +12,12 @@ from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.staging import StagedFileWriter, read_committed_output
 from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.runtime.writer_state import restored_writer_state
+from tests.helpers import completed_checkpoint
 
 
 def checkpoint(parallelism: int, states: dict[int, dict[str, Any] | None]) -> CompletedCheckpoint:
-    subtasks = {str(i): {"keyed": None, "operator": {"writer": st}} for i, st in states.items()}
-    return CompletedCheckpoint(
-        checkpoint_id=7,
-        is_savepoint=True,
-        job_name="j",
-        trigger_time=0.0,
-        completion_time=0.0,
-        duration_seconds=0.0,
-        max_parallelism=128,
-        operators={"sink": {"parallelism": parallelism, "subtasks": subtasks}},
-        tasks={},
-        size_bytes=0,
-        directory=Path("/sp"),
-        root=Path("/sp"),
-    )
+    subtasks = {i: {"keyed": None, "operator": {"writer": st}} for i, st in states.items()}
+    return completed_checkpoint("sink", parallelism, subtasks)
 
 
 OLD = {0: {"pending": [["a0", "A0"]]}, 1: {"pending": [["a1", "A1"], ["b1", "B1"]]}}
