@@ -39,6 +39,7 @@ from aiostream_ckpt.errors import RecordError, StateError
 from aiostream_ckpt.runtime.elements import Watermark
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
+from aiostream_ckpt.user_errors import user_traceback
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,8 @@ IN_FLIGHT_KEY = "in_flight"
 class AsyncCallError(RecordError):
     """An async call failed for good (it raised, or timed out) for one record."""
 
-    def __init__(self, message: str, record: Any) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, record: Any, *, detail: str | None = None) -> None:
+        super().__init__(message, detail=detail)
         self.record = record
 
 
@@ -353,6 +354,7 @@ class AsyncWaitOperator(StreamOperator):
         err = AsyncCallError(
             f"operator {self.uid!r}: async call {what} for record {entry.record!r:.200}",
             entry.record,
+            detail=user_traceback(exc) if exc is not None and not entry.timed_out else None,
         )
         err.__cause__ = exc
         return err

@@ -151,6 +151,7 @@ async def test_a_raising_call_fails_with_the_operator_and_the_record_named() -> 
     assert isinstance(first, AsyncCallError) and first.record == 1
     assert re.search(r"operator 'lookup'.*raised ValueError.*record 1", str(first))
     assert isinstance(first.__cause__, ValueError)
+    assert "in invoke" in first.detail  # the user's frames, for the failure log
     assert second == ["r2"]  # what comes after the failure is not lost
     await op.stop()
 
