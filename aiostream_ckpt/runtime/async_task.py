@@ -43,8 +43,8 @@ class AsyncWaitTask(StreamTask):
         self._async = op
         self._after = spec.operators[1:]
 
-    async def _open(self) -> None:
-        await super()._open()
+    async def restore_state(self) -> None:
+        await super().restore_state()
         spec = self.spec
         await self._async.start(
             RuntimeContext(
@@ -61,11 +61,11 @@ class AsyncWaitTask(StreamTask):
         # the operator's own entry carries the task's event time when nothing keyed follows
         return [*super()._time_uids(), self._async.uid]
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
         try:
             await self._async.stop()
         finally:
-            await super()._close()
+            await super().close()
 
     async def _run_input(self) -> None:
         gate = self.spec.input_gate

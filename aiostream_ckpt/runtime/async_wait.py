@@ -189,7 +189,9 @@ class AsyncWaitOperator(StreamOperator):
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, ctx: RuntimeContext, clock: Clock) -> None:
-        """Open the user function (after state was restored)."""
+        """Open the user function (after state was restored); idempotent."""
+        if self._opened:
+            return
         self._clock = clock
         await self._fn.open(ctx)
         self._opened = True
