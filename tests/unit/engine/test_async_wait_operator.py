@@ -303,3 +303,22 @@ def test_map_async_rejects_a_blocking_function() -> None:
             return x
 
         env.from_collection([1]).map_async(f, capacity=0)
+
+
+def test_keyed_map_async_at_parallelism_two_emits_every_record_once() -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+    from aiostream_ckpt.runtime.config import JobConfig
+
+    async def tag(e: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.001 * (e["n"] % 3))
+        return {**e, "seen": True}
+
+    env = StreamEnvironment("t", config=JobConfig(batch_size=16))
+    events = [{"k": f"k{i % 7}", "n": i} for i in range(300)]
+    s = env.from_collection(events).key_by(lambda e: e["k"])
+    out = env.execute_and_collect(s.map_async(tag, capacity=8, uid="tag", parallelism=2))
+    assert sorted(r["n"] for r in out) == list(range(300))
+    # per key, input order holds (ordered mode; a key lives on one subtask)
+    for k in {e["k"] for e in events}:
+        ns = [r["n"] for r in out if r["k"] == k]
+        assert ns == sorted(ns)
