@@ -109,6 +109,12 @@ def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, 
             chk = latest
         else:
             path = storage.checkpoint_dir(checkpoint_id)
+            aside = storage.set_aside_checkpoints()
+            if not path.is_dir() and checkpoint_id in aside:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id} was set aside as bad: {aside[checkpoint_id]} "
+                    f"(its files are in {path.name}.bad)"
+                )
             if not path.is_dir():
                 known = [str(cid) for cid in storage.completed_newest_first()]
                 raise CheckpointError(

@@ -147,6 +147,9 @@ def test_checkpoint_set_aside_once_is_never_chosen_again(tmp_path: Path) -> None
         line.split()[0] == str(cid) and "set aside:" in line and "checksum" in line
         for line in listing.splitlines()
     ), listing
+    inspected = cli("checkpoints", "inspect", str(tmp_path / "ckpt"), str(cid))
+    assert inspected.returncode != 0
+    assert f"checkpoint {cid} was set aside as bad: " in inspected.stderr, inspected.stderr
 
 
 def test_kill9_right_after_a_retraction_then_resume(tmp_path: Path) -> None:
