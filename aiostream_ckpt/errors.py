@@ -77,6 +77,17 @@ class RecordError(AiostreamError):
     """One input record could not be processed (malformed, undeserializable)."""
 
 
+class UserFunctionError(AiostreamError):
+    """A user function raised (a map, process_element, on_timer, open...).
+
+    Restartable like the exception it wraps (a restart may get past a
+    transient cause); the message names the operator uid and the record,
+    ``detail`` holds the traceback of the app's frames.
+    """
+
+    retriable = True
+
+
 class JobFailedError(AiostreamError):
     """The job failed for good: the restart strategy is exhausted or the error is fatal."""
 

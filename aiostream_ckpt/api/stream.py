@@ -11,6 +11,7 @@ the same name before it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -164,6 +165,7 @@ class Stream(Generic[T]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run a :class:`ProcessFunction` on every record (no keyed state)."""
+        _check_process_function(function)
         if isinstance(function, KeyedProcessFunction):
             raise JobGraphError(
                 f"{type(function).__name__} is a KeyedProcessFunction: run it on a keyed "
@@ -266,6 +268,7 @@ class KeyedStream(Stream[T], Generic[T, K]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run a :class:`KeyedProcessFunction` with keyed state on every record."""
+        _check_process_function(function)
         node = self._add(
             TransformKind.KEYED_PROCESS, name, fn=function, uid=uid, parallelism=parallelism
         )
@@ -305,3 +308,12 @@ class KeyedStream(Stream[T], Generic[T, K]):
         """
         node = self._add(TransformKind.REDUCE, name, fn=fn, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
+
+
+def _check_process_function(function: ProcessFunction[Any, Any]) -> None:
+    """Refuse a ``process_element`` that yields: its body would never run, its output be lost."""
+    if inspect.isgeneratorfunction(type(function).process_element):
+        raise JobGraphError(
+            f"{type(function).__name__}.process_element is a generator (it uses yield): it "
+            "would never run; emit records with out.collect(record) instead"
+        )

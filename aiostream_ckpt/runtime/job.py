@@ -26,11 +26,13 @@ from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.connectors.base import ConnectorContext, RestoreInfo
 from aiostream_ckpt.errors import (
+    AiostreamError,
     ConfigError,
     CorruptCheckpointError,
     JobFailedError,
     RestoreRefusedError,
     StateMigrationError,
+    UserFunctionError,
 )
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
 from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
@@ -195,16 +197,18 @@ class JobRunner:
                 if delay is None:
                     run.status = JobStatus.FAILED
                     line = _failure_line(self.env.job_name, strategy, exc)
-                    raise JobFailedError(line, exc) from exc
+                    detail = exc.detail if isinstance(exc, AiostreamError) else None
+                    raise JobFailedError(line, exc, detail=detail) from exc
                 run.status = JobStatus.RESTARTING
                 run.restarts = strategy.restarts
                 log.warning(
-                    "job %r failed (%s: %s); restart %d in %.1fs",
+                    "job %r failed (%s); restart %d in %.1fs%s",
                     self.env.job_name,
-                    type(exc).__name__,
-                    exc,
+                    _cause(exc),
                     strategy.restarts,
                     delay,
+                    # the app's traceback at the default level (the whole one at DEBUG)
+                    "\n" + exc.detail if isinstance(exc, UserFunctionError) and exc.detail else "",
                     exc_info=log.isEnabledFor(logging.DEBUG),
                 )
                 await self.clock.sleep(delay)
@@ -355,10 +359,14 @@ def _failure_line(job_name: str, strategy: RestartStrategy, exc: BaseException) 
     """Say how many restarts were done, why no further one, then the cause."""
     n = strategy.restarts
     after = "" if isinstance(strategy, NoRestart) else f" after {n} restart{'' if n == 1 else 's'}"
-    return (
-        f"job {job_name!r} failed{after} ({strategy.give_up_reason(exc)}): "
-        f"{type(exc).__name__}: {exc}"
-    )
+    return f"job {job_name!r} failed{after} ({strategy.give_up_reason(exc)}): {_cause(exc)}"
+
+
+def _cause(exc: BaseException) -> str:
+    """Say the exception in one line (a user function's error names its own type)."""
+    if isinstance(exc, UserFunctionError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def run_job(env: StreamEnvironment, *, clock: Clock | None = None) -> JobResult:

@@ -9,6 +9,7 @@ records of ``map``.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,8 +22,11 @@ from aiostream_ckpt.api.functions import (
     RuntimeContext,
 )
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.runtime.failures import ReturnWatch
 from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+
+log = logging.getLogger(__name__)
 
 
 class StreamOperator(ABC):
@@ -115,6 +119,7 @@ class ProcessOperator(StreamOperator):
 
     def open(self, ctx: RuntimeContext) -> None:
         self.function.open(ctx)
+        self.function = ReturnWatch(self, log)  # type: ignore[assignment]  # see ReturnWatch
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         out: list[Any] = []

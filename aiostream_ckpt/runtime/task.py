@@ -34,7 +34,7 @@ from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint, TaskAck
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.base import OutputSurvey, SinkWriter, SourceReader
-from aiostream_ckpt.errors import AiostreamError, CheckpointError
+from aiostream_ckpt.errors import AiostreamError, CheckpointError, UserFunctionError
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.elements import (
     ACTIVE,
@@ -50,6 +50,7 @@ from aiostream_ckpt.runtime.elements import (
     Watermark,
     WatermarkStatus,
 )
+from aiostream_ckpt.runtime.failures import user_function_error
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
 from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
@@ -195,6 +196,12 @@ class StreamTask:
                 raise self._bg_error.result()
             work.result()
             self._transition(TaskState.FINISHED)
+        except Exception as exc:
+            self.state = TaskState.FAILED
+            described = self._user_failure(exc)
+            if described is not None:
+                raise described from exc
+            raise
         except BaseException:
             self.state = TaskState.FAILED
             raise
@@ -205,6 +212,18 @@ class StreamTask:
                 await asyncio.gather(work, return_exceptions=True)
             await self._bg.cancel_all()
             await self.close()
+
+    def _user_failure(self, exc: Exception) -> UserFunctionError | None:
+        """Name the operator, record and source position when a user function raised."""
+        spec = self.spec
+        position = None
+        if spec.reader is not None and spec.operators:
+            try:
+                position = spec.reader.snapshot_position()
+            except Exception:  # a reader that cannot tell now: report without it
+                position = None
+        first = spec.operators[0].uid if spec.operators else None
+        return user_function_error(exc, source_position=position, first_uid=first)
 
     def _background_failed(self, exc: BaseException) -> None:
         if not self._bg_error.done():

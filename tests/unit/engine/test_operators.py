@@ -87,3 +87,40 @@ def test_keyed_state_in_a_non_keyed_function_fails_at_open_without_restarts() ->
     message = str(failed.value)
     assert "not restarted" in message and "after 0 restarts" in message, message
     assert "operator 'plain' asks for keyed state 'n' in open() but is not keyed" in message
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_returned_value_is_flagged_once(keyed: bool, caplog: pytest.LogCaptureFixture) -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+
+    class Returns(KeyedProcessFunction[int, int]):
+        def process_element(self, value: int, ctx: Context, out: Collector[int]) -> None:
+            return value * 10  # type: ignore[return-value]  # meant out.collect(value * 10)
+
+    class PlainReturns(ProcessFunction[int, int]):
+        def process_element(self, value: int, ctx: Context, out: Collector[int]) -> None:
+            return value * 10  # type: ignore[return-value]
+
+    env = StreamEnvironment("returns")
+    src = env.from_collection([1, 2, 3])
+    stream = src.key_by(lambda v: v).process(Returns()) if keyed else src.process(PlainReturns())
+    assert env.execute_and_collect(stream) == []
+    warnings = [r.getMessage() for r in caplog.records if "returned" in r.getMessage()]
+    name = "Returns" if keyed else "PlainReturns"
+    assert warnings == [
+        f"operator 'process': {name}.process_element returned 10 instead of emitting it with "
+        "out.collect(...): returned values are dropped (warned once)"
+    ]
+
+
+def test_a_process_element_that_yields_is_refused_at_build() -> None:
+    from aiostream_ckpt.api import StreamEnvironment
+    from aiostream_ckpt.errors import JobGraphError
+
+    class Yields(KeyedProcessFunction[str, str]):
+        def process_element(self, value: str, ctx: Context, out: Collector[str]):  # type: ignore[no-untyped-def]
+            yield value
+
+    env = StreamEnvironment("yields")
+    with pytest.raises(JobGraphError, match=r"Yields.process_element is a generator"):
+        env.from_collection(["a"]).key_by(lambda v: v).process(Yields())
