@@ -119,7 +119,8 @@ class ProcessOperator(StreamOperator):
 
     def open(self, ctx: RuntimeContext) -> None:
         self.function.open(ctx)
-        self.function = ReturnWatch(self, log)  # type: ignore[assignment]  # see ReturnWatch
+        if not isinstance(self.function, ReturnWatch):  # opened again by a later attempt
+            self.function = ReturnWatch(self, log)  # type: ignore[assignment]  # see ReturnWatch
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         out: list[Any] = []
