@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.state.backend import KeyedStateBackend
@@ -23,6 +23,9 @@ from aiostream_ckpt.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.runtime.side_outputs import OutputTag
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
@@ -123,18 +126,34 @@ class TimerService(Protocol):
 
 
 class Context:
-    """Per-record context of a keyed process function.
+    """Per-record context of a process function.
 
     ``current_key`` is a plain attribute the operator sets with the state
     backend's key before each call: read once or more per record, it must
     cost a slot load, not a property call.
     """
 
-    __slots__ = ("_timers", "current_key")
+    __slots__ = ("_side", "_timers", "current_key")
 
-    def __init__(self, timers: TimerService | None = None) -> None:
+    def __init__(
+        self,
+        timers: TimerService | None = None,
+        side_output: list[tuple[Any, Any]] | None = None,
+    ) -> None:
         self.current_key: Any = None
         self._timers = timers
+        self._side = side_output
+
+    def output(self, tag: OutputTag[Any], value: Any) -> None:
+        """Emit ``value`` to side output ``tag`` (read by ``stream.get_side_output(tag)``).
+
+        Side records travel with the main output, between the same barriers,
+        so they are exactly-once like it. Nothing reads the tag: dropped, as
+        in Flink.
+        """
+        side = self._side
+        if side is not None:
+            side.append((tag, value))
 
     def timer_service(self) -> TimerService:
         """Event- and processing-time timers of the current key."""
@@ -155,8 +174,9 @@ class OnTimerContext(Context):
         self,
         timers: TimerService | None,
         time_domain: TimeDomain = TimeDomain.EVENT_TIME,
+        side_output: list[tuple[Any, Any]] | None = None,
     ) -> None:
-        super().__init__(timers)
+        super().__init__(timers, side_output)
         self.time_domain = time_domain
 
 

@@ -118,6 +118,8 @@ class ProcessOperator(StreamOperator):
         self._out: Collector[Any] = Collector()
 
     def open(self, ctx: RuntimeContext) -> None:
+        # the job graph set side_output (when someone reads one) before open
+        self._ctx = Context(side_output=self.side_output)
         self.function.open(ctx)
         if not isinstance(self.function, ReturnWatch):  # opened again by a later attempt
             self.function = ReturnWatch(self, log)  # type: ignore[assignment]  # see ReturnWatch

@@ -49,9 +49,10 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
         if self._scheduler is not None:
             timers.bind(self._scheduler)
         super().open(ctx)
-        self._ctx = Context(timers)
-        self._event_ctx = OnTimerContext(timers, TimeDomain.EVENT_TIME)
-        self._proc_ctx = OnTimerContext(timers, TimeDomain.PROCESSING_TIME)
+        side = self.side_output
+        self._ctx = Context(timers, side)
+        self._event_ctx = OnTimerContext(timers, TimeDomain.EVENT_TIME, side)
+        self._proc_ctx = OnTimerContext(timers, TimeDomain.PROCESSING_TIME, side)
         timers.open()
 
     def process_watermark(self, timestamp: int) -> list[Any]:
