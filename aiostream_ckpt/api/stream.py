@@ -296,17 +296,25 @@ class KeyedStream(Stream[T], Generic[T, K]):
         name: str = "reduce",
         uid: str | None = None,
         parallelism: int | None = None,
+        value_type: Any = None,
     ) -> Stream[T]:
         """Fold records per key with ``fn``; emits the updated value for every record.
+
+        The folded value lives in keyed state: declare ``value_type`` when it is
+        not plain JSON (a tuple, a dataclass), so it reads back as such after a
+        restore (see :mod:`~aiostream_ckpt.state.codecs`).
 
         >>> from aiostream_ckpt.api.environment import StreamEnvironment
         >>> env = StreamEnvironment("doc")
         >>> s = env.from_collection([("a", 1), ("b", 5), ("a", 2)])
-        >>> r = s.key_by(lambda t: t[0]).reduce(lambda x, y: (x[0], x[1] + y[1]), uid="sum")
+        >>> r = s.key_by(lambda t: t[0]).reduce(
+        ...     lambda x, y: (x[0], x[1] + y[1]), uid="sum", value_type=tuple[str, int]
+        ... )
         >>> env.execute_and_collect(r)
         [('a', 1), ('b', 5), ('a', 3)]
         """
         node = self._add(TransformKind.REDUCE, name, fn=fn, uid=uid, parallelism=parallelism)
+        node.state_type = value_type
         return Stream(self._env, node)
 
 

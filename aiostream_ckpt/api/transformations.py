@@ -62,6 +62,8 @@ class Transformation:
     uid_explicit: bool = False
     #: Sources only: a ``time.WatermarkStrategy`` (event time starts here).
     watermark_strategy: Any = None
+    #: ``reduce`` only: the declared type of the value it keeps in state (None: untyped).
+    state_type: Any = None
 
     def __repr__(self) -> str:
         return f"<{self.kind.value} {self.uid!r} p={self.parallelism}>"

@@ -166,7 +166,7 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return op
     if kind is TransformKind.REDUCE:
         assert t.key_selector is not None
-        return ReduceOperator(t.uid, t.fn, t.key_selector)
+        return ReduceOperator(t.uid, t.fn, t.key_selector, t.state_type)
     raise JobGraphError(f"no operator for {kind.value}")
 
 

@@ -184,15 +184,20 @@ class ReduceOperator(StreamOperator):
     keyed = True
 
     def __init__(
-        self, uid: str, fn: Callable[[Any, Any], Any], key_selector: Callable[[Any], Any]
+        self,
+        uid: str,
+        fn: Callable[[Any, Any], Any],
+        key_selector: Callable[[Any], Any],
+        value_type: Any = None,
     ) -> None:
         super().__init__(uid)
         self._fn = fn
         self._key_selector = key_selector
+        self._value_type = value_type
         self._state: Any = None
 
     def open(self, ctx: RuntimeContext) -> None:
-        self._state = ctx.get_state(ValueStateDescriptor("reduce"))
+        self._state = ctx.get_state(ValueStateDescriptor("reduce", self._value_type))
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         assert self.backend is not None

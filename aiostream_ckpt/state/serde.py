@@ -11,9 +11,7 @@ checkpoint bytes runs code.
 
 from __future__ import annotations
 
-import pickle
 import struct
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -23,26 +21,10 @@ from aiostream_ckpt.errors import StateError
 #: LMDB's compile-time key limit (``mdb_env_get_maxkeysize``); longer keys cannot be stored.
 MAX_DB_KEY_BYTES = 511
 
-Dumps = Callable[[Any], bytes]
-Loads = Callable[[bytes], Any]
-
 _TS = struct.Struct(">d")
 TS_SIZE = _TS.size
 pack_ts = _TS.pack
 unpack_ts = _TS.unpack_from
-
-
-def value_codec(serializer: str) -> tuple[Dumps, Loads]:
-    """Return ``(dumps, loads)`` for a descriptor's serializer name."""
-    if serializer == "json":
-        return orjson.dumps, orjson.loads
-    if serializer == "pickle":
-        return _pickle_dumps, pickle.loads
-    raise StateError(f"unknown state serializer {serializer!r}")
-
-
-def _pickle_dumps(value: Any) -> bytes:
-    return pickle.dumps(value, protocol=5)
 
 
 def name_part(name: str) -> bytes:

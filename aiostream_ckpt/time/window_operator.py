@@ -57,6 +57,8 @@ class WindowSpec:
     allowed_lateness: int = 0
     late_tag: OutputTag[Any] | None = None
     serializer: Serializer = "json"
+    #: Declared type of one window's contents in state (accumulator, value, list of records).
+    state_type: Any = None
 
     def create_operator(self, uid: str, key_selector: Callable[[Any], Any]) -> WindowOperator:
         return WindowOperator(uid, copy.deepcopy(self), key_selector)
@@ -86,7 +88,9 @@ class WindowOperator(StreamOperator):
         assert self.backend is not None
         self._kc = self.backend.key_context
         self._contents = self.backend.create_state(
-            MapStateDescriptor(WINDOW_CONTENTS, serializer=self.spec.serializer)
+            MapStateDescriptor(
+                WINDOW_CONTENTS, None, self.spec.state_type, serializer=self.spec.serializer
+            )
         )
         timers = self._timers = InternalTimerService(self.backend)
         if self._scheduler is not None:

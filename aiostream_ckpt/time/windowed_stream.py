@@ -69,9 +69,14 @@ class WindowedStream(Generic[T, K]):
     ...     CollectionSource([("a", 1), ("b", 3), ("a", 12), ("a", 5)]), watermark_strategy=wms)
     >>> sums = (events.key_by(lambda e: e[0])
     ...     .window(TumblingEventTimeWindows.of(10))
-    ...     .reduce(lambda x, y: (x[0], x[1] + y[1]), uid="sums"))
+    ...     .reduce(lambda x, y: (x[0], x[1] + y[1]), uid="sums", value_type=tuple[str, int]))
     >>> sorted(env.execute_and_collect(sums))
     [('a', 6), ('a', 12), ('b', 3)]
+
+    The window's contents live in keyed state: declare their type
+    (``accumulator_type``, ``value_type``, ``element_type``) when they are not
+    plain JSON, so they read back as such after a restore (``value_type`` above:
+    tuples; see :mod:`~aiostream_ckpt.state.codecs`).
     """
 
     def __init__(
@@ -105,11 +110,13 @@ class WindowedStream(Generic[T, K]):
         uid: str | None = None,
         parallelism: int | None = None,
         serializer: Serializer = "json",
+        accumulator_type: Any = None,
     ) -> Stream[Any]:
         """Aggregate incrementally; emit ``get_result`` (or ``window_function``'s output)."""
         return self._build(
-            WindowKind.AGGREGATE, function, window_function, name, uid, parallelism, serializer
-        )
+            WindowKind.AGGREGATE, function, window_function, name, uid, parallelism, serializer,
+            accumulator_type,
+        )  # fmt: skip
 
     def reduce(
         self,
@@ -120,11 +127,13 @@ class WindowedStream(Generic[T, K]):
         uid: str | None = None,
         parallelism: int | None = None,
         serializer: Serializer = "json",
+        value_type: Any = None,
     ) -> Stream[Any]:
         """Fold the window's records with ``function`` as they arrive."""
         return self._build(
-            WindowKind.REDUCE, function, window_function, name, uid, parallelism, serializer
-        )
+            WindowKind.REDUCE, function, window_function, name, uid, parallelism, serializer,
+            value_type,
+        )  # fmt: skip
 
     def process(
         self,
@@ -134,9 +143,13 @@ class WindowedStream(Generic[T, K]):
         uid: str | None = None,
         parallelism: int | None = None,
         serializer: Serializer = "json",
+        element_type: Any = None,
     ) -> Stream[R]:
         """Keep every record of the window; hand them all to ``function`` when it fires."""
-        return self._build(WindowKind.PROCESS, function, None, name, uid, parallelism, serializer)
+        contents = None if element_type is None else list[element_type]
+        return self._build(
+            WindowKind.PROCESS, function, None, name, uid, parallelism, serializer, contents
+        )
 
     def _build(
         self,
@@ -147,6 +160,7 @@ class WindowedStream(Generic[T, K]):
         uid: str | None,
         parallelism: int | None,
         serializer: Serializer,
+        state_type: Any,
     ) -> Stream[Any]:
         from aiostream_ckpt.api.stream import Stream
 
@@ -161,6 +175,7 @@ class WindowedStream(Generic[T, K]):
             allowed_lateness=self._lateness,
             late_tag=self._late_tag,
             serializer=serializer,
+            state_type=state_type,
         )
         node = keyed._add(TransformKind.WINDOW, name, fn=spec, uid=uid, parallelism=parallelism)
         return Stream(keyed._env, node)

@@ -88,6 +88,8 @@ from aiostream_ckpt.state.lmdb.states import (
     TtlListState,
     TtlReducingState,
     TtlValueState,
+    TypedReducingState,
+    TypedValueState,
     ValueStateImpl,
 )
 from aiostream_ckpt.state.lmdb.writes import RunState, SnapshotRun, WriteQueue
@@ -110,6 +112,13 @@ _CLASSES: dict[tuple[str, bool], type[KeyedStateBase]] = {
     ("map", True): TtlMapState,
     ("reducing", False): ReducingStateImpl,
     ("reducing", True): TtlReducingState,
+}
+
+
+#: States whose untyped fast path (an exact scalar kept by reference) a declared type replaces.
+_TYPED: dict[type[KeyedStateBase] | None, type[KeyedStateBase]] = {
+    ValueStateImpl: TypedValueState,
+    ReducingStateImpl: TypedReducingState,
 }
 
 
@@ -278,6 +287,8 @@ class LmdbStateBackend:
                 )
             return existing
         cls = _CLASSES.get((descriptor.kind, descriptor.ttl is not None))
+        if descriptor.value_types()[0] is not None and descriptor.serializer == "json":
+            cls = _TYPED.get(cls, cls)  # checks every value it is given
         if cls is None:
             raise StateError(f"state {descriptor.name!r}: unsupported descriptor {descriptor!r}")
         wanted = self._describe(descriptor)

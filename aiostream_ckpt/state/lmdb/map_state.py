@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.state.codecs import EXACT_SCALARS, MapKeyCodec
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
-from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, capture, unwrap
+from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase
 from aiostream_ckpt.state.serde import (
     TS_SIZE,
     decode_key,
@@ -51,11 +52,15 @@ LOAD_WHOLE = 64
 class MapStateImpl(KeyedStateBase):
     """A map per key; map keys are serialized like stream keys (orjson)."""
 
-    __slots__ = ("_cleared", "_complete")
+    __slots__ = ("_check_all_keys", "_cleared", "_complete", "_key_loads", "_keys")
     kind = "map"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
+        key_type = self.descriptor.map_key_type()
+        self._keys = MapKeyCodec(key_type, decode_key)
+        self._key_loads = self._keys.loads
+        self._check_all_keys = key_type is not None
         self._dirty: dict[Any, dict[Any, Any]] = {}
         self._complete: set[Any] = set()
         self._cleared: set[Any] = set()
@@ -63,7 +68,7 @@ class MapStateImpl(KeyedStateBase):
     # -- entry hooks (overridden for TTL) -------------------------------------
     def _wrap(self, value: Any) -> tuple[Any, Any]:
         """``(cache entry, write-set entry)`` for a value being put."""
-        return value, capture(value, self._dumps)
+        return value, self._capture(value)
 
     def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
         """User value of a cached entry, or ``_DELETED``."""
@@ -104,13 +109,13 @@ class MapStateImpl(KeyedStateBase):
         cur = self._host.read_txn().cursor()
         if cur.set_range(prefix):
             n = len(prefix)
-            decode = self._decode
+            decode, key_loads = self._decode, self._key_loads
             for db_key, raw in cur:
                 if not db_key.startswith(prefix):
                     break
                 if limit is not None and len(m) >= limit:
                     return m  # more than ``limit``: read the rest entry by entry
-                m[decode_key(db_key[n:])] = decode(raw)
+                m[key_loads(db_key[n:])] = decode(raw)
         self._complete.add(key)
         return m
 
@@ -159,6 +164,8 @@ class MapStateImpl(KeyedStateBase):
         return default if v is _DELETED else v
 
     def put(self, map_key: Any, value: Any) -> None:
+        if self._check_all_keys or map_key.__class__ not in EXACT_SCALARS:
+            self._keys.check(map_key, self._map_key_bytes(map_key), self.name)
         key = self._ctx.key
         cached, captured = self._wrap(value)
         self._map(key)[map_key] = cached
@@ -248,9 +255,7 @@ class MapStateImpl(KeyedStateBase):
                 try:
                     raw = self._encode_entry(entry)
                 except Exception as exc:
-                    raise describe_encode_error(
-                        self.name, (key, map_key), unwrap(entry), exc
-                    ) from exc
+                    raise describe_encode_error(self.name, (key, map_key), entry, exc) from exc
                 if raw is None:
                     deletes.append((db_key, None))
                 else:
@@ -296,7 +301,7 @@ class TtlMapState(MapStateImpl):
 
     def _wrap(self, value: Any) -> tuple[Any, Any]:
         now = self._now()
-        return (value, now), (capture(value, self._dumps), now)
+        return (value, now), (self._capture(value), now)
 
     def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
         if entry is _DELETED:
@@ -308,7 +313,7 @@ class TtlMapState(MapStateImpl):
             return _DELETED
         if self._refresh_on_read:
             m[map_key] = (entry[0], now)
-            self._mark(key, map_key, (capture(entry[0], self._dumps), now))
+            self._mark(key, map_key, (self._capture(entry[0]), now))
         return entry[0]
 
     def _decode(self, raw: bytes) -> Any:

@@ -20,15 +20,19 @@ Contract for mutable values (why: a frozen write set is encoded after the
 barrier, while processing goes on):
 
 * ``update()`` / ``add()`` of value and reducing state and ``put()`` of map
-  state capture the value when called. ``int``, ``str``, ``float``, ``bool``,
-  ``None``, ``bytes`` and tuples/frozensets of those are kept by reference
-  (they cannot change); any other value is encoded right away, so mutating it
-  in place afterwards (or mutating the object ``value()`` returned) never
-  leaks into a snapshot: a snapshot holds each value as of its last
-  ``update()`` before the barrier. The price is one encode per update of a
-  mutable value (~0.3 us for a small dict); int/str updates pay only the type
-  test. A value that cannot be encoded is kept as is and fails when its write
-  set is applied, naming state, key and type.
+  state capture the value when called, through the state's codec
+  (:mod:`~aiostream_ckpt.state.codecs`), which first refuses a value that
+  would not read back the same after a restore (:class:`StateTypeError`,
+  raised from the call that stored it). ``int``, ``str``, ``bool`` and
+  ``None`` (and finite floats; with pickle also bytes and tuples/frozensets)
+  are kept by reference (they cannot change); any other value is encoded
+  right away, so mutating it in place afterwards (or mutating the object
+  ``value()`` returned) never leaks into a snapshot: a snapshot holds each
+  value as of its last ``update()`` before the barrier. The price is one
+  encode per update of a mutable value (~0.3 us for a small dict); int/str
+  updates of an untyped state pay only the type test. A typed state encodes
+  and decodes every value it is given (the check), so it never holds one by
+  reference.
 * As in Flink, a value returned by ``value()``/``get()`` is the cached object:
   mutate it and call ``update()``, or the change may be lost (and it is visible
   to reads until the key is evicted, so do not rely on that either).
@@ -54,13 +58,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import lmdb
 import orjson
 
 from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.state.backend import KeyContext
+from aiostream_ckpt.state.codecs import EXACT_SCALARS, UNTYPED, value_codec
 from aiostream_ckpt.state.descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
@@ -76,12 +81,9 @@ from aiostream_ckpt.state.serde import (
     pack_ts,
     state_prefixes,
     unpack_ts,
-    value_codec,
 )
 
 _LEN2 = [n.to_bytes(2, "big") for n in range(MAX_DB_KEY_BYTES + 1)]
-#: The ints orjson encodes (wider ones it refuses); ``b"%d" % v`` gives the same bytes.
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 #: ``b"%d" % v`` of small ints, shared by every record that stores one (counts mostly are).
 _SMALL_INTS = [b"%d" % v for v in range(4096)]
 _MISS: Any = object()  # not in the cache: ask LMDB
@@ -92,48 +94,9 @@ _DELETED: Any = object()  # a map entry known to be absent
 #: A write set is put bucketed by key group from this many keys per group (see ``apply``).
 _BUCKETS_FROM = 4
 
-#: Types whose values cannot change, so a write set may hold them by reference.
-_SCALARS: frozenset[type] = frozenset({int, str, float, bool, type(None), bytes})
-
-
-class Unencodable:
-    """A value ``capture`` could not encode: applying it fails with a precise error."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-def _immutable(value: Any) -> bool:
-    cls = value.__class__
-    if cls in _SCALARS:
-        return True
-    if cls is tuple or cls is frozenset:
-        return all(_immutable(x) for x in value)
-    return False
-
-
-def capture(value: Any, dumps: Callable[[Any], bytes]) -> Any:
-    """Return what a write set holds for ``value``: itself if immutable, else its encoding.
-
-    The encoding is a ``bytearray``: a right-sized copy (a kept orjson result
-    holds a ~4 KB buffer: 200k of them were 824 MB RSS with orjson 3.13), and a
-    type no user value can have in a write set (a bytearray is mutable, so it is
-    always encoded), which marks it as "already encoded" for ``apply``.
-    """
-    cls = value.__class__
-    if cls in _SCALARS or ((cls is tuple or cls is frozenset) and _immutable(value)):
-        return value
-    try:
-        return bytearray(dumps(value))
-    except Exception:
-        return Unencodable(value)
-
-
-def unwrap(entry: Any) -> Any:
-    """Return the user value behind a write-set entry, for error messages."""
-    return entry.value if entry.__class__ is Unencodable else entry
+#: Types an untyped (or pickle) state holds by reference without asking its codec:
+#: ``value.__class__ in _EXACT`` is the whole check of an int update.
+_EXACT = EXACT_SCALARS
 
 
 class StateHost(Protocol):
@@ -153,6 +116,7 @@ class KeyedStateBase:
 
     __slots__ = (
         "_cache",
+        "_codec",
         "_ctx",
         "_dirty",
         "_dumps",
@@ -196,7 +160,11 @@ class KeyedStateBase:
         self._kg_start = key_group_range.start
         self._kg_end = key_group_range.end
         self._prefixes = state_prefixes(descriptor.name, max_parallelism)
-        self._dumps, self._loads = value_codec(descriptor.serializer)
+        stored_type, one_type = descriptor.value_types()
+        codec = self._codec = value_codec(
+            descriptor.serializer, stored_type, check_type=one_type, state=descriptor.name
+        )
+        self._dumps, self._loads = codec.dumps, codec.loads
         self._now = now
         ttl = descriptor.ttl
         self._ttl = ttl.ttl if ttl is not None else 0.0
@@ -232,18 +200,18 @@ class KeyedStateBase:
         return self._loads(raw)
 
     def _dump(self, value: Any) -> bytes:
-        """Bytes of a captured value."""
-        cls = value.__class__
-        if cls is bytearray:
-            return value  # type: ignore[no-any-return]
-        return self._dumps(value.value if cls is Unencodable else value)
+        """Bytes of a captured value (an encoded one is a bytearray: stored as is)."""
+        if value.__class__ is bytearray:
+            return cast(bytes, value)
+        return self._dumps(value)
 
     def _encode(self, entry: Any) -> bytes | None:
         """Bytes to store for a write-set entry, or None to delete it."""
         return None if entry is None else self._dump(entry)
 
     def _capture(self, value: Any) -> Any:
-        return capture(value, self._dumps)
+        """Return the write-set entry of ``value``; raise StateTypeError for a misfit."""
+        return self._codec.capture(value, self.name)
 
     def store_live(self, raw: bytes) -> bool:
         """Whether a stored value is still visible (TTL states check its timestamp)."""
@@ -269,9 +237,10 @@ class KeyedStateBase:
         return entry
 
     def _write(self, key: Any, value: Any) -> None:
+        entry = self._capture(value)  # first: a refused value changes nothing
         cache = self._cache
         cache[key] = value
-        self._dirty[key] = value if value.__class__ in _SCALARS else self._capture(value)
+        self._dirty[key] = entry
         if len(cache) > self._limit:
             self._host.cache_full(self)
 
@@ -333,15 +302,13 @@ class KeyedStateBase:
         plain = self._plain_codec
         encode = self._encode
         dumps = self._dumps
-        fast_int = dumps is orjson.dumps  # ints: the same bytes orjson writes, no buffer
-        unencodable = Unencodable
+        fast_int = self._codec.ints_as_text  # ints: the codec's own bytes, no buffer
         key_bytes = orjson.dumps
         crc32 = zlib.crc32
         prefixes = self._prefixes
         maxp, lo, hi = self._maxp, self._kg_start, self._kg_end
         len2 = _LEN2
         small_ints, n_small = _SMALL_INTS, len(_SMALL_INTS)
-        int_min, int_max = _INT_MIN, _INT_MAX
         max_kb = MAX_DB_KEY_BYTES - len(prefixes[0]) - 2  # longer keys make too long LMDB keys
         groups = hi - lo + 1
         # a bucket per key group for a big write set, else one list for every group
@@ -372,23 +339,22 @@ class KeyedStateBase:
                         if cls is int and fast_int:
                             if 0 <= entry < n_small:
                                 add[kg]((db_key, small_ints[entry]))
-                                continue
-                            if int_min <= entry <= int_max:
+                            else:
                                 add[kg]((db_key, b"%d" % entry))
-                                continue
+                            continue
                         if entry is None:
                             raw = None
                         elif cls is bytearray:
                             raw = entry
                         else:
-                            raw = b"%s" % dumps(entry.value if cls is unencodable else entry)
+                            raw = b"%s" % dumps(entry)
                     if raw is None:
                         deletes.append((db_key, None))
                     else:
                         add[kg]((db_key, raw))
             except Exception as exc:
                 self.db_key(key)  # raises the precise error when the key is at fault
-                raise describe_encode_error(self.name, key, unwrap(entry), exc) from exc
+                raise describe_encode_error(self.name, key, entry, exc) from exc
             yield len(chunk)
         log.add(self.name, *puts, deletes)
 
@@ -430,6 +396,7 @@ class _TtlMixin:
         _refresh_on_read: bool
         _loads: Callable[[bytes], Any]
         _dumps: Callable[[Any], bytes]
+        name: str
 
         def _miss(self, key: Any) -> Any: ...
         def _dump(self, value: Any) -> bytes: ...
@@ -475,9 +442,10 @@ class _TtlMixin:
         if value is None:
             cache[key] = self._dirty[key] = None
         else:
+            entry = self._capture(value)  # first: a refused value changes nothing
             now = self._now()
             cache[key] = (value, now)
-            self._dirty[key] = (self._capture(value), now)
+            self._dirty[key] = (entry, now)
         if len(cache) > self._limit:
             self._host.cache_full(self)  # type: ignore[arg-type]
 
@@ -534,10 +502,12 @@ class ValueStateImpl(KeyedStateBase):
     def update(self, value: Any) -> None:
         # The hot path: no cache-size check here (the task trims the caches after
         # every batch, see ``LmdbStateBackend.after_batch``), and the inlined type
-        # test keeps int/str updates within a few ns of two dict stores.
+        # test keeps int/str updates within a few ns of two dict stores. Anything
+        # else goes through the codec, which refuses what would not read back the
+        # same (before the cache changes). Typed states: :class:`TypedValueState`.
         key = self._ctx.key
+        self._dirty[key] = value if value.__class__ in _EXACT else self._capture(value)
         self._cache[key] = value
-        self._dirty[key] = value if value.__class__ in _SCALARS else capture(value, self._dumps)
 
     def clear(self) -> None:
         self._write(self._ctx.key, None)
@@ -588,8 +558,8 @@ class ReducingStateImpl(KeyedStateBase):
         if cur is _MISS:
             cur = self._miss(key)
         new = value if cur is None else self._reduce(cur, value)
+        self._dirty[key] = new if new.__class__ in _EXACT else self._capture(new)
         cache[key] = new
-        self._dirty[key] = new if new.__class__ in _SCALARS else capture(new, self._dumps)
         if len(cache) > self._limit:
             self._host.cache_full(self)
 
@@ -626,7 +596,16 @@ class ListStateImpl(KeyedStateBase):
         cur = self._read(self._ctx.key)
         return list(cur) if cur else []
 
+    def _check(self, values: Sequence[Any]) -> None:
+        """Refuse elements that would not read back the same (they are encoded later)."""
+        codec, name = self._codec, self.name
+        untyped = codec is UNTYPED
+        for value in values:
+            if not (untyped and value.__class__ in _EXACT):
+                codec.check(value, name)
+
     def add(self, value: Any) -> None:
+        self._check((value,))
         key = self._ctx.key
         cur = self._read(key)
         if cur is None:
@@ -640,12 +619,14 @@ class ListStateImpl(KeyedStateBase):
     def add_all(self, values: Sequence[Any]) -> None:
         if not values:
             return
+        self._check(values)
         key = self._ctx.key
         cur = self._read(key)
         cur = list(values) if cur is None else [*cur, *values]
         self._write(key, cur)
 
     def update(self, values: Sequence[Any]) -> None:
+        self._check(values)
         self._write(self._ctx.key, list(values) if values else None)
 
     def clear(self) -> None:
@@ -702,3 +683,25 @@ class TtlListState(_TtlMixin, ListStateImpl):
 
     def cached_live(self, entry: Any) -> bool:
         return _TtlMixin.cached_live(self, entry) and bool(entry[0])
+
+
+class TypedValueState(ValueStateImpl):
+    """Value state with a declared type: every update goes through the typed codec's check."""
+
+    __slots__ = ()
+
+    def update(self, value: Any) -> None:
+        key = self._ctx.key
+        self._dirty[key] = self._capture(value)
+        self._cache[key] = value
+
+
+class TypedReducingState(ReducingStateImpl):
+    """Reducing state with a declared type: every folded value is checked."""
+
+    __slots__ = ()
+
+    def add(self, value: Any) -> None:
+        key = self._ctx.key
+        cur = self.get()
+        self._write(key, value if cur is None else self._reduce(cur, value))

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.errors import CheckpointError
+from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -303,11 +304,14 @@ def test_aborted_snapshot_that_never_ran_keeps_its_writes(env):
 def test_failed_async_part_keeps_the_write_set_for_the_next_try(env):
     b = env.backend()
     v = b.create_state(ValueStateDescriptor("v"))
-    b.key_context.key = "k"
-    v.update({1, 2})  # not JSON: fails when applied
-    with pytest.raises(Exception, match="cannot serialize value of type set"):
+    # a value that cannot be stored is refused at update() (test_state_types); a key
+    # that cannot be is found when the write set is encoded (keys are not checked per
+    # update: the hot path)
+    b.key_context.key = frozenset({1, 2})
+    v.update(1)
+    with pytest.raises(Exception, match="is not serializable"):
         env.finish(b.snapshot(env.target(1)))
-    with pytest.raises(Exception, match="cannot serialize value of type set"):
+    with pytest.raises(Exception, match="is not serializable"):
         b.flush()  # still queued, still first
 
 
@@ -388,6 +392,6 @@ def test_captured_encodings_cannot_be_confused_with_user_values(env):
     r.restore(env.root, [p_handle])
     r.key_context.key = "k"
     assert r.create_state(ValueStateDescriptor("p", serializer="pickle")).value() == b"raw"
-    j.update(bytearray(b"not json"))
-    with pytest.raises(Exception, match="cannot serialize value of type bytearray"):
-        b.flush()
+    with pytest.raises(StateTypeError, match=r"'j'.*type bytearray"):
+        j.update(bytearray(b"not json"))  # refused where it is stored, not at the flush
+    b.flush()

@@ -1,0 +1,203 @@
+"""State values keep their type across a checkpoint, and misfits are refused where stored.
+
+Untyped states keep only what JSON gives back exactly; a declared type (value,
+list element, map key and value) reads back as that type; pickle stays opt-in.
+A checkpoint written by the old orjson codec restores, into the declared type.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from aiostream_ckpt.state.codecs import StateTypeError
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+from tests.apps.typed_state import Color, Point
+
+WHEN = datetime(2026, 11, 23, 13, 30, 5, 123000, tzinfo=UTC)
+TYPED: list[tuple[Any, Any]] = [
+    (datetime, WHEN),
+    (datetime, datetime(2026, 1, 2, 3, 4, 5)),  # naive stays naive
+    (date, date(2026, 2, 28)),
+    (tuple[int, str], (3, "x")),
+    (set[str], {"a", "b"}),
+    (frozenset[int], frozenset({1, 2})),
+    (Point, Point(1, 2.5, WHEN)),
+    (Color, Color.BLUE),
+    (dict[str, tuple[int, datetime]], {"a": (1, WHEN)}),
+    (bytes, b"\x00\xff"),
+    (int, 2**70),
+]
+
+
+def _restored(env: Any, handle: Any) -> Any:
+    r = env.backend()
+    r.restore(env.root, [handle])
+    return r
+
+
+@pytest.mark.parametrize(("tp", "value"), TYPED, ids=[repr(v)[:30] for _, v in TYPED])
+@pytest.mark.parametrize("ttl", [None, StateTtlConfig(3600)], ids=["plain", "ttl"])
+def test_declared_type_reads_back_the_same_after_restore(env, tp, value, ttl) -> None:
+    b = env.backend()
+    d = ValueStateDescriptor("v", tp, ttl=ttl)
+    b.create_state(d)
+    b.key_context.key = "k"
+    b.create_state(d).update(value)
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    got = r.create_state(d).value()
+    assert type(got) is type(value) and got == value
+
+
+def test_list_map_and_reducing_element_types(env) -> None:
+    b = env.backend()
+    ls = ListStateDescriptor("l", tuple[str, datetime])
+    ms = MapStateDescriptor("m", date, Point)
+    rs = ReducingStateDescriptor("r", frozenset[int], reduce_fn=lambda a, c: a | c)
+    b.key_context.key = "k"
+    b.create_state(ls).add(("a", WHEN))
+    b.create_state(ls).add_all([("b", WHEN)])
+    b.create_state(ms).put(date(2026, 1, 1), Point(0, 1.0, WHEN))
+    b.create_state(rs).add(frozenset({1}))
+    b.create_state(rs).add(frozenset({2}))
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert r.create_state(ls).get() == [("a", WHEN), ("b", WHEN)]
+    assert list(r.create_state(ms).items()) == [(date(2026, 1, 1), Point(0, 1.0, WHEN))]
+    assert r.create_state(rs).get() == frozenset({1, 2})
+
+
+@pytest.mark.parametrize(
+    ("value", "what"),
+    [
+        ({1, 2}, "type set"),
+        ((1, 2), "type tuple"),
+        (WHEN, "type datetime"),
+        (Point(1, 2.0, WHEN), "type Point"),
+        (Color.RED, "type Color"),
+        ({"a": [1, (2, 3)]}, r"value\['a'\]\[1\] is a tuple"),
+        ({1: "x"}, "dict key of type int"),
+        (float("nan"), "not finite"),
+        (b"raw", "type bytes"),
+    ],
+)
+def test_untyped_state_refuses_at_update_what_would_change_type(env, value, what) -> None:
+    b = env.backend()
+    v = b.create_state(ValueStateDescriptor("last_seen"))
+    b.key_context.key = "k"
+    v.update(1)
+    with pytest.raises(StateTypeError, match=rf"state 'last_seen'.*{what}") as err:
+        v.update(value)
+    assert "Declare the type" in str(err.value)
+    assert v.value() == 1, "a refused value changes nothing"
+    # the state goes on: the next checkpoint holds the last good value
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert r.create_state(ValueStateDescriptor("last_seen")).value() == 1
+
+
+def test_refusal_points_at_the_users_line(env) -> None:
+    """The error comes from update() itself, so its traceback ends in the caller's frame."""
+    b = env.backend()
+    v = b.create_state(ValueStateDescriptor("v"))
+    b.key_context.key = "k"
+    try:
+        v.update({"a"})  # the user's line
+    except StateTypeError as exc:
+        tb = exc.__traceback__
+        assert tb is not None and tb.tb_frame.f_code.co_name == (
+            "test_refusal_points_at_the_users_line"
+        )
+    else:
+        raise AssertionError("not refused")
+
+
+def test_every_write_path_refuses(env) -> None:
+    b = env.backend()
+    b.key_context.key = "k"
+    lst = b.create_state(ListStateDescriptor("l"))
+    m = b.create_state(MapStateDescriptor("m"))
+    red = b.create_state(ReducingStateDescriptor("r", reduce_fn=lambda a, c: c))
+    ttl = b.create_state(ValueStateDescriptor("t", ttl=StateTtlConfig(60)))
+    for call in (
+        lambda: lst.add((1,)),
+        lambda: lst.add_all([1, {2}]),
+        lambda: lst.update([WHEN]),
+        lambda: m.put("a", (1,)),
+        lambda: m.put(WHEN, 1),
+        lambda: red.add({1}),
+        lambda: ttl.update((1,)),
+    ):
+        with pytest.raises(StateTypeError):
+            call()
+    assert lst.get() == [] and m.is_empty() and red.get() is None and ttl.value() is None
+    m.put(("a", 1), [1])  # tuple keys are fine: they come back as tuples
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert list(r.create_state(MapStateDescriptor("m")).items()) == [(("a", 1), [1])]
+
+
+def test_typed_state_refuses_values_of_another_type(env) -> None:
+    b = env.backend()
+    b.key_context.key = "k"
+    v = b.create_state(ValueStateDescriptor("last_seen", datetime))
+    with pytest.raises(StateTypeError, match=r"'last_seen' is declared datetime.*type str"):
+        v.update("2026-01-01T00:00:00")  # would read back as a datetime
+    with pytest.raises(StateTypeError, match="type int"):
+        v.update(5)
+    lst = b.create_state(ListStateDescriptor("l", int))
+    with pytest.raises(StateTypeError, match="declared int"):
+        lst.add("x")
+    m = b.create_state(MapStateDescriptor("m", int, str))
+    with pytest.raises(StateTypeError, match="map key of type str"):
+        m.put("1", "x")
+
+
+def test_pickle_stays_opt_in_and_keeps_anything_picklable(env) -> None:
+    b = env.backend()
+    b.key_context.key = "k"
+    d = ValueStateDescriptor("p", serializer="pickle")
+    b.create_state(d).update({"s": {1, 2}, "t": (WHEN,)})
+    with pytest.raises(StateTypeError, match="cannot pickle"):
+        b.create_state(d).update(lambda: 1)
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert r.create_state(d).value() == {"s": {1, 2}, "t": (WHEN,)}
+
+
+def test_checkpoint_written_by_orjson_restores_into_the_declared_type(env, monkeypatch) -> None:
+    """Old checkpoints (orjson bytes) restore; declaring a type then fixes what they hold."""
+    import aiostream_ckpt.state.codecs as codecs
+
+    old = {"ts": WHEN, "pair": (1, "a"), "color": Color.RED, "n": 7}
+    b = env.backend()
+    b.key_context.key = "k"
+    # write as the previous version did: orjson bytes, tuples and datetimes included
+    monkeypatch.setattr(codecs.UNTYPED, "dumps", orjson.dumps)
+    monkeypatch.setattr(codecs, "json_misfit", lambda value, where="value": None)
+    for name, value in old.items():
+        b.create_state(ValueStateDescriptor(name)).update(value)
+    handle = env.checkpoint(b, 1)
+    monkeypatch.undo()
+    r = _restored(env, handle)
+    r.key_context.key = "k"
+    assert r.create_state(ValueStateDescriptor("ts", datetime)).value() == WHEN
+    assert r.create_state(ValueStateDescriptor("pair", tuple[int, str])).value() == (1, "a")
+    assert r.create_state(ValueStateDescriptor("color", Color)).value() is Color.RED
+    assert r.create_state(ValueStateDescriptor("n")).value() == 7
+
+
+def test_unsupported_declared_type_fails_at_creation(env) -> None:
+    b = env.backend()
+    with pytest.raises(Exception, match="not supported"):
+        b.create_state(ValueStateDescriptor("v", object()))
