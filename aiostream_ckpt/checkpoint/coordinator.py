@@ -17,6 +17,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.checkpoint.metadata import (
     METADATA_FILE,
@@ -298,6 +299,8 @@ class CheckpointCoordinator:
             return
         if pending.status is not CheckpointStatus.PENDING:
             return  # expired while the metadata was being written; discarded already
+        if sp is None:
+            failpoints.hit("final_metadata_durable" if pending.is_final else "metadata_durable")
         pending.transition(CheckpointStatus.COMPLETED)
         del self._pending[cid]
         self._slot_free.set()

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import orjson
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
 from aiostream_ckpt.connectors.output_recovery import (
     claim_location,
@@ -401,6 +402,7 @@ class StagedFileWriter:
         with _io("commit into", self.directory):
             for t in due:
                 _commit_file(self.directory, t.staged, t.final)
+                failpoints.hit("sink_commit")
             fsync_dir(self.directory)
 
     async def close(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.errors import AiostreamError, JobFailedError
 
 log = logging.getLogger("aiostream_ckpt")
@@ -93,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
+    sub.add_parser(
+        "chaos", help="kill -9 across the checkpoint windows, then prove", add_help=False
+    )
     sub.add_parser("demo", help="the page-view-count demo under kill -9", add_help=False)
     sub.add_parser("config-reference", help="every config key as a Markdown table", add_help=False)
     sub.add_parser("demo-kafka", help="the same demo, Kafka to Kafka", add_help=False)
@@ -108,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.settings import tune_gc, tune_malloc, tune_switch_interval
     from aiostream_ckpt.runtime.job import JobStatus
 
+    failpoints.arm_from_env()  # before anything can fail: a bad spec is a usage error
     sets = list(args.sets)
     if args.from_savepoint is not None:
         sets.append(f"job.restore_from={args.from_savepoint}")
@@ -237,6 +242,10 @@ def _main(argv: list[str]) -> int:
             from aiostream_ckpt.daemon.config_reference import config_reference_main
 
             return config_reference_main(argv[1:])
+        if argv and argv[0] == "chaos":
+            from aiostream_ckpt.daemon.chaos import chaos_main
+
+            return chaos_main(argv[1:])
         if argv and argv[0] == "demo":
             from aiostream_ckpt.daemon.demo import demo_main
 

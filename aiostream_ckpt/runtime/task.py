@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.barrier.handler import BarrierHandler
@@ -241,6 +242,8 @@ class StreamTask:
             return
         spec = self.spec
         restored = self._restored
+        if restored is not None:
+            failpoints.hit("restore_begin")
         if spec.reader is not None:
             positions: dict[str, Any] | None = None
             if restored is not None and spec.head_uid is not None:
@@ -296,11 +299,15 @@ class StreamTask:
         """Let the dead-letter writer and the sink commit, abort and retract; idempotent."""
         if self._outputs_recovered:
             return
+        if self._restored is not None:
+            failpoints.hit("restore_before_sinks")
         for writer, uid, key in self._writers():
             await writer.recover(
                 self._restored_writer_state(uid, key, writer), self.recover_checkpoint_id
             )
         self._outputs_recovered = True
+        if self._restored is not None:
+            failpoints.hit("restore_after_sinks")
 
     def _restored_writer_state(
         self, uid: str | None, key: str, writer: object
@@ -763,6 +770,8 @@ class StreamTask:
             # completes: a subtask leaving after its own end would never ack the
             # checkpoints that other, still running sources trigger.
             final = self._coord.finished
+            if final.done() and cid >= final.result():
+                failpoints.hit("final_committed")
             if (
                 self._end_checkpoint is not None
                 and cid >= self._end_checkpoint

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.errors import CorruptCheckpointError
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def write_full(env: lmdb.Environment, txn: lmdb.Transaction[bytes], path: Path) 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         env.copyfd(fd, compact=True, txn=txn)
+        failpoints.hit("snapshot_write")
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -132,6 +134,7 @@ def write_packed_delta(delta: PackedDelta, path: Path) -> tuple[int, str, int]:
             body.update(chunk)
             f.write(chunk)
             size += len(chunk)
+        failpoints.hit("snapshot_write")  # the body is written, the trailer is not
         trailer = _TRAILER.pack(TRAILER_MAGIC, delta.records, body.digest())
         whole = body.copy()  # sha256 of the whole file without hashing the body twice
         whole.update(trailer)
