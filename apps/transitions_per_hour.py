@@ -25,13 +25,14 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment
+from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.api.functions import Collector, Context, OnTimerContext, RuntimeContext
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, ValueStateDescriptor
@@ -181,3 +182,15 @@ def expected_transitions(events: Iterable[Event]) -> Counter[tuple[str, int]]:
             if a == "A" and b == "B":
                 counts[(user, ts - ts % HOUR_MS)] += 1
     return counts
+
+
+def expected_output(params: Mapping[str, Any]) -> Iterator[Event]:
+    """Yield the hourly records a correct run commits, by brute force over the input files."""
+    paths = [Path(s) for s in str(params["input"]).split(",") if s]
+    for (user, hour), n in expected_transitions(read_events(*paths)).items():
+        yield {"user_id": user, "hour_start": hour, "transitions": n}
+
+
+#: Deterministic in event time (for input no later than ``max_delay``: none is
+#: dropped as late); a user's hours are emitted in time order.
+PROOF = ProofContract(outputs=("output",), key="user_id", oracle=expected_output)

@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate_main(argv: list[str]) -> int:
     """Run ``aiostream-ckpt validate`` with ``argv``; return the exit code."""
+    if any(a == "--app" or a.startswith("--app=") for a in argv):
+        from aiostream_ckpt.validate.proof_cli import proof_main
+
+        return proof_main(argv)  # the reference-run proof of any app
     try:
         args = build_parser().parse_args(argv)
         kafka = args.kafka_bootstrap is not None or args.kafka_topic is not None

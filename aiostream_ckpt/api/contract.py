@@ -1,0 +1,56 @@
+"""What an app states about its output, so that exactly-once can be proven for it.
+
+``aiostream-ckpt validate --app`` (and ``aiostream-ckpt chaos``) prove a job by
+running it once more without failures and comparing the committed outputs as
+multisets. That is a proof only when the app is deterministic: the same input
+gives the same records. The author says so (and where order matters) with a
+module-level ``PROOF``::
+
+    PROOF = ProofContract(outputs=("output",), key="app_id")
+
+An app that reads processing time or random numbers is not deterministic; it
+is refused unless it names the fields that vary (``ignore_fields``: compared
+without them). ``key``: the field whose per-key order is part of the output
+contract (a running count's updates must arrive 1, 2, 3); without it only the
+multisets are compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Computes the expected records of one output from the app's params, without the engine.
+Oracle = Callable[[Mapping[str, Any]], Iterable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ProofContract:
+    """An app's promise about its output; see the module docstring.
+
+    >>> ProofContract(key="user_id").refusal() is None
+    True
+    >>> ProofContract(deterministic=False).refusal()
+    'the app says it is not deterministic and declares no relaxation (ignore_fields)'
+    """
+
+    #: app params naming exactly-once file sink directories, the main output first
+    outputs: tuple[str, ...] = ("output",)
+    #: per-key order of records is compared for this field (None: multisets only)
+    key: str | None = None
+    deterministic: bool = True
+    #: relaxation for a non-deterministic app: compare records without these fields
+    ignore_fields: tuple[str, ...] = ()
+    #: dead letters (malformed input) are part of the output and compared too
+    dead_letters: bool = True
+    #: optional independent recount of the main output from the input (chaos suites)
+    oracle: Oracle | None = None
+
+    def refusal(self) -> str | None:
+        """Why no proof is possible, or None."""
+        if not self.outputs:
+            return "the app's ProofContract names no outputs"
+        if not self.deterministic and not self.ignore_fields:
+            return "the app says it is not deterministic and declares no relaxation (ignore_fields)"
+        return None

@@ -1,0 +1,254 @@
+"""``aiostream-ckpt chaos MODULE``: kill -9 across the dangerous windows, then prove the output.
+
+1. Run the app once failure-free, embedded, as the reference (:mod:`.proof`).
+2. Rounds, each on fresh checkpoint and output directories: run the app as
+   a worker process under a plan of kills aimed at the windows of
+   :mod:`aiostream_ckpt.testing.chaos_windows` (fail points and input
+   position) until it finishes, then compare each declared output and the
+   dead letters with the reference; with ``--oracle``, also the main output
+   with the app's independent recount from the input.
+3. Until ``--kills`` kills happened, print one verdict line::
+
+       chaos: kills=N events=E lost=L duplicated=D verdict=PASS|FAIL
+
+``lost`` and ``duplicated`` add up every round and output; unexpected or
+reordered records, a worker that failed, or fewer kills than asked also fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiostream_ckpt.api.contract import ProofContract
+from aiostream_ckpt.errors import AiostreamError
+from aiostream_ckpt.testing.chaos_windows import plan_round, run_round
+from aiostream_ckpt.validate.proof import (
+    AppRun,
+    compare_dirs,
+    compare_oracle,
+    load_contract,
+    plan_outputs,
+    reference_run,
+)
+
+
+@dataclass
+class ChaosVerdict:
+    """What all rounds of one chaos run add up to."""
+
+    kills: int = 0
+    events: int = 0
+    rounds: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    windows: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def add(self, other: ChaosVerdict) -> None:
+        self.kills += other.kills
+        self.events += other.events
+        self.rounds += other.rounds
+        self.counts.update(other.counts)
+        self.windows.update(other.windows)
+        self.problems += other.problems
+
+    def line(self) -> str:
+        c = self.counts
+        return (
+            f"chaos: kills={self.kills} events={self.events} lost={c['missing']} "
+            f"duplicated={c['duplicated']} verdict={'PASS' if self.passed else 'FAIL'}"
+        )
+
+    def details(self) -> str:
+        c = self.counts
+        windows = " ".join(f"{w}={n}" for w, n in sorted(self.windows.items()))
+        return (
+            f"chaos: {self.rounds} rounds; kills by window: {windows}; unexpected="
+            f"{c['unexpected']} reordered_keys={c['reordered_keys']} "
+            f"malformed_out={c['malformed_out']}"
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aiostream-ckpt chaos", description=__doc__.split("\n")[0])
+    p.add_argument("module", help="app module (apps.pv_count) or file")
+    p.add_argument("--config", type=Path)
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None, help="default: random")
+    p.add_argument("--kills-per-round", type=int, default=8)
+    p.add_argument("--workdir", type=Path, default=Path(".chaos"))
+    p.add_argument("--oracle", action="store_true", help="also check the app's own recount")
+    p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
+    p.add_argument("--keep", action="store_true", help="keep every round's directories")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per round")
+    return p
+
+
+def run_chaos(
+    run: AppRun,
+    contract: ProofContract,
+    *,
+    kills: int,
+    seed: int,
+    workdir: Path,
+    kills_per_round: int = 8,
+    oracle: bool = False,
+    keep: bool = False,
+    timeout: float = 900.0,
+    echo: bool = True,
+) -> ChaosVerdict:
+    """Run rounds of planned kills until ``kills`` happened; prove each against one reference."""
+    rng = random.Random(seed)
+    workdir.mkdir(parents=True, exist_ok=True)
+    reference = workdir / "reference"
+    plan_outputs(run, contract, reference)  # fails early when the main output is not set
+    ref_seconds = reference_run(run, contract, reference)
+    verdict = ChaosVerdict()
+    stalled = 0
+    while verdict.kills < kills and not verdict.problems:
+        r = verdict.rounds
+        verdict.rounds += 1
+        rdir = workdir / f"round-{r}"
+        shutil.rmtree(rdir, ignore_errors=True)
+        rdir.mkdir(parents=True)
+        rrun = _round_run(run, contract, rdir)
+        plan = plan_round(rng, min(kills_per_round, kills - verdict.kills), position=bool(rrun[1]))
+        cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
+        if run.config is not None:
+            cmd += ["--config", str(run.config)]
+        for s in [*rrun[0].sets, "rest.port=0"]:
+            cmd += ["--set", s]
+        result = run_round(cmd, plan, inputs=rrun[1], log_path=rdir / "worker.log", timeout=timeout)
+        verdict.kills += result.kill_count
+        verdict.windows.update(result.kills)
+        verdict.events += _events(rrun[1])
+        if result.exit_code != 0:
+            verdict.problems.append(
+                f"round {r}: worker exited {result.exit_code}; see {rdir / 'worker.log'}"
+            )
+            break
+        stalled = stalled + 1 if result.kill_count == 0 else 0
+        if stalled >= 3:
+            verdict.problems.append("3 rounds in a row ended before any kill: more input needed")
+        _prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle)
+        if echo:
+            print(
+                f"chaos round {r}: {result.kill_count} kills "
+                f"({', '.join(f'{w}={n}' for w, n in sorted(result.kills.items()))}), "
+                f"{result.runs} runs in {result.elapsed:.1f}s; "
+                f"{'ok' if not verdict.problems else verdict.problems[-1]}",
+                flush=True,
+            )
+        if not keep and not verdict.problems:
+            shutil.rmtree(rdir, ignore_errors=True)
+    if verdict.kills < kills and not verdict.problems:
+        verdict.problems.append(f"only {verdict.kills} of {kills} kills happened")
+    if echo:
+        print(f"chaos: reference run took {ref_seconds:.1f}s", flush=True)
+    if not keep:
+        shutil.rmtree(reference, ignore_errors=True)
+    return verdict
+
+
+def _round_run(run: AppRun, contract: ProofContract, rdir: Path) -> tuple[AppRun, list[Path]]:
+    """Return the run with this round's directories, and its input files."""
+    from aiostream_ckpt.daemon.config import load_config
+
+    loaded = load_config(run.config, env=os.environ, sets=run.sets)
+    sets = [
+        *run.sets,
+        f"checkpoint.dir={rdir / 'checkpoints'}",
+        f"errors.dead_letter_dir={rdir / 'dead-letter'}",
+    ]
+    sets += [f"app.{p}={rdir / f'out-{p}'}" for p in contract.outputs if p in loaded.params]
+    raw = str(loaded.params.get("input", ""))
+    inputs = [Path(s) for s in raw.split(",") if s and Path(s).is_file()]
+    return AppRun(run.module, sets, run.config), inputs
+
+
+def _events(inputs: list[Path]) -> int:
+    n = 0
+    for path in inputs:
+        with open(path, "rb") as f:
+            n += sum(1 for line in f if line.strip())
+    return n
+
+
+def _prove_round(
+    verdict: ChaosVerdict,
+    label: str,
+    run: AppRun,
+    contract: ProofContract,
+    reference: Path,
+    oracle: bool,
+) -> None:
+    """Compare the round's outputs with the reference (and the main one with the oracle).
+
+    Counts add up over outputs; for the main output, each count is the larger
+    of the reference's and the oracle's, so that a loss both runs share (a bug
+    the reference repeats) still counts.
+    """
+    compared = [
+        (out.label, compare_dirs(out.actual, out.reference, contract))
+        for out in plan_outputs(run, contract, reference)
+    ]
+    main_counts = Counter(compared[0][1].counts)
+    if oracle and contract.oracle is not None:
+        from aiostream_ckpt.daemon.config import load_config
+
+        params = load_config(run.config, env=os.environ, sets=run.sets).params
+        main = Path(str(params[contract.outputs[0]]))
+        recount = compare_oracle(main, contract.oracle(params), contract)
+        compared.append(("oracle recount", recount))
+        main_counts |= Counter(recount.counts)  # per-key maximum
+    for i, (name, c) in enumerate(compared):
+        if i == 0:
+            verdict.counts.update({k: main_counts[k] for k in _FAILURES})
+        elif name != "oracle recount":
+            verdict.counts.update({k: c.counts[k] for k in _FAILURES})
+        if not c.passed:
+            bad = {k: c.counts[k] for k in _FAILURES if c.counts[k]}
+            first = next(iter(c.examples.values()), [])[:1]
+            verdict.problems.append(f"{label} {name}: {bad}; e.g. {first}")
+
+
+_FAILURES = ("duplicated", "missing", "unexpected", "reordered_keys", "malformed_out")
+
+
+def chaos_main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    try:
+        contract = load_contract(args.module, assume_deterministic=args.deterministic)
+        verdict = run_chaos(
+            AppRun(args.module, list(args.sets), args.config),
+            contract,
+            kills=args.kills,
+            seed=seed,
+            workdir=args.workdir.resolve(),
+            kills_per_round=args.kills_per_round,
+            oracle=args.oracle,
+            keep=args.keep,
+            timeout=args.timeout,
+        )
+    except AiostreamError as exc:
+        print(f"aiostream-ckpt chaos: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"chaos: seed {seed}")
+    for p in verdict.problems:
+        print(f"chaos: problem: {p}")
+    print(verdict.details())
+    print(verdict.line(), flush=True)
+    return 0 if verdict.passed else 1

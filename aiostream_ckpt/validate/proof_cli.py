@@ -1,0 +1,132 @@
+"""``aiostream-ckpt validate --app MODULE``: prove an app's committed output by a reference run.
+
+Give the run's own config (``--config``, ``--set``; ``--input`` and
+``--output`` are short for ``--set app.input=`` and the main output param).
+The app runs once more, failure-free and embedded, into a scratch directory;
+then every declared output and the dead letters are compared with their twins
+(:mod:`.proof`). Outputs up to ``--fast-limit-mb`` are compared in Python
+without Spark; larger ones (or ``--spark``, ``--master``) with PySpark
+(:mod:`.proof_spark`). Exit codes as for ``validate``: 0 PASS, 1 FAIL,
+2 usage (an app that declares no ``PROOF`` is refused here), 3 could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from aiostream_ckpt.api.contract import ProofContract
+from aiostream_ckpt.errors import AiostreamError
+from aiostream_ckpt.validate.errors import ValidationConfigError
+from aiostream_ckpt.validate.proof import (
+    AppRun,
+    fast_results,
+    load_contract,
+    output_bytes,
+    plan_outputs,
+    reference_run,
+)
+from aiostream_ckpt.validate.result import CheckResult, ValidationReport, print_report
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+DEFAULT_FAST_LIMIT_MB = 512.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="aiostream-ckpt validate --app",
+        description="Prove exactly-once: committed output equals a failure-free run's.",
+    )
+    p.add_argument("--app", required=True, metavar="MODULE", help="the app (apps.pv_count)")
+    p.add_argument("--config", type=Path, help="the run's TOML config")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--input", nargs="+", action="extend", metavar="PATH", help="app.input")
+    p.add_argument("--output", metavar="DIR", help="the main output (first declared param)")
+    p.add_argument("--scratch", type=Path, help="reference run's directory (default: beside)")
+    p.add_argument("--keep-reference", action="store_true")
+    p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
+    p.add_argument("--fast-limit-mb", type=float, default=DEFAULT_FAST_LIMIT_MB)
+    p.add_argument("--spark", action="store_true", help="compare with PySpark whatever the size")
+    p.add_argument("--master", help="Spark master (implies --spark; default local[2])")
+    p.add_argument("--json", metavar="PATH", help="write the full report here")
+    return p
+
+
+def run_sets(args: argparse.Namespace, main_output: str) -> list[str]:
+    sets = list(args.sets)
+    if args.input:
+        sets.append("app.input=" + ",".join(str(Path(p).resolve()) for p in args.input))
+    if args.output:
+        sets.append(f"app.{main_output}={Path(args.output).resolve()}")
+    return sets
+
+
+def proof_main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        contract = load_contract(args.app, assume_deterministic=args.deterministic)
+        run = AppRun(args.app, run_sets(args, contract.outputs[0]), args.config)
+        main = plan_outputs(run, contract, Path("."))[0].actual  # checks the config, too
+        scratch: Path = args.scratch or main.parent / f".{main.name}.reference"
+    except (ValidationConfigError, AiostreamError) as exc:
+        print(f"aiostream-ckpt validate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        report = prove(
+            run,
+            contract,
+            scratch,
+            spark=args.spark or args.master is not None,
+            master=args.master,
+            fast_limit_mb=args.fast_limit_mb,
+        )
+    except ValidationConfigError as exc:
+        print(f"aiostream-ckpt validate: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:
+        print(f"aiostream-ckpt validate: could not validate: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        if not args.keep_reference:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print_report(report, args.json)
+    return EXIT_PASS if report.passed else EXIT_FAIL
+
+
+def prove(
+    run: AppRun,
+    contract: ProofContract,
+    scratch: Path,
+    *,
+    spark: bool = False,
+    master: str | None = None,
+    fast_limit_mb: float = DEFAULT_FAST_LIMIT_MB,
+) -> ValidationReport:
+    """Run the reference, then compare every planned output; one report."""
+    started = time.monotonic()
+    plan = plan_outputs(run, contract, scratch)
+    ref_seconds = reference_run(run, contract, scratch)
+    size = output_bytes(p.actual for p in plan) + output_bytes(p.reference for p in plan)
+    use_spark = spark or size > fast_limit_mb * 1e6
+    results: list[CheckResult]
+    startup = 0.0
+    if use_spark:
+        from aiostream_ckpt.validate.proof_spark import spark_results
+        from aiostream_ckpt.validate.session import get_spark
+
+        t = time.monotonic()
+        session = get_spark(master)
+        startup = time.monotonic() - t
+        results = spark_results(session, plan, contract)
+    else:
+        results = fast_results(plan, contract)
+    path = "spark" if use_spark else "fast (no Spark)"
+    for r in results:
+        r.notes.append(f"{path} path; reference run took {ref_seconds:.1f}s")
+    return ValidationReport(results, time.monotonic() - started, startup)

@@ -1,0 +1,155 @@
+"""The reference-run proof at scale: the same comparison as :mod:`.proof`, in PySpark.
+
+For outputs too big for one Python process (or to run on a cluster with
+``--master``). Both outputs are read as text (files in commit order, lines in
+file order, see :mod:`.readers`), put in canonical form by the same per-line
+function as the fast path, and compared with ``exceptAll`` both ways:
+reference minus output is what is missing, output minus reference is extra
+(duplicated when the reference has the record at all, else unexpected). With a
+declared key, each key's records are numbered in commit order on both sides
+and joined by ``(key, n)``: keys that differ there but not as multisets are
+reordered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.api.contract import ProofContract
+from aiostream_ckpt.validate import parse
+from aiostream_ckpt.validate.proof import (
+    MAX_EXAMPLES,
+    ComparedOutput,
+    Comparison,
+    output_files,
+    to_result,
+)
+from aiostream_ckpt.validate.readers import _read_lines
+from aiostream_ckpt.validate.result import CheckResult
+
+_EMPTY = "canon binary, key string, parsed boolean, forder long, blk long, mid long, file string"
+
+
+def load_output(spark: Any, directory: Path, contract: ProofContract) -> Any:
+    """One output's records: canonical form, key, and their commit order."""
+    from pyspark.sql import functions as F
+
+    files = output_files(directory)
+    if not files:
+        return spark.createDataFrame([], _EMPTY)
+    order = spark.createDataFrame(
+        [(f.name, i) for i, f in enumerate(files)], "file_name string, forder long"
+    )
+    canon = parse.udf(
+        parse.canonical_parser(contract.key, contract.ignore_fields), parse.CANONICAL_SCHEMA
+    )
+    return (
+        _read_lines(spark, files)
+        .where(F.trim("value") != "")
+        .join(F.broadcast(order), "file_name")
+        .select(
+            canon("value").alias("p"),
+            "forder",
+            "blk",
+            "mid",
+            F.col("file_name").alias("file"),
+        )
+        .select("p.canon", "p.key", "p.parsed", "forder", "blk", "mid", "file")
+    )
+
+
+def compare_spark(
+    spark: Any, out: ComparedOutput, contract: ProofContract, max_examples: int = MAX_EXAMPLES
+) -> CheckResult:
+    """Compare one output with its reference: one shuffle by record, one by key if ordered."""
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    side = F.col("side")
+    both = (
+        load_output(spark, out.actual, contract)
+        .withColumn("side", F.lit(1))
+        .unionByName(load_output(spark, out.reference, contract).withColumn("side", F.lit(0)))
+        .cache()
+    )
+    per = (
+        both.groupBy("canon", "key", "parsed")
+        .agg(
+            F.count(F.when(side == 1, 1)).alias("a"),
+            F.count(F.when(side == 0, 1)).alias("r"),
+            F.min(F.when(side == 1, F.col("file"))).alias("file"),
+        )
+        .cache()
+    )
+    a, r = F.col("a"), F.col("r")
+    kinds = {
+        "duplicated": (r > 0) & (a > r),
+        "missing": r > a,
+        "unexpected": (r == 0) & (a > 0),
+        "malformed_out": ~F.col("parsed") & (a > 0),
+    }
+    amounts = {"duplicated": a - r, "missing": r - a, "unexpected": a, "malformed_out": a}
+    stats = per.agg(
+        F.sum("a").alias("records_out"),
+        F.sum("r").alias("reference_records"),
+        *(F.sum(F.when(kinds[k], amounts[k])).alias(k) for k in kinds),
+    ).first()
+    order = ("records_out", "reference_records", "duplicated", "missing", "unexpected")
+    counts = {k: int(stats[k] or 0) for k in order}
+    counts["reordered_keys"] = 0  # below, with a key
+    counts["malformed_out"] = int(stats["malformed_out"] or 0)
+    examples: dict[str, list[dict[str, Any]]] = {}
+    for name, cond in kinds.items():
+        if counts[name]:
+            rows = per.where(cond).select("canon", "a", "r", "file").orderBy("canon")
+            examples[name] = _rows(rows, max_examples)
+    if contract.key is not None:
+        unequal = per.where(a != r).select("key").distinct()
+        counts["reordered_keys"], reordered = _reordered(both, unequal)
+        if counts["reordered_keys"]:
+            examples["reordered_keys"] = _rows(reordered.orderBy("key"), max_examples)
+    both.unpersist()
+    per.unpersist()
+    notes = [f"{out.actual} vs reference {out.reference}"]
+    return to_result(out.label, Comparison(counts, examples), time.monotonic() - started, notes)
+
+
+def _reordered(both: Any, unequal: Any) -> tuple[int, Any]:
+    """Keys equal as multisets whose n-th records differ in commit order, at the first n."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("side", "key").orderBy("forder", "blk", "mid")
+    numbered = both.where(F.col("key").isNotNull()).select(
+        "side", "key", "canon", F.row_number().over(w).alias("n")
+    )
+    got = numbered.where("side = 1").select("key", "n", F.col("canon").alias("got"))
+    want = numbered.where("side = 0").select("key", "n", F.col("canon").alias("expected"))
+    differ = (
+        got.join(want, ["key", "n"])
+        .where(F.col("got") != F.col("expected"))
+        .join(F.broadcast(unequal), "key", "left_anti")
+    )
+    first = differ.groupBy("key").agg(F.min_by(F.struct("n", "got", "expected"), "n").alias("d"))
+    first = first.select("key", "d.n", "d.got", "d.expected").cache()
+    return first.count(), first
+
+
+def _rows(df: Any, limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for r in df.limit(limit).collect():
+        d = r.asDict()
+        for k, v in d.items():
+            if isinstance(v, bytes | bytearray):
+                d[k] = bytes(v).decode("utf-8", errors="replace")
+        rows.append(d)
+    return rows
+
+
+def spark_results(
+    spark: Any, plan: Sequence[ComparedOutput], contract: ProofContract
+) -> list[CheckResult]:
+    return [compare_spark(spark, out, contract) for out in plan]
