@@ -6,8 +6,8 @@ recovery, or at the end of the input. Here each run of the worker is armed
 with one :mod:`aiostream_ckpt.failpoints` point (``AIOSTREAM_FAILPOINTS``) or
 a kill by input position, so every window is hit by plan. A *round* runs the
 job to its end on fresh directories under a plan of kills: it opens with a
-window that lets the job progress (a first run has nothing to restore),
-mixes in the rest, and ends with the end-of-input windows. A planned kill
+kill once a checkpoint is durable (a first run has nothing to restore), mixes
+in the rest, and ends with the end-of-input windows. A planned kill
 whose window the run never reaches (the job ended first) is not counted.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from aiostream_ckpt.failpoints import ENV_VAR
 from aiostream_ckpt.testing.chaos import read_fraction
 
-#: Windows where the job moves on before the kill: a round's first run needs one.
+#: Windows where the job moves on before the kill.
 PROGRESS_WINDOWS = ("snapshot_write", "metadata_durable", "sink_commit", "position")
 RECOVERY_WINDOWS = ("restore_begin", "restore_before_sinks", "restore_after_sinks")
 END_WINDOWS = ("final_metadata_durable", "final_committed")
@@ -62,10 +62,14 @@ class RoundResult:
 
 
 def plan_round(rng: random.Random, kills: int, *, position: bool = True) -> list[Kill]:
-    """``kills`` kills: a progress window first, end-of-input windows last."""
+    """``kills`` kills: metadata durable first, end-of-input windows last.
+
+    The first kill waits for a durable checkpoint, so that every later run has
+    one to recover from and the recovery windows are reached.
+    """
     progress = [w for w in PROGRESS_WINDOWS if position or w != "position"]
     middle = progress + list(RECOVERY_WINDOWS)
-    windows = [rng.choice(progress)]
+    windows = ["metadata_durable"]
     ends = list(END_WINDOWS)[: max(0, kills - 1)]
     windows += [rng.choice(middle) for _ in range(kills - 1 - len(ends))] + ends
     plan = []
