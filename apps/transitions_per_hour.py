@@ -148,7 +148,7 @@ def generate_events(
     """
     rng = random.Random(seed)
     t = start_ms
-    events = []
+    events: list[Event] = []
     for _ in range(count):
         t += rng.randint(1, 2 * step_ms)
         events.append({"user_id": f"u{rng.randrange(users)}", "event": rng.choice(kinds), "ts": t})

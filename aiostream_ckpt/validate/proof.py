@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,14 +51,10 @@ class ComparedOutput:
     reference: Path
 
 
-@dataclass
-class Record:
-    """A committed record in canonical form, and where it was committed."""
-
-    canon: bytes
-    key: Any
-    at: str
-    parsed: bool = True
+#: A committed record: canonical form, key value (None: no key), parsed as JSON, ``file:line``.
+Record = tuple[str, Any, bool, str]
+#: Reads the records of one side again (examples need a second look at a few).
+Records = Callable[[], Iterable[Record]]
 
 
 def output_files(directory: Path) -> list[Path]:
@@ -84,14 +80,14 @@ def output_bytes(directories: Iterable[Path]) -> int:
 def read_records(
     directory: Path, key: str | None = None, ignore: Sequence[str] = ()
 ) -> Iterator[Record]:
-    """Yield the committed records of ``directory`` in commit order, located as ``file:line``."""
+    """Yield the committed records of ``directory`` in commit order."""
     for path in output_files(directory):
+        name = path.name
         with open(path, "rb") as f:
             for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                canon, k, ok = canonical(line, key, ignore)
-                yield Record(canon, k, f"{path.name}:{n}", ok)
+                if line.strip():
+                    canon, k, ok = canonical(line, key, ignore)
+                    yield canon, k, ok, f"{name}:{n}"
 
 
 @dataclass
@@ -110,82 +106,109 @@ _INFORMATIONAL = ("records_out", "reference_records")
 
 
 def compare(
-    actual: Iterable[Record],
-    reference: Iterable[Record],
+    actual: Records,
+    reference: Records,
     *,
-    ordered: bool = False,
+    key: str | None = None,
     max_examples: int = MAX_EXAMPLES,
 ) -> Comparison:
-    """Compare as multisets; with ``ordered``, also each key's sequence of records."""
-    ref_count: Counter[bytes] = Counter()
-    ref_seq: dict[Any, list[bytes]] = defaultdict(list)
-    for r in reference:
-        ref_count[r.canon] += 1
-        if ordered and r.key is not None:
-            ref_seq[_hashable(r.key)].append(r.canon)
-    seen: Counter[bytes] = Counter()
-    act_seq: dict[Any, list[tuple[bytes, str]]] = defaultdict(list)
+    """Compare as multisets; with a ``key`` field, also each key's sequence of records.
+
+    One pass over each side holds the reference's distinct records and, per
+    key, a digest of its records in order on each side; a second look at
+    either side is taken only to give examples of what failed.
+    """
+    ordered = key is not None
+    remaining: Counter[str] = Counter()
+    ref_digest: dict[Any, int] = {}
+    for canon, k, _, _ in reference():
+        remaining[canon] += 1
+        if ordered and k is not None:
+            hk = _hashable(k)
+            ref_digest[hk] = hash((ref_digest.get(hk, 0), canon))
+    reference_records = remaining.total()
+    act_digest: dict[Any, int] = {}
+    unequal: set[Any] = set()  # keys whose multisets differ: not also "reordered"
     examples: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    first_at: dict[bytes, str] = {}
+    dup_canons: set[str] = set()
     dup = unexpected = malformed = records = 0
-    for r in actual:
+    for canon, k, parsed, at in actual():
         records += 1
-        seen[r.canon] += 1
-        if not r.parsed:
+        if not parsed:
             malformed += 1
-            _example(examples, "malformed_out", max_examples, record=_text(r.canon), at=r.at)
-        if ordered and r.key is not None:
-            act_seq[_hashable(r.key)].append((r.canon, r.at))
-        n, expected = seen[r.canon], ref_count.get(r.canon, 0)
-        if expected == 0:
+            _example(examples, "malformed_out", max_examples, record=canon, at=at)
+        left = remaining.get(canon)
+        if left is None:
             unexpected += 1
-            _example(examples, "unexpected", max_examples, record=_text(r.canon), at=r.at)
-        elif n > expected:
-            dup += 1
-            _example(
-                examples,
-                "duplicated",
-                max_examples,
-                record=_text(r.canon),
-                at=r.at,
-                earlier_at=first_at.get(r.canon),
-            )
-        first_at.setdefault(r.canon, r.at)
+            _example(examples, "unexpected", max_examples, record=canon, at=at)
+            unequal.add(_hashable(k))
+        else:
+            remaining[canon] = left - 1
+            if left <= 0:
+                dup += 1
+                if len(examples["duplicated"]) < max_examples:
+                    examples["duplicated"].append({"record": canon, "at": at})
+                    dup_canons.add(canon)
+                unequal.add(_hashable(k))
+        if ordered and k is not None:
+            hk = _hashable(k)
+            act_digest[hk] = hash((act_digest.get(hk, 0), canon))
+    if dup_canons:  # where each was committed first
+        first: dict[str, str] = {}
+        for canon, _, _, at in actual():
+            if canon in dup_canons:
+                first.setdefault(canon, at)
+        for ex in examples["duplicated"]:
+            ex["earlier_at"] = first.get(ex["record"])
     missing = 0
-    for canon, expected in ref_count.items():
-        short = expected - seen.get(canon, 0)
-        if short > 0:
-            missing += short
-            _example(examples, "missing", max_examples, record=_text(canon), times=short)
-    reordered = 0
-    if ordered:
-        for k, seq in act_seq.items():
-            want = ref_seq.get(k, [])
-            got = [c for c, _ in seq]
-            if got == want or Counter(got) != Counter(want):
-                continue  # equal, or already counted as duplicated/missing/unexpected
-            reordered += 1
-            i = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
-            _example(
-                examples,
-                "reordered_keys",
-                max_examples,
-                key=k,
-                index=i,
-                got=_text(got[i]),
-                expected=_text(want[i]),
-                at=seq[i][1],
-            )
+    for canon, left in remaining.items():
+        if left > 0:
+            missing += left
+            _example(examples, "missing", max_examples, record=canon, times=left)
+            if ordered:
+                unequal.add(_hashable(_key_of(canon, key)))
+    reordered_keys = [
+        k
+        for k in ref_digest.keys() | act_digest.keys()
+        if ref_digest.get(k) != act_digest.get(k) and k not in unequal
+    ]
+    if reordered_keys:
+        examples["reordered_keys"] = _first_differences(
+            actual, reference, set(reordered_keys[:max_examples])
+        )
     counts = {
         "records_out": records,
-        "reference_records": sum(ref_count.values()),
+        "reference_records": reference_records,
         "duplicated": dup,
         "missing": missing,
         "unexpected": unexpected,
-        "reordered_keys": reordered,
+        "reordered_keys": len(reordered_keys),
         "malformed_out": malformed,
     }
-    return Comparison(counts, dict(examples))
+    return Comparison(counts, {k: v for k, v in examples.items() if v})
+
+
+def _first_differences(actual: Records, reference: Records, keys: set[Any]) -> list[dict[str, Any]]:
+    """For each of ``keys``, the first place its records differ in commit order."""
+    seqs: list[dict[Any, list[tuple[str, str]]]] = [defaultdict(list), defaultdict(list)]
+    for side, records in enumerate((actual, reference)):
+        for canon, k, _, at in records():
+            if k is not None and (hk := _hashable(k)) in keys:
+                seqs[side][hk].append((canon, at))
+    out = []
+    for k in sorted(keys, key=str):
+        got, want = seqs[0][k], seqs[1][k]
+        i = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a[0] != b[0])
+        out.append(
+            {
+                "key": k,
+                "index": i,
+                "got": got[i][0],
+                "expected": want[i][0],
+                "at": got[i][1],
+            }
+        )
+    return out
 
 
 def compare_dirs(
@@ -193,9 +216,9 @@ def compare_dirs(
 ) -> Comparison:
     key, ignore = contract.key, contract.ignore_fields
     return compare(
-        read_records(actual, key, ignore),
-        read_records(reference, key, ignore),
-        ordered=key is not None,
+        lambda: read_records(actual, key, ignore),
+        lambda: read_records(reference, key, ignore),
+        key=key,
         max_examples=max_examples,
     )
 
@@ -205,8 +228,8 @@ def compare_oracle(
 ) -> Comparison:
     """Compare ``actual`` with records an independent recount says the input gives."""
     ignore = contract.ignore_fields
-    oracle = (Record(canonical(orjson.dumps(e), None, ignore)[0], None, "oracle") for e in expected)
-    return compare(read_records(actual, None, ignore), oracle)
+    oracle = [(canonical(orjson.dumps(e), None, ignore)[0], None, True, "oracle") for e in expected]
+    return compare(lambda: read_records(actual, None, ignore), lambda: oracle)
 
 
 def to_result(label: str, comparison: Comparison, seconds: float, notes: list[str]) -> CheckResult:
@@ -327,8 +350,12 @@ def _example(examples: dict[str, list[dict[str, Any]]], kind: str, limit: int, *
         examples[kind].append(ex)
 
 
-def _text(canon: bytes) -> str:
-    return canon.decode("utf-8", errors="replace")
+def _key_of(canon: str, key: str | None) -> Any:
+    try:
+        obj = orjson.loads(canon)
+    except orjson.JSONDecodeError:
+        return None
+    return obj.get(key) if isinstance(obj, dict) and key is not None else None
 
 
 def _hashable(v: Any) -> Any:

@@ -30,7 +30,7 @@ from aiostream_ckpt.validate.proof import (
 from aiostream_ckpt.validate.readers import _read_lines
 from aiostream_ckpt.validate.result import CheckResult
 
-_EMPTY = "canon binary, key string, parsed boolean, forder long, blk long, mid long, file string"
+_EMPTY = "canon string, key string, parsed boolean, forder long, blk long, mid long, file string"
 
 
 def load_output(spark: Any, directory: Path, contract: ProofContract) -> Any:
@@ -139,14 +139,7 @@ def _reordered(both: Any, unequal: Any) -> tuple[int, Any]:
 
 
 def _rows(df: Any, limit: int) -> list[dict[str, Any]]:
-    rows = []
-    for r in df.limit(limit).collect():
-        d = r.asDict()
-        for k, v in d.items():
-            if isinstance(v, bytes | bytearray):
-                d[k] = bytes(v).decode("utf-8", errors="replace")
-        rows.append(d)
-    return rows
+    return [r.asDict() for r in df.limit(limit).collect()]
 
 
 def spark_results(
