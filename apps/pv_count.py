@@ -100,6 +100,7 @@ def build_kafka(env: StreamEnvironment) -> None:
         str(p["input_topic"]),
         bootstrap,
         stop_at_end=_flag(p.get("stop_at_end", "0")),
+        required={"app_id": str},
         connect_timeout_s=timeout,
     )
     sink = KafkaSink(

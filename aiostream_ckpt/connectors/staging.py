@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import re
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,4 +458,25 @@ class DeadLetterWriter(StagedFileWriter):
         """Record one dead letter in the open transaction (synchronous, buffered)."""
         text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
         self.write_sync([{"reason": reason, "origin": origin, "raw": text}])
+        self.count += 1
+
+    def add_failed_record(
+        self, record: Any, operator_uid: str, subtask: int, exc: BaseException
+    ) -> None:
+        """Record an event whose user function raised, with the operator and the traceback."""
+        try:
+            raw = orjson.dumps(record, default=repr).decode()
+        except TypeError:
+            raw = repr(record)
+        trace = "".join(traceback.format_exception(exc))
+        self.write_sync(
+            [
+                {
+                    "reason": f"process error: {type(exc).__name__}: {exc}",
+                    "origin": {"operator": operator_uid, "subtask": subtask},
+                    "raw": raw,
+                    "traceback": trace,
+                }
+            ]
+        )
         self.count += 1

@@ -47,6 +47,7 @@ from aiostream_ckpt.runtime.config import (
     ErrorConfig,
     JobConfig,
     MalformedPolicy,
+    ProcessErrorPolicy,
     RestartConfig,
     RestartStrategyKind,
     StateConfig,
@@ -121,6 +122,12 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "restart.failure_rate_interval": ("restart", "failure_rate_interval", parse_duration),
     "errors.on_malformed": ("errors", "on_malformed", _enum(MalformedPolicy)),
     "errors.dead_letter_dir": ("errors", "dead_letter_dir", _path),
+    "errors.on_process_error": ("errors", "on_process_error", _enum(ProcessErrorPolicy)),
+    "errors.max_process_errors_per_checkpoint": (
+        "errors",
+        "max_process_errors_per_checkpoint",
+        _parse_int,
+    ),
 }
 _OTHER_KEYS = {"job.name": str, "log.format": str, "log.level": str, "progress.interval": str}
 #: the app's own parameters: any ``app.<name>``

@@ -117,6 +117,21 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "committed dead letters: `<dir>/<source uid>/dead-letter-*.jsonl`, one JSON line per bad "
         "record with its raw text, reason and origin (file and offset, or topic/partition/offset)",
     ),
+    "errors.on_process_error": (
+        None,
+        "a record whose user function (`map`, `filter`, `flat_map`, `process`, `reduce`) raises: "
+        "`fail` the job (restarts, as any failure), or `dead_letter`: the record, the operator "
+        "uid and the traceback go to the task's dead-letter output (`<dir>/<uid of the task's "
+        "head>/`, exactly once, with the checkpoint that covers the record) and processing "
+        "goes on after it; what the function did before raising (state, emitted records) "
+        "stays; key selectors of `key_by` and timers are not covered",
+    ),
+    "errors.max_process_errors_per_checkpoint": (
+        None,
+        "with `on_process_error=dead_letter`: more failed records than this in one task "
+        "between two checkpoints fail the job without restarts (a broken function, not a "
+        "bad record)",
+    ),
     "rest.enabled": (None, "serve the REST API"),
     "rest.bind": (None, "REST address; any non-loopback address needs `rest.token`"),
     "rest.port": (None, "REST port (`0`: a free port, logged and in `rest.address_file`)"),

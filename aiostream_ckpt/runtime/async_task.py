@@ -26,6 +26,7 @@ from typing import Any
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.elements import CheckpointBarrier, Watermark
+from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
 
 
@@ -128,10 +129,13 @@ class AsyncWaitTask(StreamTask):
                 raise item  # a call failed for good: the job fails, naming the operator
 
     async def _push_after(self, batch: list[Any]) -> None:
-        for op in self._after:
-            batch = op.process_batch(batch)
-            if not batch:
-                break
+        try:
+            for op in self._after:
+                batch = op.process_batch(batch)
+                if not batch:
+                    break
+        except RecordFailed as failure:
+            batch = self._record_failed(failure)
         self._after_batch()
         if batch:
             await self._emit(batch)

@@ -32,6 +32,13 @@ class MalformedPolicy(Enum):
     FAIL = "fail"
 
 
+class ProcessErrorPolicy(Enum):
+    """What a record whose user function raised does: fail the job, or go to the dead letters."""
+
+    FAIL = "fail"
+    DEAD_LETTER = "dead_letter"
+
+
 def _check(cond: bool, key: str, value: Any, must: str) -> None:
     if not cond:
         raise ConfigError(f"invalid config {key}={value!r}: must be {must}")
@@ -121,10 +128,30 @@ class RestartConfig:
 
 @dataclass(frozen=True)
 class ErrorConfig:
-    """What happens to records that cannot be read (malformed, undeserializable)."""
+    """What happens to records that cannot be read, or whose processing raised."""
 
     on_malformed: MalformedPolicy = MalformedPolicy.DEAD_LETTER
     dead_letter_dir: Path | None = None
+    on_process_error: ProcessErrorPolicy = ProcessErrorPolicy.FAIL
+    #: More dead-lettered process errors than this in one task between two
+    #: checkpoints fail the job: a bug in the function, not a bad record.
+    max_process_errors_per_checkpoint: int = 100
+
+    def __post_init__(self) -> None:
+        _check(
+            self.max_process_errors_per_checkpoint >= 1,
+            "errors.max_process_errors_per_checkpoint",
+            self.max_process_errors_per_checkpoint,
+            ">= 1",
+        )
+
+    @property
+    def dead_letters_needed(self) -> bool:
+        """Whether any policy sends records to the dead-letter output."""
+        return (
+            self.on_malformed is MalformedPolicy.DEAD_LETTER
+            or self.on_process_error is ProcessErrorPolicy.DEAD_LETTER
+        )
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,12 @@ from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
 from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
-from aiostream_ckpt.runtime.config import CheckpointingMode, JobConfig
+from aiostream_ckpt.runtime.config import (
+    CheckpointingMode,
+    JobConfig,
+    MalformedPolicy,
+    ProcessErrorPolicy,
+)
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -198,6 +203,7 @@ def build_chain_specs(
 ) -> list[ChainSpec]:
     """Instantiate every chain ``parallelism`` times and wire the channels."""
     specs: dict[tuple[int, int], ChainSpec] = {}
+    errors = config.errors
     writers: dict[tuple[int, int, int], list[ChannelWriter]] = {}
     for ci, chain in enumerate(chains):
         p = chain.parallelism
@@ -210,7 +216,10 @@ def build_chain_specs(
                     spec.head_uid = t.uid
                     if dead_letter_factory is not None:
                         spec.dead_letter = dead_letter_factory(t.uid, sub)
+                        spec.dead_letter_uid = t.uid
                     dl = spec.dead_letter.add if spec.dead_letter is not None else None
+                    if errors.on_malformed is MalformedPolicy.FAIL:
+                        dl = None
                     spec.reader = t.fn.create_reader(connector_context(t.uid, sub, p, dl))
                     if t.watermark_strategy is not None:
                         spec.source_watermarks = SourceWatermarks(
@@ -232,6 +241,11 @@ def build_chain_specs(
                             local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
                         )
                     spec.operators.append(op)
+            if errors.on_process_error is ProcessErrorPolicy.DEAD_LETTER and spec.operators:
+                if spec.dead_letter is None and dead_letter_factory is not None:
+                    spec.dead_letter_uid = spec.operators[0].uid
+                    spec.dead_letter = dead_letter_factory(spec.dead_letter_uid, sub)
+                spec.process_error_limit = errors.max_process_errors_per_checkpoint
             if chain.inputs:
                 n = sum(_channels_per_edge(e, e.source.parallelism) for e in chain.inputs)
                 spec.input_gate = InputGate(n, config.channel_capacity)

@@ -35,7 +35,7 @@ from aiostream_ckpt.errors import (
     UserFunctionError,
 )
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
-from aiostream_ckpt.runtime.config import JobConfig, MalformedPolicy
+from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
@@ -321,7 +321,7 @@ class JobRunner:
 
     def _dead_letter_factory(self, restore: RestoreInfo | None) -> Callable[[str, int], Any] | None:
         errors = self.config.errors
-        if errors.on_malformed is MalformedPolicy.FAIL:
+        if not errors.dead_letters_needed:
             return None
         directory = errors.dead_letter_dir
         if directory is None:

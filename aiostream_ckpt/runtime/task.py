@@ -52,8 +52,9 @@ from aiostream_ckpt.runtime.elements import (
     WatermarkStatus,
 )
 from aiostream_ckpt.runtime.failures import user_function_error
-from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
+from aiostream_ckpt.runtime.process_errors import ProcessErrorHandler
 from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
 from aiostream_ckpt.runtime.writer_state import restored_writer_state
 from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget
@@ -111,7 +112,12 @@ class ChainSpec:
     reader: SourceReader | None = None
     sink_uid: str | None = None
     writer: SinkWriter | None = None
-    dead_letter: Any = None  # a DeadLetterWriter when the head is a source
+    #: A DeadLetterWriter (malformed input of the source, records whose function raised),
+    #: its state kept under ``dead_letter_uid`` (the source's, or the first operator's).
+    dead_letter: Any = None
+    dead_letter_uid: str | None = None
+    #: ``errors.max_process_errors_per_checkpoint`` when ``on_process_error=dead_letter``.
+    process_error_limit: int | None = None
     input_gate: InputGate | None = None
     barrier_handler: BarrierHandler | None = None
     outputs: list[OutputGate] = field(default_factory=list)
@@ -165,6 +171,17 @@ class StreamTask:
         self._valve = WatermarkValve(spec.input_gate.num_channels) if spec.input_gate else None
         self._side = SideOutputRouter.for_chain(spec.operators, spec.outputs)
         self._push_records = self._push if self._side is None else self._push_with_side
+        self._process_errors = (
+            ProcessErrorHandler(
+                spec.operators,
+                spec.dead_letter,
+                task_id=spec.task_id,
+                subtask=spec.subtask,
+                limit=spec.process_error_limit,
+            )
+            if spec.process_error_limit is not None and spec.dead_letter is not None
+            else None
+        )
         self._backends = [op.backend for op in spec.operators if op.backend is not None]
         self._bind_timers()
         coordinator.register_task(self.task_id, self)
@@ -279,8 +296,8 @@ class StreamTask:
     def _writers(self) -> list[tuple[Any, str | None, str]]:
         spec = self.spec
         out: list[tuple[Any, str | None, str]] = []
-        if spec.reader is not None and spec.dead_letter is not None:
-            out.append((spec.dead_letter, spec.head_uid, DEAD_LETTER_KEY))
+        if spec.dead_letter is not None:
+            out.append((spec.dead_letter, spec.dead_letter_uid, DEAD_LETTER_KEY))
         if spec.writer is not None:
             out.append((spec.writer, spec.sink_uid, "writer"))
         return out
@@ -344,13 +361,22 @@ class StreamTask:
     # -- the record path --------------------------------------------------------------
 
     async def _push(self, batch: list[Any]) -> None:
-        for op in self.spec.operators:
-            batch = op.process_batch(batch)
-            if not batch:
-                break
+        try:
+            for op in self.spec.operators:
+                batch = op.process_batch(batch)
+                if not batch:
+                    break
+        except RecordFailed as failure:
+            batch = self._record_failed(failure)
         self._after_batch()
         if batch:
             await self._emit(batch)
+
+    def _record_failed(self, failure: RecordFailed) -> list[Any]:
+        """Finish a batch a user function failed on (dead letters), or fail with its error."""
+        if self._process_errors is None:
+            raise failure.__cause__ or failure from None  # errors.on_process_error=fail
+        return self._process_errors.finish(failure)
 
     async def _emit(self, batch: list[Any]) -> None:
         self.metrics.records_out += len(batch)
@@ -576,7 +602,10 @@ class StreamTask:
 
     async def _fire_and_emit(self, fire: Callable[[StreamOperator], list[Any]]) -> None:
         """Fire the chain's timers with ``fire``, keep the state caches bounded, emit the output."""
-        out = fire_chain(self.spec.operators, fire)
+        try:
+            out = fire_chain(self.spec.operators, fire)
+        except RecordFailed as failure:  # timers' output is not dead-lettered: fail
+            raise failure.__cause__ or failure from None
         self._after_batch()
         if out:
             await self._emit(out)
@@ -624,7 +653,10 @@ class StreamTask:
             # records flushed by op i still go through the operators after it
             out = op.finish()
             for later in ops[i + 1 :]:
-                out = later.process_batch(out) if out else out
+                try:
+                    out = later.process_batch(out) if out else out
+                except RecordFailed as failure:  # end-of-input flushes are not dead-lettered
+                    raise failure.__cause__ or failure from None
             batch.extend(out)
         if batch:
             await self._emit(batch)
@@ -651,11 +683,15 @@ class StreamTask:
 
         async with self._lock:
             targets = self._snapshot_targets(cid)
+            op_state: dict[str, Any] = {}
             if spec.reader is not None and spec.head_uid is not None:
-                op_state: dict[str, Any] = {"positions": spec.reader.snapshot_position()}
-                if spec.dead_letter is not None:
-                    op_state[DEAD_LETTER_KEY] = await spec.dead_letter.prepare_commit(cid)
-                put(spec.head_uid, operator=op_state)
+                op_state["positions"] = spec.reader.snapshot_position()
+            if spec.dead_letter is not None and spec.dead_letter_uid is not None:
+                op_state[DEAD_LETTER_KEY] = await spec.dead_letter.prepare_commit(cid)
+                if self._process_errors is not None:
+                    self._process_errors.barrier()
+            if op_state:
+                put(spec.dead_letter_uid or spec.head_uid or "", operator=op_state)
             for op in spec.operators:
                 if op.backend is not None and targets is not None:
                     parts.append((op.uid, op.backend.snapshot(targets[op.uid])))

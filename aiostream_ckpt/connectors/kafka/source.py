@@ -35,6 +35,7 @@ from aiostream_ckpt.connectors.kafka.common import (
     split_id,
     start_with_deadline,
 )
+from aiostream_ckpt.connectors.required import Required, required_problem, required_violations
 from aiostream_ckpt.errors import ConfigError, ConnectorError
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ class KafkaSource:
     """Events from Kafka topics; replayable from checkpointed offsets.
 
     Events are ``deserializer(value)``, or ``(key_deserializer(key), value)``
-    pairs when ``key_deserializer`` is given. Records that don't deserialize go
-    to the job's dead-letter output with their topic, partition and offset.
+    pairs when ``key_deserializer`` is given. Records that don't deserialize,
+    and values without a ``required`` field (field -> type, as
+    :class:`~aiostream_ckpt.connectors.files.JsonLinesFileSource`), go to the
+    job's dead-letter output with their topic, partition and offset.
 
     ``starting`` applies only to a fresh start (no restored position):
     ``"earliest"``, ``"latest"`` or ``{"timestamp": epoch_ms}`` (the first
@@ -70,6 +73,7 @@ class KafkaSource:
         isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
         deserializer: Deserializer = orjson.loads,
         key_deserializer: Deserializer | None = None,
+        required: Required | None = None,
         consumer_config: dict[str, Any] | None = None,
         commit_offsets_to_kafka: bool = False,
         group_id: str | None = None,
@@ -95,6 +99,7 @@ class KafkaSource:
         self.isolation_level = isolation_level
         self.deserializer = deserializer
         self.key_deserializer = key_deserializer
+        self.required = dict(required or {})
         self.consumer_config = dict(consumer_config or {})
         self.commit_offsets_to_kafka = commit_offsets_to_kafka
         self.group_id = group_id
@@ -273,28 +278,38 @@ class KafkaSourceReader:
 
     def _emit(self, tp: Any, records: list[Any], out: list[Any]) -> None:
         loads, key_loads = self._src.deserializer, self._src.key_deserializer
+        required = self._src.required
         try:
-            if key_loads is None:
-                out.extend([loads(r.value) for r in records])
-            else:
-                out.extend(
-                    [(None if r.key is None else key_loads(r.key), loads(r.value)) for r in records]
-                )
-            return
+            values = [loads(r.value) for r in records]
         except Exception:  # some record is bad: take them one by one
-            dead_letter = self._ctx.dead_letter
+            pass
+        else:
+            if not required or not required_violations(values, required):
+                if key_loads is None:
+                    out.extend(values)
+                else:
+                    keys = [None if r.key is None else key_loads(r.key) for r in records]
+                    out.extend(zip(keys, values, strict=True))
+                return
+        dead_letter = self._ctx.dead_letter
         for r in records:
+            raw = r.value if r.value is not None else b""
+            origin = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset}
             try:
                 value = loads(r.value)
-                out.append(
+                event = (
                     value
                     if key_loads is None
                     else (None if r.key is None else key_loads(r.key), value)
                 )
             except Exception as exc:  # any deserializer error is the record's, not ours
-                origin = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset}
-                raw = r.value if r.value is not None else b""
                 dead_letter(raw, f"cannot deserialize: {type(exc).__name__}: {exc}", origin)
+                continue
+            problem = required_problem(value, required) if required else None
+            if problem is not None:
+                dead_letter(raw, problem, origin)
+                continue
+            out.append(event)
 
     async def _retire_finished(self, data: dict[Any, list[Any]]) -> None:
         """Drop partitions that reached their end offset from the active set.

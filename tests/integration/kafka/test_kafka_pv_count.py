@@ -128,6 +128,30 @@ async def test_exactly_once_under_kill9(kafka_job, read_topic, seed):
     assert all({"partition", "offset"} <= set(d["origin"]) for d in dead)
 
 
+async def test_events_without_required_fields_are_dead_lettered(kafka_job, read_topic):
+    """Valid JSON that is no page view (no string app_id) used to fail the job on every replay."""
+    job = await kafka_job(20_000, seed=5)
+    bad = [b'{"user_id": "u-1"}', b'{"app_id": 17}', b"[1, 2]"]
+    extra_file = job.work / "bad.jsonl"
+    extra_file.write_bytes(b"\n".join(bad) + b"\n")
+    assert await load_jsonl(job.bootstrap, job.input_topic, extra_file) == len(bad)
+    cmd = job.cmd("--set", "restart.strategy=none")
+    proc = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    values = await read_topic(job.output_topic, timeout_s=60)
+    expected, _ = recount_inputs([job.input_file])
+    verdict = check_pv_updates(map(orjson.loads, values), expected)
+    assert verdict.passed, verdict.problems[:10]
+    dead = list(
+        read_committed_output(job.work / "ckpt" / "dead-letter" / "events", prefix="dead-letter")
+    )
+    assert sorted(d["raw"].encode() for d in dead) == sorted(bad), dead
+    assert all(d["origin"]["topic"] == job.input_topic for d in dead)
+    assert sum("field 'app_id' must be str" in d["reason"] for d in dead) == 2, dead
+
+
 async def test_crash_after_checkpoint_durable_before_commit(kafka_job, read_topic):
     """Exit at the start of commit(2): checkpoint 2 is durable, its transaction pre-committed."""
     job = await kafka_job(400_000, seed=7)

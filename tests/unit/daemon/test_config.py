@@ -60,6 +60,8 @@ def test_gc_threshold_setting() -> None:
         (["nokey"], "--set expects key=value"),
         (["process.gc_threshold=0"], "invalid config process.gc_threshold='0'"),
         (["checkpoint.max_delta_ratio=-1"], "checkpoint.max_delta_ratio"),
+        (["errors.on_process_error=skip"], "one of fail, dead_letter"),
+        (["errors.max_process_errors_per_checkpoint=0"], "max_process_errors_per_checkpoint"),
     ],
 )
 def test_bad_values_name_the_key(sets: list[str], message: str) -> None:

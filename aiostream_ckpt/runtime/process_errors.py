@@ -1,0 +1,104 @@
+"""Records whose user function raised: dead-lettered once, the batch goes on after them.
+
+``errors.on_process_error=dead_letter`` turns a poison pill (a record the
+function cannot handle, on every replay) from a job that restarts until it
+gives up into one dead letter: the record, the operator uid and the
+traceback, written to the task's dead-letter output in the open checkpoint
+epoch, so it is committed exactly once with the checkpoint that covers the
+record. ``errors.max_process_errors_per_checkpoint`` bounds them: more in one
+task between two barriers is a broken function, not a bad record, and fails
+the job.
+
+The no-error path pays nothing per record: operators run their loops as
+before, inside one ``try`` per batch (:class:`~aiostream_ckpt.runtime.operators.RecordFailed`).
+Only a failed batch is finished here, from the failing record on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from aiostream_ckpt.errors import AiostreamError, RecordError
+from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
+
+log = logging.getLogger(__name__)
+
+
+def is_record_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the user function's: our own errors and out-of-memory are never."""
+    return isinstance(exc, Exception) and not isinstance(exc, AiostreamError | MemoryError)
+
+
+class ProcessErrorHandler:
+    """Finishes a failed batch of one task, dead-lettering each record that raised."""
+
+    def __init__(
+        self,
+        operators: Sequence[StreamOperator],
+        dead_letter: Any,
+        *,
+        task_id: str,
+        subtask: int,
+        limit: int,
+    ) -> None:
+        self._ops = list(operators)
+        self._dead_letter = dead_letter
+        self._task_id = task_id
+        self._subtask = subtask
+        self._limit = limit
+        self._since_barrier = 0
+        self.total = 0
+
+    def barrier(self) -> None:
+        """Start counting afresh: a checkpoint barrier passed."""
+        self._since_barrier = 0
+
+    def finish(self, failure: RecordFailed) -> list[Any]:
+        """Return what the chain emits for ``failure.batch``, the failing records left out.
+
+        Raises the function's own error when it is not the record's (see
+        :func:`is_record_error`), and :class:`RecordError` past the bound.
+        """
+        first = self._ops.index(failure.operator)
+        batch = self._run(failure.operator, failure.batch, failure)
+        for op in self._ops[first + 1 :]:
+            if not batch:
+                break
+            batch = self._run(op, batch, None)
+        return batch
+
+    def _run(self, op: StreamOperator, batch: list[Any], failure: RecordFailed | None) -> list[Any]:
+        out: list[Any] = []
+        while True:
+            if failure is None:
+                try:
+                    out.extend(op.process_batch(batch))
+                    return out
+                except RecordFailed as again:
+                    failure = again
+            cause = failure.__cause__
+            if cause is None or not is_record_error(cause):
+                raise cause or failure
+            k = failure.index
+            if failure.out is not None:
+                out.extend(failure.out)
+            elif k:
+                out.extend(op.process_batch(batch[:k]))  # stateless: computed again
+            self._dead_letter_one(op.uid, batch[k], cause)
+            batch, failure = batch[k + 1 :], None
+            if not batch:
+                return out
+
+    def _dead_letter_one(self, uid: str, record: Any, exc: BaseException) -> None:
+        self._since_barrier += 1
+        self.total += 1
+        if self._since_barrier > self._limit:
+            raise RecordError(
+                f"task {self._task_id}: more than {self._limit} records failed in operator "
+                f"{uid!r} since the last checkpoint (errors.max_process_errors_per_checkpoint); "
+                f"the last: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._dead_letter.add_failed_record(record, uid, self._subtask, exc)
+        log.debug("task %s: record dead-lettered after %r in %s", self._task_id, exc, uid)
