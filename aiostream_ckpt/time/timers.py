@@ -176,6 +176,10 @@ class InternalTimerService:
             self._proc.state.put(timestamp, 0)
             self._reschedule()
 
+    def has_event_time_timer(self, timestamp: int) -> bool:
+        """Whether the current key has an event-time timer set at ``timestamp``."""
+        return (timestamp, self._kc.key) in self._event.live
+
     def delete_event_time_timer(self, timestamp: int) -> None:
         self._delete(self._event, timestamp)
 

@@ -8,7 +8,10 @@ restored. Timers are the operator's :class:`InternalTimerService` (keyed state
 too): one at ``window.max_timestamp`` to fire, one at ``max_timestamp +
 allowed_lateness`` to drop the contents. A timer carries no window, only a
 time; on a timer the operator fires/cleans the key's windows whose time it
-is. Timers left behind by merged sessions find nothing and do nothing.
+is. A session that grows or merges keeps its parts' timers, which fire no
+later than its own; when one fires, the key's sessions get the timers they
+lack (see :meth:`WindowOperator._add_to_session`). So a key's timers follow
+its live windows, whatever its history, and most records set none.
 
 Lateness follows Flink: a window is late once ``max_timestamp +
 allowed_lateness <= watermark``; a record whose windows are all late goes to
@@ -176,56 +179,51 @@ class WindowOperator(StreamOperator):
             timers.register_event_time_timer(max_ts + self._lateness)
 
     def _add_to_session(self, record: Any, ts: int) -> bool:
-        """Add to the key's sessions, merging those the new one touches; False if late."""
+        """Add to the key's sessions, merging those the new one touches; False if late.
+
+        Only a new session sets timers here: a grown or merged one keeps the
+        timers its parts had, all at or before its own times, and when one of
+        them fires :meth:`_on_timer` sets the session's current ones. So a
+        record that extends a session (most do) costs no timer work, and a key
+        holds about one timer per session, not one per record.
+        """
         new = self.spec.assigner.assign(ts)[0]
         contents = self._contents
         merged = new
         touched: list[tuple[tuple[int, int], Any]] = []
-        others: list[tuple[int, int]] = []
         for window, value in contents.items():
             if new.intersects(window):
                 touched.append((window, value))
                 merged = merged.cover(window)
-            else:
-                others.append(window)
         window = (merged.start, merged.end)
         max_ts = window[1] - 1
         if max_ts + self._lateness <= self.watermark:
             return False  # only possible with nothing touched: those were cleaned up
         current: Any = _MISSING
-        existed = False
         if touched:
             touched.sort()
             current = self._merge_contents([v for _, v in touched])
-            gone = [w for w, _ in touched if w != window]
-            existed = len(gone) < len(touched)
-            for w in gone:
-                contents.remove(w)
-            self._drop_timers(gone, [*others, window])
+            for w, _ in touched:
+                if w != window:
+                    contents.remove(w)
         contents.put(window, self._fold(current, record))
-        if not existed or max_ts <= self.watermark:  # else its timers are set already
+        if not touched or max_ts <= self.watermark:
             self._after_add(window)
         return True
+
+    def _rearm(self, timestamp: int) -> None:
+        """Set the missing timers of the key's sessions after one fired at ``timestamp``."""
+        timers = self._timers
+        assert timers is not None
+        for window, _ in self._contents.items():
+            for t in self._timer_times(window):
+                if t > timestamp and not timers.has_event_time_timer(t):
+                    timers.register_event_time_timer(t)
 
     def _timer_times(self, window: tuple[int, int]) -> tuple[int, ...]:
         """Return the event-time timers a window sets: fire, and clean up after the lateness."""
         max_ts = window[1] - 1
         return (max_ts, max_ts + self._lateness) if self._lateness else (max_ts,)
-
-    def _drop_timers(self, gone: list[tuple[int, int]], kept: list[tuple[int, int]]) -> None:
-        """Delete the timers of merged-away sessions that no kept window of the key needs.
-
-        Why: each record that extends a session moves its end, and the timers
-        of the old ends would otherwise stay set until the watermark passes
-        them, one timer per record of the session.
-        """
-        timers = self._timers
-        assert timers is not None
-        needed = {ts for window in kept for ts in self._timer_times(window)}
-        for window in gone:
-            for ts in self._timer_times(window):
-                if ts not in needed:
-                    timers.delete_event_time_timer(ts)
 
     def _merge_contents(self, values: list[Any]) -> Any:
         kind = self.spec.kind
@@ -265,6 +263,8 @@ class WindowOperator(StreamOperator):
                 self._fire(window, value)
             if max_ts + lateness == timestamp:
                 contents.remove(raw)
+        if self.spec.assigner.merging:
+            self._rearm(timestamp)
 
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec

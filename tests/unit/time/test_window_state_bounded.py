@@ -74,3 +74,25 @@ def test_growing_sessions_keep_one_window_and_its_timers(tmp_path: Path) -> None
         assert backend.cached_entries("_timers.event") == 0
         assert op.timer_service.pending() == (0, 0)
         backend.close()
+
+
+def test_merged_sessions_fire_once_at_their_own_end(tmp_path: Path) -> None:
+    # grown and merged sessions keep their parts' timers; the first that fires
+    # sets the session's own (its end moved), so it fires once, at its end
+    for lateness in (0, 500):
+        op, backend = _session_operator(tmp_path / f"l{lateness}", lateness)
+        clicks = [0, 500, 2_400, 3_000, 1_500, 9_000]  # 1_500 bridges [0, 1500) and [2400, 4000)
+        out: list[Any] = []
+        for ts in clicks:
+            out += op.process_batch([{"user": "u", "ts": ts}])
+        assert backend.cached_entries(WINDOW_CONTENTS) == 2  # [0, 4000) and [9000, 10000)
+        assert op.timer_service.pending()[0] <= 4 * (2 if lateness else 1)
+        out += op.process_watermark(1_499)  # the first part's end: not the session's
+        assert out == []
+        out += op.process_watermark(3_999)
+        assert out == [5]
+        out += op.process_watermark(20_000)
+        assert out == [5, 1]
+        assert backend.cached_entries(WINDOW_CONTENTS) == 0
+        assert op.timer_service.pending() == (0, 0)
+        backend.close()
