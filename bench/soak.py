@@ -8,8 +8,10 @@ of each worker's process tree, bytes on disk of its working state
 source task's ``records_in`` from the REST API). After the warm-up each series
 gets a least-squares slope, reported as growth in % of its mean per 10 minutes;
 the target is under 1 % for every series. A leak shows as a positive slope
-however noisy the samples are; a sawtooth (full checkpoints every 10, cache
-evictions) averages out over minutes.
+however noisy the samples are; a sawtooth (checkpoint chains: a full snapshot
+every 10, two retained) averages out only over many periods, so each series'
+peak in the later half after the warm-up is also compared with its peak in
+the earlier half (``bounded``: no resource's later peak above the earlier +1 %).
 """
 
 from __future__ import annotations
@@ -149,8 +151,11 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
         "events_per_s": rate_pts,
     }
     slopes = {k: slope_pct_per_10min(v) for k, v in series.items()}
+    # a sawtooth (checkpoint chains) is judged by its peaks: the later half's against the earlier
+    peaks = {k: [_peak(p[: len(p) // 2]), _peak(p[len(p) // 2 :])] for k, p in series.items()}
     means = {k: round(sum(v for _, v in p) / len(p), 3) if p else None for k, p in series.items()}
     flat = all(s is not None and abs(s) < TARGET_PCT_PER_10MIN for s in slopes.values())
+    grown = [k for k, (a, b) in peaks.items() if k != "events_per_s" and b > a * 1.01]
     return {
         "app": w.name,
         "exit_code": w.proc.returncode,
@@ -158,7 +163,10 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
         "warmup_min": warmup_min,
         "mean_after_warmup": means,
         "slope_pct_per_10min": slopes,
+        "max_first_second_half": peaks,
         "flat": flat,
+        #: no resource's peak in the later half above its earlier peak (+1 %)
+        "bounded": not grown,
         "series": {
             "rss_mb": [(t, r) for t, r, _, _, _ in w.samples],
             "working_state_mb": [(t, s) for t, _, s, _, _ in w.samples],
@@ -166,6 +174,10 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
             "events_per_s": rates(w.samples),
         },
     }
+
+
+def _peak(points: list[tuple[float, float]]) -> float:
+    return round(max((v for _, v in points), default=0.0), 3)
 
 
 def run_soak(
@@ -196,8 +208,11 @@ def run_soak(
                 n = _events_read(w)
                 if n is None:
                     continue  # not serving yet
+                at = round(
+                    (time.monotonic() - t0) / 60, 4
+                )  # when the count came: a busy worker is late
                 rss = sum(_rss_kb(p) for p in process_tree(w.proc.pid)) / 1024
-                w.samples.append((round(now, 4), rss, disk_mb(w.state_dir), disk_mb(w.ckpt_dir), n))
+                w.samples.append((at, rss, disk_mb(w.state_dir), disk_mb(w.ckpt_dir), n))
             if int(now * 60 / SAMPLE_S) % 12 == 0 and workers[0].samples:
                 say("  " + "; ".join(_line(w) for w in workers if w.samples))
             time.sleep(SAMPLE_S)
@@ -232,13 +247,17 @@ def _line(w: Worker) -> str:
 def table(doc: dict[str, Any]) -> str:
     """Slopes per app and series, in % of the mean per 10 minutes."""
     names = ("rss_mb", "working_state_mb", "checkpoint_dir_mb", "events_per_s")
-    rows = [("app", *(f"{n} (mean)" for n in names), "flat")]
+    rows = [("app", *(f"{n}: slope (mean; max 1st/2nd half)" for n in names), "flat", "bounded")]
     for a in doc["apps"]:
         cells = []
         for n in names:
             s, m = a["slope_pct_per_10min"][n], a["mean_after_warmup"][n]
+            h1, h2 = a["max_first_second_half"][n]
             slope = "-" if s is None else f"{s:+.2f}"
-            cells.append(f"{slope} %/10min ({'-' if m is None else m})")
-        rows.append((a["app"], *cells, "yes" if a["flat"] else "NO"))
+            mean = "-" if m is None else f"{m:.4g}"
+            cells.append(f"{slope} %/10min ({mean}; {h1:.4g}/{h2:.4g})")
+        rows.append(
+            (a["app"], *cells, "yes" if a["flat"] else "NO", "yes" if a["bounded"] else "NO")
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
