@@ -8,13 +8,18 @@ the checkpoint, both outputs equal a failure-free run's, however many kills.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import threading
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt.testing.chaos import read_fraction, run_with_kills
 from tests.apps import late_windows as app
 from tests.helpers import REPO, cli_cmd
 
@@ -56,6 +61,10 @@ def test_late_output_and_windows_exact_under_kill9(tmp_path: Path, seed: int) ->
     )
     assert result.exit_code == 0, log.read_text()[-4000:]
     assert result.kills == 4, log.read_text()[-3000:]
+    _assert_exact(everything, out, late)
+
+
+def _assert_exact(everything: list[dict[str, Any]], out: Path, late: Path) -> None:
     want_counts, want_late = app.expected(everything)
     got_counts = Counter((r["k"], r["start"], r["n"]) for r in read_committed_output(out))
     want = Counter((k, start, n) for (k, start), n in want_counts.items())
@@ -65,3 +74,49 @@ def test_late_output_and_windows_exact_under_kill9(tmp_path: Path, seed: int) ->
     )
     got_late = sorted(r["late"] for r in read_committed_output(late))
     assert got_late == sorted(want_late)
+
+
+def test_lateness_exact_when_restored_at_another_parallelism(tmp_path: Path) -> None:
+    """Killed at parallelism 2, resumed at 3: new subtasks take the old ones' minimum watermark.
+
+    One input file (read by one source subtask whatever the parallelism), so the
+    failure-free answer does not depend on the parallelism.
+    """
+    everything = app.generate(300_000, seed=20, late_every=64)
+    inputs = [app.write(tmp_path / "in.jsonl", everything)]
+    out, late, ckpt = tmp_path / "out", tmp_path / "late", tmp_path / "ckpt"
+
+    def cmd(parallelism: int) -> list[str]:
+        return cli_cmd(
+            "run", "tests.apps.late_windows",
+            "--set", f"checkpoint.dir={ckpt}",
+            "--set", f"app.input={','.join(map(str, inputs))}",
+            "--set", f"app.output={out}",
+            "--set", f"app.late_output={late}",
+            "--set", "checkpoint.interval=50ms",
+            "--set", f"job.parallelism={parallelism}",
+            "--set", "job.batch_size=256",
+        )  # fmt: skip
+
+    proc = subprocess.Popen(cmd(2), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    checkpoints: list[int] = []
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if m := re.search(rb"checkpoint (\d+) completed", line):
+                checkpoints.append(int(m.group(1)))
+
+    threading.Thread(target=pump, daemon=True).start()
+    sizes = {str(p.resolve()): p.stat().st_size for p in inputs}
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if len(checkpoints) >= 2 and read_fraction(proc.pid, sizes) >= 0.4:
+            proc.kill()  # SIGKILL
+            break
+        time.sleep(0.002)
+    assert proc.wait(timeout=30) == -9, "the first run must be killed mid-input"
+    resumed = subprocess.run(cmd(3), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "restoring from checkpoint" in resumed.stderr
+    _assert_exact(everything, out, late)
