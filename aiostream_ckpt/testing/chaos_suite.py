@@ -104,7 +104,7 @@ def run_suite(kills: int, seed: int, workdir: Path, *, keep: bool = False) -> Ch
         print(f"  {verdict.details()}", flush=True)
         print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
         total.add(verdict)
-        if not keep:
+        if not keep and verdict.passed:  # a failed part keeps its logs and output
             shutil.rmtree(d, ignore_errors=True)
     return total
 
