@@ -290,7 +290,11 @@ def load_contract(module: str, *, assume_deterministic: bool = False) -> ProofCo
 
 
 def plan_outputs(run: AppRun, contract: ProofContract, scratch: Path) -> list[ComparedOutput]:
-    """Pair each declared output (and the dead letters) with its place in ``scratch``."""
+    """Pair each declared output (and the dead letters) with its place in ``scratch``.
+
+    Call it again after the reference run: dead-letter directories are found
+    on both sides.
+    """
     from aiostream_ckpt.daemon.config import load_config
 
     loaded = load_config(run.config, env=os.environ, sets=run.sets)
@@ -306,7 +310,9 @@ def plan_outputs(run: AppRun, contract: ProofContract, scratch: Path) -> list[Co
     errors = loaded.job.errors
     if contract.dead_letters and loaded.job.checkpoint.directory is not None:
         actual_dl = errors.dead_letter_dir or loaded.job.checkpoint.directory / "dead-letter"
-        uids = {p.name for d in (actual_dl,) if d.is_dir() for p in d.iterdir() if p.is_dir()}
+        # every source with dead letters on either side: one side without any is a loss
+        sides = (actual_dl, scratch / "dead-letter")
+        uids = {p.name for d in sides if d.is_dir() for p in d.iterdir() if p.is_dir()}
         for uid in sorted(uids):
             plan.append(
                 ComparedOutput(f"dead-letter/{uid}", actual_dl / uid, scratch / "dead-letter" / uid)

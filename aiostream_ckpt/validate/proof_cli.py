@@ -110,8 +110,9 @@ def prove(
 ) -> ValidationReport:
     """Run the reference, then compare every planned output; one report."""
     started = time.monotonic()
-    plan = plan_outputs(run, contract, scratch)
+    plan_outputs(run, contract, scratch)  # a config error stops before the reference run
     ref_seconds = reference_run(run, contract, scratch)
+    plan = plan_outputs(run, contract, scratch)
     size = output_bytes(p.actual for p in plan) + output_bytes(p.reference for p in plan)
     use_spark = spark or size > fast_limit_mb * 1e6
     results: list[CheckResult]

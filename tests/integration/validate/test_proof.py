@@ -18,6 +18,7 @@ from aiostream_ckpt.validate.proof import (
     compare_dirs,
     load_contract,
     output_files,
+    plan_outputs,
     reference_run,
 )
 from aiostream_ckpt.validate.proof_cli import proof_main, prove
@@ -131,6 +132,15 @@ def test_validate_app_cli_verdicts(
     output_files(bad)[0].unlink()
     assert proof_main([*argv, "--output", str(bad)]) == 1
     assert capsys.readouterr().out.splitlines()[-1].startswith("validation: FAIL")
+
+
+def test_lost_dead_letters_are_found(pv_run: tuple[Path, Path, list[str]], tmp_path: Path) -> None:
+    _, ref, sets = pv_run
+    run = AppRun("apps.pv_count", [*sets, f"errors.dead_letter_dir={tmp_path / 'none'}"])
+    plan = [p for p in plan_outputs(run, PV, ref.parent) if p.label == "dead-letter/events"]
+    assert plan, "the reference's dead letters are compared even where the run has none"
+    c = compare_dirs(plan[0].actual, plan[0].reference, PV)
+    assert (c.counts["missing"], c.counts["reference_records"]) == (2, 2)
 
 
 def test_app_without_declaration_is_refused(
