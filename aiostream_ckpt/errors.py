@@ -44,6 +44,10 @@ class CheckpointError(AiostreamError):
     """A checkpoint could not be taken, stored or read."""
 
 
+class DirectoryOwnedError(AiostreamError):
+    """A directory the job would write is owned by another running job (or cannot be locked)."""
+
+
 class CorruptCheckpointError(CheckpointError):
     """Checkpoint metadata or a state file failed its checksum or could not be parsed."""
 

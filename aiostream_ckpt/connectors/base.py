@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiostream_ckpt.clock import Clock, SystemClock
@@ -186,3 +187,15 @@ class Sink(Protocol):
     name: str
 
     def create_writer(self, ctx: ConnectorContext) -> SinkWriter: ...
+
+
+@runtime_checkable
+class DirectoryOutput(Protocol):
+    """Optional sink capability: name the directories its writers stage and commit in.
+
+    The job locks them, with its checkpoint directory, for as long as it runs:
+    two jobs committing into one directory would reuse each other's staged
+    and committed file names. A second job started on them is refused.
+    """
+
+    def output_directories(self) -> Collection[Path]: ...

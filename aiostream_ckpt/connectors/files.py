@@ -306,8 +306,10 @@ class ExactlyOnceFileSink:
     Output is the committed files ``part-<checkpoint>-<subtask>.jsonl`` of
     ``directory``; read them with :func:`read_committed_output`. A fresh start
     (no checkpoint to restore) refuses a directory that already has committed
-    output, since appending to it would mix two runs. What a reader may rely
-    on is the output contract of :mod:`aiostream_ckpt.connectors.output_recovery`.
+    output, since appending to it would mix two runs; a job running on it owns
+    it (:class:`~aiostream_ckpt.connectors.base.DirectoryOutput`), so a second
+    job writing there is refused at its start. What a reader may rely on is the
+    output contract of :mod:`aiostream_ckpt.connectors.output_recovery`.
     """
 
     def __init__(
@@ -322,6 +324,9 @@ class ExactlyOnceFileSink:
         self.directory = Path(directory)
         self.serializer = serializer
         self.prefix = prefix
+
+    def output_directories(self) -> list[Path]:
+        return [self.directory]
 
     def create_writer(self, ctx: ConnectorContext) -> StagedFileWriter:
         return StagedFileWriter(

@@ -1,7 +1,8 @@
 """The ``aiostream-ckpt`` command line.
 
 Exit codes: 0 the job finished (or was stopped cleanly), 1 the job failed,
-2 a usage, config or app error (one line on stderr naming the cause).
+2 a bad start: a usage, config or app error, or a directory another running job
+owns (one line on stderr naming the cause, or the owner).
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     "checkpoint.min_pause": (None, "pause between a completion and the next trigger"),
     "checkpoint.tolerable_failures": (
         None,
-        "consecutive failed checkpoints before the job fails over",
+        "consecutive failed checkpoints before the job fails over (a snapshot that cannot be "
+        "written, e.g. on a full checkpoint volume, declines its checkpoint and counts here; "
+        "the job goes on)",
     ),
     "checkpoint.retained": (None, "completed checkpoints kept"),
     "checkpoint.full_every": (
@@ -82,10 +84,12 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "output contract)",
     ),
     "state.local_dir": (
-        "(a temp dir)",
+        "`<checkpoint.dir>/local-state`",
         "working copy of the keyed state (LMDB), rebuilt from the checkpoint on every start: "
         "one `aiostream-state-*` directory per attempt, deleted when it ends; one left by a "
-        "killed process (kill -9, OOM) is removed at the next start",
+        "killed process (kill -9, OOM) is removed at the next start. The default is on the "
+        "checkpoint volume, never the temp dir, so a container with a read-only root works; "
+        "point it at a fast local disk if that volume is slow",
     ),
     "state.cache_max_entries": (None, "keyed-state entries cached in memory per operator"),
     "state.allow_pickle": (

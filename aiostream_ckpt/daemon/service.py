@@ -65,8 +65,14 @@ class JobDaemon:
         """Serve the REST API while the job runs; stop serving when it ends.
 
         The address file says where to reach it (see :mod:`.address`) from the
-        moment it listens until it stops.
+        moment it listens until it stops. The job's directories are locked
+        first: a second daemon on them is refused before it binds a port, writes
+        an address file or touches anything else.
         """
+        with self.runner.locks:
+            return await self._serve()
+
+    async def _serve(self) -> JobResult:
         async with self.stats:
             if self.rest is not None:
                 await self.rest.start()

@@ -187,6 +187,29 @@ class JobConfig:
         self.restart.validate()
         return self
 
+    def local_state_root(self) -> Path:
+        """Where attempts keep their working state: ``state.local_dir``.
+
+        It defaults to ``<checkpoint.dir>/local-state``, on the checkpoint
+        volume: the one place a container is sure to be able to write (never
+        the temp dir, which a read-only root does not have).
+        """
+        if self.state.local_dir is not None:
+            return self.state.local_dir
+        if self.checkpoint.directory is None:
+            raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
+        return self.checkpoint.directory / "local-state"
+
+    def dead_letter_dir(self) -> Path | None:
+        """Where dead letters go: ``errors.dead_letter_dir`` or the checkpoint's; None if none."""
+        if not self.errors.dead_letters_needed:
+            return None
+        if self.errors.dead_letter_dir is not None:
+            return self.errors.dead_letter_dir
+        return (
+            None if self.checkpoint.directory is None else self.checkpoint.directory / "dead-letter"
+        )
+
     def with_checkpoint_dir(self, directory: Path) -> JobConfig:
         return dataclasses.replace(
             self, checkpoint=dataclasses.replace(self.checkpoint, directory=directory)

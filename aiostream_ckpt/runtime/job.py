@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
@@ -37,6 +35,7 @@ from aiostream_ckpt.errors import (
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
 from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
+from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
 from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
@@ -110,6 +109,10 @@ class JobRunner:
         if self.config.checkpoint.directory is None:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
         self.clock = clock or SystemClock()
+        #: where each attempt claims its working-state directory (see :mod:`.local_dirs`)
+        self.local_root = self.config.local_state_root()
+        #: one owner per directory: held while :meth:`run` runs (the daemon may hold them longer)
+        self.locks = DirectoryLocks(env.job_name, job_directories(env))
         self.storage = CheckpointStorage(self.config.checkpoint.directory)
         self.run_state = JobRun()
         self._on_started = on_started
@@ -160,6 +163,15 @@ class JobRunner:
     # -- running ----------------------------------------------------------------------
 
     async def run(self) -> JobResult:
+        """Run attempts until the job ends, owning its directories throughout.
+
+        The locks come before anything is restored or written; a directory
+        owned by another job refuses this start (``DirectoryOwnedError``).
+        """
+        with self.locks:
+            return await self._run_attempts()
+
+    async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)
         chains = plan_chains(self.env.transformations, self.config)
         run = self.run_state
@@ -224,7 +236,7 @@ class JobRunner:
         """One attempt; True when the job reached its end, False when cancelled."""
         config = self.config
         self.storage.discard_incomplete()
-        local = local_dirs.claim(config.state.local_dir or Path(tempfile.gettempdir()))
+        local = local_dirs.claim(self.local_root)
         local_dir = local.path
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         coordinator = CheckpointCoordinator(
@@ -320,13 +332,9 @@ class JobRunner:
                 await asyncio.gather(*running, cancel_wait, return_exceptions=True)
 
     def _dead_letter_factory(self, restore: RestoreInfo | None) -> Callable[[str, int], Any] | None:
-        errors = self.config.errors
-        if not errors.dead_letters_needed:
-            return None
-        directory = errors.dead_letter_dir
+        directory = self.config.dead_letter_dir()
         if directory is None:
-            assert self.config.checkpoint.directory is not None
-            directory = self.config.checkpoint.directory / "dead-letter"
+            return None
         from aiostream_ckpt.connectors.files import DeadLetterWriter
 
         def factory(uid: str, subtask: int) -> Any:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.runtime.ownership import LOCK_FILE
 from aiostream_ckpt.validate import parse
 from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
 
@@ -130,6 +131,8 @@ def read_file_sink_output(
     staged: list[str] = []
     other: list[str] = []
     for entry in sorted(d.iterdir()):
+        if entry.name == LOCK_FILE:
+            continue  # the running job's ownership of the directory, not output
         if _hidden(entry.name):
             staged.append(entry.name)
         elif entry.is_file() and (parsed := committed_name(entry.name, prefix)) is not None:
