@@ -169,7 +169,11 @@ class JobRunner:
         owned by another job refuses this start (``DirectoryOwnedError``).
         """
         with self.locks:
-            return await self._run_attempts()
+            try:
+                return await self._run_attempts()
+            finally:
+                if self.run_state.status is JobStatus.CREATED:  # refused: no attempt ran
+                    self.locks.leave_no_trace()
 
     async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)

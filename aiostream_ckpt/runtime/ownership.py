@@ -19,6 +19,7 @@ takes each directory once (and none inside one it already holds).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -65,8 +66,10 @@ class DirectoryLocks:
     def __init__(self, job_name: str, directories: Iterable[OwnedDirectory]) -> None:
         self.job_name = job_name
         self.directories = _outermost(directories)
-        self._fds: list[int] = []
+        #: (lock file descriptor, directory, whether locking created the directory)
+        self._held: list[tuple[int, Path, bool]] = []
         self._depth = 0
+        self._leave_no_trace = False
 
     @property
     def held(self) -> bool:
@@ -86,11 +89,20 @@ class DirectoryLocks:
         )
         try:
             for d in self.directories:
-                self._fds.append(_lock(d, owner))
+                self._held.append(_lock(d, owner))
         except BaseException:
+            self._leave_no_trace = True
             self._unlock()
             raise
         self._depth = 1
+
+    def leave_no_trace(self) -> None:
+        """On release, remove the directories locking created if nothing else went into them.
+
+        For a start refused after locking (its checkpoints belong to another
+        job): it must not leave an empty output directory behind.
+        """
+        self._leave_no_trace = True
 
     def release(self) -> None:
         if self._depth == 0:
@@ -100,12 +112,20 @@ class DirectoryLocks:
             self._unlock()
 
     def _unlock(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
+        held, self._held = self._held, []
+        no_trace, self._leave_no_trace = self._leave_no_trace, False
+        for fd, path, created in held:
+            # unlinked while still locked: a process that opened it meanwhile was refused
+            empty = no_trace and created and os.listdir(path) == [LOCK_FILE]
             try:
+                if empty:
+                    (path / LOCK_FILE).unlink()
                 os.ftruncate(fd, 0)  # no owner any more; the kernel drops the lock on close
             finally:
                 os.close(fd)
+            if empty:
+                with contextlib.suppress(OSError):  # someone else's files arrived meanwhile
+                    path.rmdir()
 
     def __enter__(self) -> DirectoryLocks:
         self.acquire()
@@ -145,7 +165,8 @@ def _outermost(directories: Iterable[OwnedDirectory]) -> list[OwnedDirectory]:
     return out
 
 
-def _lock(d: OwnedDirectory, owner: bytes) -> int:
+def _lock(d: OwnedDirectory, owner: bytes) -> tuple[int, Path, bool]:
+    created = not d.path.is_dir()
     try:
         d.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(d.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -167,7 +188,7 @@ def _lock(d: OwnedDirectory, owner: bytes) -> int:
         raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner + b"\n", 0)
-    return fd
+    return fd, d.path, created
 
 
 def _describe_owner(fd: int) -> str:

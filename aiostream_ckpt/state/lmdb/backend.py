@@ -47,6 +47,7 @@ running copy would free mapped memory.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import threading
@@ -97,6 +98,34 @@ from aiostream_ckpt.state.serde import decode_key, key_group_bytes, name_part
 
 HANDLE_FORMAT = 1
 MAP_SIZE = 64 << 30  # sparse; only touched pages take disk
+#: LMDB's reader table for max_readers=512 (a 128-byte header, 64 bytes a reader), with room
+_LOCK_FILE_BYTES = 64 << 10
+
+
+def _reserve_lock_file(directory: Path) -> None:
+    """Allocate LMDB's ``lock.mdb`` before LMDB maps it.
+
+    LMDB sizes the lock file with ``ftruncate`` (a hole) and writes it through a
+    shared mapping: on a full filesystem the first write into the hole is a
+    SIGBUS and the process dies without a word. With its blocks allocated
+    there is nothing left to fail, and a full disk is an error here instead,
+    naming the directory (retriable: space may be freed before the restart).
+    """
+    fd = -1
+    try:
+        fd = os.open(directory / "lock.mdb", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.posix_fallocate(fd, 0, _LOCK_FILE_BYTES)
+    except OSError as exc:
+        raise StateError(
+            f"cannot create working state in {directory}: {exc.strerror or exc} "
+            "(state.local_dir is full or not writable)",
+            retriable=True,
+        ) from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 #: Work per slice on the event loop before it yields: keys encoded, records packed
 #: or written; ~0.3-0.7 us each, so ~20-40 ms. Bigger slices finish a checkpoint
 #: sooner (its output commits then); 1 M keys, measured: p99 480 ms against 510-560
@@ -230,6 +259,7 @@ class LmdbStateBackend:
         self.last_flush_entries = 0
 
     def _open_env(self) -> lmdb.Environment:
+        _reserve_lock_file(self._dir)
         return lmdb.open(
             str(self._dir),
             map_size=MAP_SIZE,

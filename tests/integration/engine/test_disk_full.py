@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from aiostream_ckpt.runtime.ownership import LOCK_FILE
 from tests.helpers import check_pv_output, cli, generated_counts, generated_pv_args
 
 pytestmark = pytest.mark.integration
@@ -115,8 +116,14 @@ def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
     out = tmp_path / "out"
     events = 100_000
     args = paced_args(
-        ckpt, out, events, "--set", "checkpoint.tolerable_failures=3", "--set", "restart.attempts=0"
-    )
+        ckpt,
+        out,
+        events,
+        "--set", "checkpoint.tolerable_failures=3",
+        "--set", "restart.attempts=0",
+        # the working state on another disk: this test fills the checkpoint storage only
+        "--set", f"state.local_dir={tmp_path / 'local'}",
+    )  # fmt: skip
     expected = generated_counts(events, keys=300)
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * (DISK_BYTES - (8 << 10)))  # not one snapshot fits
@@ -131,6 +138,33 @@ def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
 
     filler.unlink()
     assert_rerun_exact(args, out, expected)
+
+
+def test_a_full_working_state_volume_stops_naming_it_and_a_rerun_is_exact(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """The default ``state.local_dir`` is on the checkpoint volume; when that is full, say so.
+
+    LMDB maps its lock file as a hole: on a full disk its first write used to
+    kill the process with SIGBUS, no message, no restart.
+    """
+    ckpt = small_disk / "ckpt"
+    out = tmp_path / "out"
+    events = 100_000
+    args = paced_args(
+        ckpt, out, events, "--set", "restart.attempts=1", "--set", "restart.delay=10ms"
+    )
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (DISK_BYTES - (8 << 10)))
+    full = cli(*args)
+    assert full.returncode == 1, full.stderr[-3000:]
+    last = full.stderr.strip().splitlines()[-1]
+    assert "job 'pv_count' failed after 1 restart" in last, last
+    assert f"StateError: cannot create working state in {ckpt / 'local-state'}/aiostream-state-" in last
+    assert "No space left on device" in last, last
+
+    filler.unlink()
+    assert_rerun_exact(args, out, generated_counts(events, keys=300))
 
 
 def _use_up_inodes(mnt: Path) -> list[Path]:
@@ -152,7 +186,9 @@ def test_checkpoint_directories_that_cannot_be_created_decline_within_tolerable_
     the restart strategy (retriable), not fail the job at the first checkpoint.
     """
     ckpt = few_inodes / "ckpt"
-    (ckpt / "shared").mkdir(parents=True)  # what a former run left: the job can start
+    # what a former run left, so that the job can start: its directories, its lock file
+    (ckpt / "shared").mkdir(parents=True)
+    (ckpt / LOCK_FILE).touch()
     out = tmp_path / "out"
     events = 100_000
     args = paced_args(
@@ -164,6 +200,7 @@ def test_checkpoint_directories_that_cannot_be_created_decline_within_tolerable_
         "--set", "restart.delay=10ms",
         "--set", f"state.local_dir={tmp_path / 'local'}",
         "--set", "errors.on_malformed=fail",
+        "--set", f"rest.address_file={tmp_path / 'daemon.json'}",
     )  # fmt: skip
     expected = generated_counts(events, keys=300)
     fillers = _use_up_inodes(few_inodes)

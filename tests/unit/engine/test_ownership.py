@@ -54,3 +54,20 @@ def test_owner_line_is_cleared_on_release(tmp_path: Path) -> None:
     with locks("a", tmp_path):
         assert f'"pid":{os.getpid()}' in (tmp_path / LOCK_FILE).read_text()
     assert (tmp_path / LOCK_FILE).read_text() == ""
+
+
+def test_a_refused_start_leaves_no_directory_it_created(tmp_path: Path) -> None:
+    existing = tmp_path / "ckpt"
+    existing.mkdir()
+    job = locks("a", existing, tmp_path / "out", tmp_path / "busy")
+    (tmp_path / "busy").mkdir()
+    with locks("owner", tmp_path / "busy"), pytest.raises(DirectoryOwnedError):
+        job.acquire()
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in existing.iterdir()) == [LOCK_FILE]  # it existed before
+
+    with job:  # refused later (its checkpoints belong to another job): the same
+        (existing / "shared").mkdir()
+        job.leave_no_trace()
+    assert not (tmp_path / "out").exists()
+    assert (existing / "shared").exists()
