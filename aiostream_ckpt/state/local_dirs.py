@@ -49,17 +49,34 @@ class LocalStateDir:
 
 def claim(root: Path) -> LocalStateDir:
     """Sweep orphaned siblings under ``root``, then make and lock a new directory there."""
-    root.mkdir(parents=True, exist_ok=True)
-    sweep(root)
-    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
-    fd = os.open(path / OWNER, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        sweep(root)
+        path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=root))
+        fd = os.open(path / OWNER, os.O_CREAT | os.O_RDWR, 0o600)
+    except OSError as exc:
+        raise working_state_error(root, exc) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         os.close(fd)
         raise StateError(f"cannot lock the new working-state directory {path}: {exc}") from exc
-    os.write(fd, str(os.getpid()).encode())
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    except OSError as exc:
+        os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        raise working_state_error(path, exc) from exc
     return LocalStateDir(path, fd)
+
+
+def working_state_error(path: Path, exc: OSError) -> StateError:
+    """Describe working state that cannot be written: retriable, space may be freed meanwhile."""
+    return StateError(
+        f"cannot create working state in {path}: {exc.strerror or exc} "
+        "(state.local_dir is full or not writable)",
+        retriable=True,
+    )
 
 
 def sweep(root: Path) -> list[Path]:

@@ -94,6 +94,7 @@ from aiostream_ckpt.state.lmdb.states import (
     ValueStateImpl,
 )
 from aiostream_ckpt.state.lmdb.writes import RunState, SnapshotRun, WriteQueue
+from aiostream_ckpt.state.local_dirs import working_state_error
 from aiostream_ckpt.state.serde import decode_key, key_group_bytes, name_part
 
 HANDLE_FORMAT = 1
@@ -116,11 +117,7 @@ def _reserve_lock_file(directory: Path) -> None:
         fd = os.open(directory / "lock.mdb", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         os.posix_fallocate(fd, 0, _LOCK_FILE_BYTES)
     except OSError as exc:
-        raise StateError(
-            f"cannot create working state in {directory}: {exc.strerror or exc} "
-            "(state.local_dir is full or not writable)",
-            retriable=True,
-        ) from exc
+        raise working_state_error(directory, exc) from exc
     finally:
         if fd >= 0:
             os.close(fd)
