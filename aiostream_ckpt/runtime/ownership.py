@@ -186,8 +186,11 @@ def _lock(d: OwnedDirectory, owner: bytes) -> tuple[int, Path, bool]:
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, owner + b"\n", 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner + b"\n", 0)
+    except OSError as exc:  # a full disk: the lock holds all the same, only unnamed
+        log.warning("%s: cannot write the owner line into %s: %s", d.path, LOCK_FILE, exc)
     return fd, d.path, created
 
 

@@ -121,8 +121,12 @@ def test_full_checkpoint_storage_fails_the_job_naming_it_and_a_rerun_is_exact(
         events,
         "--set", "checkpoint.tolerable_failures=3",
         "--set", "restart.attempts=0",
-        # the working state on another disk: this test fills the checkpoint storage only
+        # the working state, dead letters and address file on another disk: this
+        # test fills the checkpoint storage only (on main they were in /tmp or had
+        # the room the checkpoint directory's lock file now takes)
         "--set", f"state.local_dir={tmp_path / 'local'}",
+        "--set", f"errors.dead_letter_dir={tmp_path / 'dead-letters'}",
+        "--set", f"rest.address_file={tmp_path / 'daemon.json'}",
     )  # fmt: skip
     expected = generated_counts(events, keys=300)
     filler = small_disk / "filler"
