@@ -345,3 +345,19 @@ def completed_checkpoint(
         directory=Path("/sp"),
         root=Path("/sp"),
     )
+
+
+async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: int) -> None:
+    """No open transaction on ``topic``: a read_committed reader can reach the end."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    ends = {}
+    for level in ("read_committed", "read_uncommitted"):
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=level)
+        await consumer.start()
+        try:
+            ends[level] = await consumer.end_offsets(tps)
+        finally:
+            await consumer.stop()
+    assert ends["read_committed"] == ends["read_uncommitted"], ends

@@ -199,3 +199,26 @@ class DirectoryOutput(Protocol):
     """
 
     def output_directories(self) -> Collection[Path]: ...
+
+
+@runtime_checkable
+class TransactionReporter(Protocol):
+    """Optional writer capability: report its open transactions (REST, metrics, warnings).
+
+    A transaction open too long is aborted by the system it writes to (Kafka:
+    at ``transaction_timeout_ms``); if it was pre-committed, its records are
+    lost when the job then dies before committing it, so operators need to
+    see its age before that.
+    """
+
+    def transactions(self) -> list[dict[str, Any]]:
+        """Open and pre-committed transactions, oldest first (JSON-able rows)."""
+        ...
+
+    def oldest_transaction_age(self) -> float:
+        """Seconds the oldest open or pre-committed transaction has run (0 when none)."""
+        ...
+
+    def check_transaction_ages(self) -> None:
+        """Log a WARNING, once per transaction, when one nears its timeout."""
+        ...

@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
         "<checkpoint.dir>/daemon.json from the AIOSTREAM_* environment)",
     )
 
+    from aiostream_ckpt.daemon.transactions import add_parser as add_transactions_parser
+
+    add_transactions_parser(sub)
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
     sub.add_parser(
@@ -260,6 +263,10 @@ def _main(argv: list[str]) -> int:
             from aiostream_ckpt.daemon.client import savepoint_main
 
             return savepoint_main(args)
+        if args.command == "transactions":
+            from aiostream_ckpt.daemon.transactions import transactions_main
+
+            return transactions_main(args)
         if args.command == "health":
             from aiostream_ckpt.daemon.client import health_main
 

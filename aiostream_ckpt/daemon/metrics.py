@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from aiostream_ckpt.connectors.base import TransactionReporter
+
 if TYPE_CHECKING:
     from aiostream_ckpt.runtime.job import JobRun
     from aiostream_ckpt.runtime.task import StreamTask
@@ -181,6 +183,8 @@ class JobStats:
             await asyncio.sleep(self.sample_every)
 
     def sample(self) -> None:
+        for _, writer in self._transactional_writers():
+            writer.check_transaction_ages()
         now = self._monotonic()
         for s in self._samples.values():
             m = s.task.metrics
@@ -227,6 +231,19 @@ class JobStats:
                 "last_alignment_ms": round(task.metrics.last_alignment_ms, 3),
                 "source_lag": dict(source_lag(task)),
             }
+
+    def _transactional_writers(self) -> Iterator[tuple[StreamTask, TransactionReporter]]:
+        """Sink writers that report their transactions (the Kafka exactly-once sink)."""
+        for task in self._tasks:
+            writer = task.spec.writer
+            if isinstance(writer, TransactionReporter):
+                yield task, writer
+
+    def transaction_rows(self) -> Iterator[dict[str, Any]]:
+        """Open and pre-committed sink transactions, per task, oldest first."""
+        for task, writer in self._transactional_writers():
+            for row in writer.transactions():
+                yield {"task": task.task_id, "sink": task.spec.sink_uid, **row}
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -304,6 +321,15 @@ class _Collector:
             for split, value in source_lag(task).items():
                 lag.add_metric([task.task_id, str(split)], float(value))
         yield from (rec_in, rec_out, fill_in, fill_out, bp, lag)
+        txn_age = GaugeMetricFamily(
+            "aiostream_sink_oldest_transaction_age_seconds",
+            "Age of the oldest open or pre-committed sink transaction (0: none); the broker "
+            "aborts it at the sink's transaction timeout.",
+            labels=["task"],
+        )
+        for task, writer in stats._transactional_writers():
+            txn_age.add_metric([task.task_id], float(writer.oldest_transaction_age()))
+        yield txn_age
 
     def _checkpoint_families(self) -> Iterable[Metric]:
         stats = self._stats

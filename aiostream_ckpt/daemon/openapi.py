@@ -91,6 +91,28 @@ SPEC: dict[str, Any] = {
                     },
                 },
             },
+            "Transactions": {
+                "type": "object",
+                "properties": {
+                    "transactions": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "task": {"type": "string"},
+                                "sink": {"type": "string"},
+                                "transactional_id": {"type": "string"},
+                                "state": {"type": "string", "enum": ["open", "precommitted"]},
+                                "checkpoint_id": {"type": ["integer", "null"]},
+                                "producer_id": {"type": ["integer", "null"]},
+                                "producer_epoch": {"type": ["integer", "null"]},
+                                "age_seconds": {"type": "number"},
+                                "timeout_seconds": {"type": "number"},
+                            },
+                        },
+                    }
+                },
+            },
             "Operators": {
                 "type": "object",
                 "properties": {
@@ -192,6 +214,12 @@ SPEC: dict[str, Any] = {
             "get": {
                 "summary": "Per task: records in/out, throughput, queue fill, backpressure",
                 "responses": {"200": _ok("Tasks", "Operators"), "401": _UNAUTHORIZED},
+            }
+        },
+        "/transactions": {
+            "get": {
+                "summary": "Open and pre-committed transactions of the job's Kafka sinks",
+                "responses": {"200": _ok("Transactions", "Transactions"), "401": _UNAUTHORIZED},
             }
         },
         "/checkpoints": {

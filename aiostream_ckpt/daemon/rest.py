@@ -43,6 +43,7 @@ class JobControl(Protocol):
     def job_view(self) -> dict[str, Any]: ...
     def operators_view(self) -> dict[str, Any]: ...
     def checkpoints_view(self) -> dict[str, Any]: ...
+    def transactions_view(self) -> dict[str, Any]: ...
     def latest_checkpoint_view(self) -> dict[str, Any] | None: ...
     def metrics(self) -> tuple[bytes, str]: ...
 
@@ -101,6 +102,9 @@ def build_app(control: JobControl, token: str | None) -> web.Application:
     async def operators(request: web.Request) -> web.Response:
         return _json(control.operators_view())
 
+    async def transactions(request: web.Request) -> web.Response:
+        return _json(control.transactions_view())
+
     async def checkpoints(request: web.Request) -> web.Response:
         return _json(control.checkpoints_view())
 
@@ -135,6 +139,7 @@ def build_app(control: JobControl, token: str | None) -> web.Application:
     app.router.add_get("/job", job)
     app.router.add_get("/operators", operators)
     app.router.add_get("/checkpoints", checkpoints)
+    app.router.add_get("/transactions", transactions)
     app.router.add_get("/checkpoints/latest", latest)
     app.router.add_post("/savepoints", savepoint)
     app.router.add_post("/job/stop-with-savepoint", stop_with_savepoint)

@@ -162,6 +162,9 @@ class JobDaemon:
     def operators_view(self) -> dict[str, Any]:
         return {"window_seconds": self.stats.window, "tasks": list(self.stats.task_rows())}
 
+    def transactions_view(self) -> dict[str, Any]:
+        return {"transactions": list(self.stats.transaction_rows())}
+
     def checkpoints_view(self) -> dict[str, Any]:
         coordinator = self.runner.run_state.coordinator
         counts = {

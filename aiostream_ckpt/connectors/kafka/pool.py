@@ -72,6 +72,9 @@ class Slot:
     checkpoint_id: int = -1
     prepared: PreparedTransaction | None = None
     ranges: OffsetRanges | None = None
+    #: Clock reading (monotonic) when the open transaction began; ``None`` when none is.
+    opened_at: float | None = None
+    warned: bool = False
 
     def advance(self, new: TxnState) -> None:
         if new not in _TRANSITIONS[self.state]:
@@ -207,6 +210,7 @@ class ProducerPool:
     async def _recycle(self, slot: Slot) -> None:
         old, slot.producer = slot.producer, None
         slot.advance(TxnState.STARTING)
+        slot.opened_at, slot.warned, slot.prepared, slot.ranges = None, False, None, None
         await quietly(old.stop(), f"stopping {slot.transactional_id}")
         slot.producer = await start_producer(self._sink, slot.transactional_id)
         slot.advance(TxnState.IDLE)

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Share of the transaction timeout after which an open transaction is warned about.
+_WARN_AT = 0.8
+
 
 class _WriterBase:
     """Connection, topic check and delivery, shared by both semantics."""
@@ -206,8 +209,70 @@ class TransactionalKafkaWriter(_WriterBase):
         except kafka_errors.KafkaError as exc:
             raise self._fail(connector_error(f"{slot.transactional_id}: begin", exc)) from exc
         slot.advance(TxnState.OPEN)
+        slot.opened_at = self._ctx.clock.monotonic()
         self._open = slot
         return slot
+
+    # -- what is open, for operators (REST, metrics, the age warning) -----------
+
+    def transactions(self) -> list[dict[str, Any]]:
+        """Open and pre-committed transactions of this subtask, oldest first."""
+        now = self._ctx.clock.monotonic()
+        rows = []
+        for slot in self._pool.slots:
+            if slot.opened_at is None or slot.state not in (TxnState.OPEN, TxnState.PRECOMMITTED):
+                continue
+            prepared = slot.prepared
+            rows.append(
+                {
+                    "transactional_id": slot.transactional_id,
+                    "state": slot.state.value,
+                    "checkpoint_id": slot.checkpoint_id if prepared else None,
+                    "producer_id": prepared.producer_id if prepared else None,
+                    "producer_epoch": prepared.producer_epoch if prepared else None,
+                    "age_seconds": round(now - slot.opened_at, 3),
+                    "timeout_seconds": self._sink.transaction_timeout_ms / 1000,
+                }
+            )
+        return sorted(rows, key=lambda r: -r["age_seconds"])
+
+    def oldest_transaction_age(self) -> float:
+        """Seconds the oldest open or pre-committed transaction has run (0 when none)."""
+        now = self._ctx.clock.monotonic()
+        ages = [
+            now - s.opened_at
+            for s in self._pool.slots
+            if s.opened_at is not None and s.state in (TxnState.OPEN, TxnState.PRECOMMITTED)
+        ]
+        return max(ages, default=0.0)
+
+    def check_transaction_ages(self) -> None:
+        """Log a WARNING, once per transaction, past 80 % of ``transaction_timeout_ms``.
+
+        The broker aborts a transaction at its timeout; a pre-committed one
+        then loses its records if this job dies before committing it.
+        """
+        limit = self._sink.transaction_timeout_ms / 1000
+        now = self._ctx.clock.monotonic()
+        for slot in self._pool.slots:
+            if slot.opened_at is None or slot.warned:
+                continue
+            if slot.state not in (TxnState.OPEN, TxnState.PRECOMMITTED):
+                continue
+            age = now - slot.opened_at
+            if age >= _WARN_AT * limit:
+                slot.warned = True
+                log.warning(
+                    "%s: transaction %s (%s, checkpoint %s) has been open %.0f s of its "
+                    "transaction_timeout_ms %.0f s: the broker aborts it then; checkpoints "
+                    "are not completing",
+                    self._label,
+                    slot.transactional_id,
+                    slot.state.value,
+                    slot.checkpoint_id if slot.prepared else "-",
+                    age,
+                    limit,
+                )
 
     # -- two-phase commit -----------------------------------------------------
 
@@ -231,7 +296,11 @@ class TransactionalKafkaWriter(_WriterBase):
         return self.state()
 
     def state(self) -> dict[str, Any]:
-        """Writer state: ``[checkpoint, id, producer id, epoch, offsets]`` per pending txn."""
+        """Writer state: ``[checkpoint, id, producer id, epoch, offsets]`` per pending txn.
+
+        ``prefix`` (the ids' base) lets ``aiostream-ckpt transactions`` find
+        the job's transactions on the broker from the checkpoint alone.
+        """
         return {
             "pending": [
                 PendingTxn(s.checkpoint_id, s.prepared, s.ranges).to_state()
@@ -239,6 +308,7 @@ class TransactionalKafkaWriter(_WriterBase):
                 if s.prepared
             ],
             "pool_size": len(self._pool.slots),
+            "prefix": self._base,
         }
 
     async def commit(self, checkpoint_id: int) -> None:

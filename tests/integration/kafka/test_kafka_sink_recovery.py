@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.client import AIOKafkaClient
 
 from aiostream_ckpt.connectors.base import ConnectorContext
@@ -30,6 +29,7 @@ from aiostream_ckpt.connectors.kafka.sink import KafkaSink
 from aiostream_ckpt.connectors.kafka.txn_admin import describe_transactions
 from aiostream_ckpt.connectors.kafka.writer import TransactionalKafkaWriter
 from aiostream_ckpt.errors import TransactionLostError
+from tests.helpers import stable_equals_high_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -79,20 +79,6 @@ async def recover_at(
     assert all(isinstance(w, TransactionalKafkaWriter) for w in writers)
     await asyncio.gather(*(w.recover(restored, ckpt) for w in writers))
     return writers  # type: ignore[return-value]
-
-
-async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: int) -> None:
-    """No open transaction on ``topic``: a read_committed reader can reach the end."""
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    ends = {}
-    for level in ("read_committed", "read_uncommitted"):
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=level)
-        await consumer.start()
-        try:
-            ends[level] = await consumer.end_offsets(tps)
-        finally:
-            await consumer.stop()
-    assert ends["read_committed"] == ends["read_uncommitted"], ends
 
 
 def tags(values: list[bytes]) -> Counter[str]:
