@@ -184,7 +184,9 @@ def test_checkpoint_written_by_orjson_restores_into_the_declared_type(env, monke
     b.key_context.key = "k"
     # write as the previous version did: orjson bytes, tuples and datetimes included
     monkeypatch.setattr(codecs.UNTYPED, "dumps", orjson.dumps)
-    monkeypatch.setattr(codecs, "json_misfit", lambda value, where="value": None)
+    monkeypatch.setattr(
+        codecs.UntypedJsonCodec, "capture", lambda self, v, state: bytearray(orjson.dumps(v))
+    )
     for name, value in old.items():
         b.create_state(ValueStateDescriptor(name)).update(value)
     handle = env.checkpoint(b, 1)
