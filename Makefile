@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SRC    := aiostream_ckpt apps tests bench
 
-.PHONY: setup lint format test test-fast test-integration chaos demo demo-kafka bench-quick clean
+.PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ test-integration: setup
 # >= 100 kill -9 across the checkpoint windows, proven by a recount (minutes; not in `test`)
 chaos: setup
 	$(BIN)/python -m aiostream_ckpt.testing.chaos_suite
+
+# The image built and run by a real Docker engine (health, stop/start, kill -9,
+# read-only root, exposed REST); not part of `make test`. Without a reachable
+# engine it says so and exits 0. Uses the engine `docker` reaches (DOCKER_HOST).
+test-container: setup
+	AIOSTREAM_TEST_CONTAINER=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/container
 
 demo: setup
 	$(BIN)/aiostream-ckpt demo
