@@ -2,7 +2,8 @@
 # aiostream-ckpt daemon image: `docker build -t aiostream-ckpt .`
 #
 #   docker run --init -v aiostream-state:/var/lib/aiostream aiostream-ckpt
-#       runs the embedded pv_count demo (generated, paced input: the default CMD's --set)
+#       runs the embedded pv_count demo (generated, paced input: the default CMD's --set;
+#       its part files roll hourly or at 128 MiB, not one per 1 s checkpoint)
 #   docker run --init -v ./apps:/app/apps -v state:/var/lib/aiostream aiostream-ckpt run apps.my_app
 #       runs a mounted app; configure with AIOSTREAM_SECTION__KEY=value or --set
 #   docker run --init --rm aiostream-ckpt demo --events 300000
@@ -50,4 +51,5 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
     CMD ["aiostream-ckpt", "health"]
 ENTRYPOINT ["aiostream-ckpt"]
 CMD ["run", "apps.pv_count", "--set", "app.output=/var/lib/aiostream/output", \
-     "--set", "app.generate=1000000000", "--set", "app.rate=1000"]
+     "--set", "app.generate=1000000000", "--set", "app.rate=1000", \
+     "--set", "app.roll_interval=1h", "--set", "app.roll_size=134217728"]

@@ -10,7 +10,9 @@ Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
 - ``input``: JSON-lines file(s), comma-separated; or ``generate=N`` for N
   generated events (``seed``, ``keys``; ``splits`` to read them in parallel,
   ``rate`` events per second per split to pace them, e.g. in the container).
-- ``output``: directory of the exactly-once file sink.
+- ``output``: directory of the exactly-once file sink; ``roll_size`` (bytes)
+  and/or ``roll_interval`` (``"1h"``) let a part file span checkpoints
+  (default: one part file per checkpoint and subtask).
 
 Kafka mode, when ``kafka_bootstrap`` is set (``host:port``): read JSON events
 from ``input_topic``, write ``{"app_id", "pv"}`` to ``output_topic`` keyed by
@@ -32,8 +34,13 @@ import orjson
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.api.functions import Collector, Context, RuntimeContext
-from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
+from aiostream_ckpt.connectors.files import (
+    ExactlyOnceFileSink,
+    JsonLinesFileSource,
+    RollingPolicy,
+)
 from aiostream_ckpt.connectors.generator import GeneratorSource
+from aiostream_ckpt.durations import parse_duration
 
 
 class CountPageViews(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
@@ -143,4 +150,14 @@ def build(env: StreamEnvironment) -> None:
     source = event_source(p)
     events = env.from_source(source, uid="events")
     counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count", name="pv-count")
-    counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="pv-sink")
+    counts.sink_to(ExactlyOnceFileSink(str(p["output"]), rolling=rolling(p)), uid="pv-sink")
+
+
+def rolling(p: dict[str, Any]) -> RollingPolicy | None:
+    """``roll_size`` (bytes) / ``roll_interval`` (``"1h"``): part files span checkpoints."""
+    if "roll_size" not in p and "roll_interval" not in p:
+        return None
+    return RollingPolicy(
+        max_bytes=int(p.get("roll_size", 0)),
+        max_seconds=parse_duration(p.get("roll_interval", 0)),
+    )

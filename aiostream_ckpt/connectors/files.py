@@ -20,6 +20,7 @@ from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.connectors.staging import (
     DeadLetterWriter,
+    RollingPolicy,
     Serializer,
     StagedFileWriter,
     merge_writer_states,
@@ -32,6 +33,7 @@ __all__ = [
     "ExactlyOnceFileSink",
     "JsonLinesFileReader",
     "JsonLinesFileSource",
+    "RollingPolicy",
     "merge_writer_states",
     "read_committed_output",
 ]
@@ -310,6 +312,11 @@ class ExactlyOnceFileSink:
     it (:class:`~aiostream_ckpt.connectors.base.DirectoryOutput`), so a second
     job writing there is refused at its start. What a reader may rely on is the
     output contract of :mod:`aiostream_ckpt.connectors.output_recovery`.
+
+    ``rolling``: by default every checkpoint closes and commits each subtask's
+    part file; a :class:`RollingPolicy` with a size and/or age limit lets a part
+    file span checkpoints (fewer, bigger files; each still committed atomically
+    and exactly once, its open part staged until it is closed).
     """
 
     def __init__(
@@ -319,11 +326,13 @@ class ExactlyOnceFileSink:
         name: str = "file-sink",
         serializer: Serializer = orjson.dumps,
         prefix: str = "part",
+        rolling: RollingPolicy | None = None,
     ) -> None:
         self.name = name
         self.directory = Path(directory)
         self.serializer = serializer
         self.prefix = prefix
+        self.rolling = rolling
 
     def output_directories(self) -> list[Path]:
         return [self.directory]
@@ -337,4 +346,6 @@ class ExactlyOnceFileSink:
             prefix=self.prefix,
             serializer=self.serializer,
             restore=ctx.restore,
+            rolling=self.rolling,
+            monotonic=ctx.clock.monotonic,
         )

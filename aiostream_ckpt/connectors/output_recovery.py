@@ -65,6 +65,8 @@ class RecoveryPlan:
     foreign: list[str] = field(default_factory=list)
     #: location id the directory has or will get (None: a new one is made)
     location: str | None = None
+    #: the restored state belongs to this directory (its staged files are ours to recover)
+    same: bool = True
     highest_id: int = 0
 
 
@@ -126,7 +128,7 @@ def plan_recovery(
         same = any(s in present or f in present for s, f in listed)
     else:
         same = False
-    plan = RecoveryPlan(highest_id=_highest_id(directory, names, naming))
+    plan = RecoveryPlan(highest_id=_highest_id(directory, names, naming), same=same)
     plan.location = marker if marker is not None else (state_location if same else None)
     keep: set[str] = set()
     if same:

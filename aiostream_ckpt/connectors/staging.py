@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 import re
+import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,15 @@ class _Naming:
     def final(self, subtask: int, checkpoint_id: int) -> str:
         return f"{self.prefix}-{checkpoint_id:010d}-{subtask:04d}.jsonl"
 
+    def pending_id(self, name: str) -> tuple[int, int] | None:
+        """(subtask, checkpoint id) of a pre-committed file, None for other names."""
+        m = re.fullmatch(rf"\.{re.escape(self.prefix)}-(\d+)-(\d{{10}})\.pending", name)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+    def resume(self, subtask: int, checkpoint_id: int) -> str:
+        """Staged copy of an open file's checkpointed part (see ``_resume_open``)."""
+        return f".{self.prefix}-{subtask:04d}-resume-{checkpoint_id:010d}.inprogress"
+
     def staged_subtask(self, name: str) -> int | None:
         """Subtask of a staged (in-progress or pending) file, None for other names."""
         m = re.fullmatch(rf"\.{re.escape(self.prefix)}-(\d+)-.+\.(?:inprogress|pending)", name)
@@ -112,6 +122,39 @@ class _Naming:
         """(checkpoint id, subtask) of a committed file, None for other names."""
         m = re.fullmatch(rf"{re.escape(self.prefix)}-(\d+)-(\d+)\.jsonl", name)
         return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class RollingPolicy:
+    """When the open part file is closed: else it stays open across checkpoints.
+
+    The default (no limits) closes it at every checkpoint: one committed file
+    per subtask and checkpoint. With ``max_bytes`` and/or ``max_seconds`` a
+    part file spans checkpoints and is closed at the first checkpoint after it
+    reached either limit (and at the end of input and at savepoints). An open
+    file stays hidden (staged) until closed; at each checkpoint its content is
+    fsynced and its length goes into the checkpoint, so a restore keeps
+    exactly what that checkpoint covered (see ``_resume_open``) and committed
+    files never change.
+
+    >>> RollingPolicy(max_bytes=1 << 20).due(2 << 20, 0.0), RollingPolicy().due(0, 0.0)
+    (True, True)
+    """
+
+    max_bytes: int = 0
+    max_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 0 or self.max_seconds < 0:
+            raise ValueError(f"rolling limits must not be negative: {self}")
+
+    def due(self, size: int, age: float) -> bool:
+        if not self.max_bytes and not self.max_seconds:
+            return True
+        return bool(
+            (self.max_bytes and size >= self.max_bytes)
+            or (self.max_seconds and age >= self.max_seconds)
+        )
 
 
 def serialize_lines(records: list[Any], dumps: Serializer = orjson.dumps) -> bytes:
@@ -198,12 +241,17 @@ def merge_writer_states(states: Iterable[Mapping[str, Any] | None]) -> dict[str,
     They all wrote to one directory: its location is theirs.
     """
     seen: dict[str, list[str]] = {}
+    opened: dict[str, list[Any]] = {}
     location = None
     for state in states:
         for staged, final in (state or {}).get("pending", []):
             seen.setdefault(staged, [staged, final])
+        for name, length in (state or {}).get("open", []):
+            opened.setdefault(name, [name, length])
         location = location or (state or {}).get("location")
     merged: dict[str, Any] = {"pending": list(seen.values())}
+    if opened:
+        merged["open"] = list(opened.values())
     if location is not None:
         merged["location"] = location
     return merged
@@ -233,8 +281,16 @@ class StagedFileWriter:
         serializer: Serializer = orjson.dumps,
         buffer_size: int = _BUFFER_SIZE,
         restore: RestoreInfo | None = None,
+        rolling: RollingPolicy | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = Path(directory)
+        self._rolling = rolling or RollingPolicy()
+        self._monotonic = monotonic
+        self._opened_at = 0.0
+        #: [name, length] of the open file as the last checkpoint recorded it
+        self._open_mark: list[Any] | None = None
+        self._roll_next = False
         self._restore = restore
         self._location: str | None = None
         self.subtask = subtask
@@ -287,6 +343,9 @@ class StagedFileWriter:
                 retriable=False,
             )
         self._location = claim_location(d, plan.location)
+        if plan.same and checkpoint_id is not None:
+            for name, length in (restored or {}).get("open", []):
+                self._resume_open(d, str(name), int(length), checkpoint_id)
         for staged, final in plan.commit:
             _commit_file(d, staged, final)
         if plan.retract:
@@ -305,6 +364,67 @@ class StagedFileWriter:
         if plan.commit or plan.abort:
             fsync_dir(d)
 
+    def _resume_open(self, d: Path, name: str, length: int, checkpoint_id: int) -> None:
+        """Commit the first ``length`` bytes of a file that was open at the restored checkpoint.
+
+        They are the records that checkpoint covers (the sources will not
+        replay them); the rest of the file is replayed. The file itself may
+        still be open (``name``), or have been closed at a later checkpoint
+        that did not complete (then it is the first pending file of its
+        subtask after the restored one) or that did complete but is being
+        gone back from (its first committed file after it, which the contract
+        then retracts). The part is copied to ``part-<restored>-<subtask>``:
+        committed files never change, and the copy is staged and renamed, so a
+        crash here is redone by the next recovery.
+        """
+        naming = self._naming
+        sub = naming.staged_subtask(name)
+        if sub is None or not self._owns(sub) or length == 0:
+            return
+        final = naming.final(sub, checkpoint_id)
+        if (d / final).exists():
+            return  # resumed by an earlier recovery
+        source: Path | None = d / name if (d / name).exists() else None
+        if source is None:
+            later: list[tuple[int, str]] = []
+            for other in os.listdir(d):
+                if (pending := naming.pending_id(other)) is not None:
+                    other_sub, cid = pending
+                elif (committed := naming.committed(other)) is not None:
+                    cid, other_sub = committed
+                else:
+                    continue
+                if other_sub == sub and cid > checkpoint_id:
+                    later.append((cid, other))
+            if later:
+                source = d / min(later)[1]
+        if source is None or source.stat().st_size < length:
+            raise ConnectorError(
+                f"{d}: the part file {name} open at checkpoint {checkpoint_id} is missing or "
+                f"shorter than the {length} bytes that checkpoint covers: its records are lost",
+                retriable=False,
+            )
+        staged = d / naming.resume(sub, checkpoint_id)
+        with _io("resume", staged), open(source, "rb") as src, open(staged, "wb") as dst:
+            left = length
+            while left:
+                chunk = src.read(min(left, 1 << 20))
+                dst.write(chunk)
+                left -= len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        with _io("commit", d / final):
+            os.rename(staged, d / final)
+            fsync_dir(d)
+        log.info(
+            "%s: committed the %d bytes of open part file %s that checkpoint %d covers as %s",
+            d,
+            length,
+            source.name,
+            checkpoint_id,
+            final,
+        )
+
     # -- the open transaction ----------------------------------------------
 
     def _check_usable(self) -> None:
@@ -321,6 +441,8 @@ class StagedFileWriter:
             f = open(self.directory / name, "wb", buffering=self._buffer_size)  # noqa: SIM115
         self._open = _Txn(name, "", -1, TxnState.IN_PROGRESS)
         self._file = f
+        self._opened_at = self._monotonic()
+        self._open_mark = None
         return f
 
     def write_sync(self, batch: list[Any]) -> None:
@@ -349,6 +471,16 @@ class StagedFileWriter:
                 f"prepare_commit({self._pending[-1].checkpoint_id})"
             )
         f, txn = self._file, self._open
+        if f is not None and txn is not None and not self._roll_now(f):
+            # the file spans this checkpoint: make what it holds durable, record its length
+            with _io("write", self.directory / txn.staged):
+                f.flush()
+                length = f.tell()
+                await asyncio.to_thread(os.fsync, f.fileno())
+            self._open_mark = [txn.staged, length]
+            return self.state()
+        self._roll_next = False
+        self._open_mark = None
         # Detach before awaiting: records written meanwhile open the next transaction.
         self._file = self._open = None
         if f is not None and txn is not None:
@@ -379,9 +511,18 @@ class StagedFileWriter:
             os.rename(d / inprogress, d / pending)
             fsync_dir(d)
 
+    def _roll_now(self, f: IO[bytes]) -> bool:
+        return self._roll_next or self._rolling.due(f.tell(), self._monotonic() - self._opened_at)
+
+    def request_roll(self) -> None:
+        """Close the open file at the next checkpoint, whatever its size (end of input)."""
+        self._roll_next = True
+
     def state(self) -> dict[str, Any]:
-        """Writer state for a checkpoint: every pre-committed, uncommitted file."""
+        """Writer state: every pre-committed, uncommitted file, and the open file's length."""
         state: dict[str, Any] = {"pending": [[t.staged, t.final] for t in self._pending]}
+        if self._open_mark is not None:
+            state["open"] = [self._open_mark]
         if self._location is not None:
             state["location"] = self._location
         return state
@@ -417,7 +558,8 @@ class StagedFileWriter:
         if f is not None:
             try:
                 f.close()
-                if txn is not None:
+                # a file a checkpoint recorded stays: the next start commits that part of it
+                if txn is not None and self._open_mark is None:
                     (self.directory / txn.staged).unlink(missing_ok=True)
             except OSError as e:  # its records are uncommitted: recovery discards them anyway
                 log.warning("%s: discarding the open part file failed: %s", self.directory, e)

@@ -179,6 +179,7 @@ class SavepointService:
                 last = await self._finish_in_flight(coordinator)
                 if mode is ShutdownMode.CHECKPOINT:
                     started = asyncio.get_running_loop().time()
+                    self._roll_part_files()  # the final checkpoint commits all output
                     completed = await coordinator.trigger()
                     last = completed.checkpoint_id
                     log.info(
@@ -195,6 +196,13 @@ class SavepointService:
         finally:
             self.stopping = True
             self._runner.cancel()
+
+    def _roll_part_files(self) -> None:
+        """Have rolling file sinks close their open part files at the next checkpoint."""
+        for task in self._runner.run_state.tasks:
+            roll = getattr(task.spec.writer, "request_roll", None)
+            if roll is not None:
+                roll()
 
     async def _finish_in_flight(self, coordinator: CheckpointCoordinator) -> int | None:
         """Let checkpoints already triggered complete (or fail); the newest completed id."""

@@ -699,6 +699,11 @@ class StreamTask:
                 if (held := op.snapshot_state()) is not None:
                     put(op.uid, operator=held)
             if spec.writer is not None and spec.sink_uid is not None:
+                roll = getattr(spec.writer, "request_roll", None)  # rolling file sinks
+                if roll is not None and (
+                    self.state is TaskState.ENDED or barrier.kind is CheckpointKind.SAVEPOINT
+                ):
+                    roll()  # the last output, or what a savepoint stops with, is closed
                 put(spec.sink_uid, operator={"writer": await spec.writer.prepare_commit(cid)})
         sync_seconds = mono() - started
         self.metrics.last_checkpoint_sync_ms = sync_seconds * 1000

@@ -16,7 +16,15 @@ from tests.helpers import REPO, check_pv_output, cli_cmd, make_pv_input, recount
 pytestmark = pytest.mark.integration
 
 
-def _run(tmp_path: Path, *, seed: int, mode: str, parallelism: int, kills: int, by_input: bool):
+def _run(
+    tmp_path: Path,
+    *extra: str,
+    seed: int,
+    mode: str,
+    parallelism: int,
+    kills: int,
+    by_input: bool,
+):
     # by time: enough input that the job outlives 3 kills (each <= 0.12 s after a
     # checkpoint); by input: kills at random points of it, all happen however fast
     inputs = [
@@ -41,6 +49,7 @@ def _run(tmp_path: Path, *, seed: int, mode: str, parallelism: int, kills: int, 
         f"job.parallelism={parallelism}",
         "--set",
         "job.batch_size=512",
+        *extra,
     )
     log = tmp_path / "worker.log"
     result = run_with_kills(
@@ -70,6 +79,30 @@ def test_exactly_once_under_kill9(tmp_path: Path, seed: int) -> None:
     )
     assert result.kills == 3, log.read_text()[-3000:]
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rolling_part_files_exactly_once_under_kill9(tmp_path: Path, seed: int) -> None:
+    """Part files span checkpoints (rolled at 4 MiB, ~4 checkpoints): kills hit open ones."""
+    from aiostream_ckpt.connectors.staging import committed_files
+
+    result, check, log = _run(
+        tmp_path,
+        "--set",
+        "app.roll_size=4194304",
+        seed=200 + seed,
+        mode="exactly_once",
+        parallelism=1 + seed % 2,
+        kills=3,
+        by_input=True,
+    )
+    assert result.kills == 3, log.read_text()[-3000:]
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+    text = log.read_text()
+    checkpoints = text.count(" completed in ")
+    files = committed_files(tmp_path / "out")
+    assert "bytes of open part file" in text, "a kill hit an open part file and it was resumed"
+    assert len(files) < checkpoints / 2, (len(files), checkpoints)
 
 
 @pytest.mark.parametrize("seed", range(3))
