@@ -137,6 +137,21 @@ class SplitAwareReader(Protocol):
         ...
 
 
+@runtime_checkable
+class WatermarkEmittingReader(Protocol):
+    """Optional reader capability: a watermark the source declares itself.
+
+    Used only when the source has a watermark strategy: the instance's watermark
+    is the larger of the strategy's (from record timestamps) and this one, so a
+    reader can move event time forward between records (the testing kit's
+    scripted source does, to make late data reproducible).
+    """
+
+    def emitted_watermark(self) -> int | None:
+        """Return the highest watermark the reader declared so far (``None``: none yet)."""
+        ...
+
+
 class Source(Protocol):
     name: str
     #: True when the input ends (files, generator); unbounded sources never return None.

@@ -1,0 +1,37 @@
+"""A testing kit for app authors (and the project's own chaos harnesses).
+
+Public kit (like Flink's operator test harnesses and ``bytewax.testing``):
+
+- :class:`ScriptedSource` with :class:`Watermark` and :class:`Fail` markers:
+  records, watermarks between them, failures at a position;
+- :class:`CollectingSinks` / :func:`run_job`: run a whole job in-process on the
+  real checkpoint and restart path and read what each output (side outputs
+  included) committed;
+- :class:`KeyedFunctionHarness`: one ``KeyedProcessFunction`` driven record by
+  record, with explicit watermarks, a manual processing-time clock, state
+  access and snapshot/restore.
+
+The other modules here (``chaos``, ``recount``, ...) are the project's own
+harnesses, not part of the kit.
+"""
+
+from aiostream_ckpt.testing.jobs import CollectingSinks, JobOutputs, run_job, run_job_async
+from aiostream_ckpt.testing.scripted import (
+    Checkpoint,
+    Fail,
+    InjectedFailure,
+    ScriptedSource,
+    Watermark,
+)
+
+__all__ = [
+    "Checkpoint",
+    "CollectingSinks",
+    "Fail",
+    "InjectedFailure",
+    "JobOutputs",
+    "ScriptedSource",
+    "Watermark",
+    "run_job",
+    "run_job_async",
+]

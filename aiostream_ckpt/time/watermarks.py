@@ -19,7 +19,11 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from aiostream_ckpt.connectors.base import SourceReader, SplitAwareReader
+from aiostream_ckpt.connectors.base import (
+    SourceReader,
+    SplitAwareReader,
+    WatermarkEmittingReader,
+)
 from aiostream_ckpt.durations import duration_millis
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.runtime.elements import MIN_WATERMARK
@@ -156,6 +160,7 @@ class SourceWatermarks(WatermarkStatusTracker):
         )
         self._reader = reader
         self._split_reader = reader if isinstance(reader, SplitAwareReader) else None
+        self._declared = reader if isinstance(reader, WatermarkEmittingReader) else None
         self._monotonic = monotonic
         self._splits: dict[str, _Split] = {}
         self._ended = False
@@ -231,7 +236,12 @@ class SourceWatermarks(WatermarkStatusTracker):
 
     def poll(self) -> WatermarkUpdate | None:
         """After a read: the status change and/or watermark advance to send, if any."""
-        return self.advance(self.current())
+        low = self.current()
+        if self._declared is not None:
+            declared = self._declared.emitted_watermark()
+            if declared is not None and (low is None or declared > low):
+                low = declared
+        return self.advance(low)
 
     def snapshot(self) -> dict[str, Any]:
         """Watermark, idleness and per-split ``[max timestamp, idle]``, for the checkpoint."""
