@@ -15,6 +15,7 @@ The other modules here (``chaos``, ``recount``, ...) are the project's own
 harnesses, not part of the kit.
 """
 
+from aiostream_ckpt.testing.harness import HarnessSnapshot, KeyedFunctionHarness
 from aiostream_ckpt.testing.jobs import CollectingSinks, JobOutputs, run_job, run_job_async
 from aiostream_ckpt.testing.scripted import (
     Checkpoint,
@@ -28,8 +29,10 @@ __all__ = [
     "Checkpoint",
     "CollectingSinks",
     "Fail",
+    "HarnessSnapshot",
     "InjectedFailure",
     "JobOutputs",
+    "KeyedFunctionHarness",
     "ScriptedSource",
     "Watermark",
     "run_job",
