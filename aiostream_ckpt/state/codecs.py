@@ -333,3 +333,24 @@ class MapKeyCodec:
             f"state {state!r}: cannot use a map key of type {type(key).__name__} ({why}); "
             "declare key_type on the MapStateDescriptor"
         )
+
+
+def json_encoder(descriptor: Any) -> Callable[[Any], bytes]:
+    """Return the json encoding, with its check, of one stored value of ``descriptor``.
+
+    For converting stored values (pickle to json): a list state's value is its
+    whole list, checked element by element.
+    """
+    stored, one = descriptor.value_types()
+    codec = value_codec("json", stored, check_type=one, state=descriptor.name)
+    name = descriptor.name
+
+    def encode(value: Any) -> bytes:
+        if descriptor.kind == "list":
+            for item in value:
+                codec.check(item, name)
+            return codec.dumps(value)
+        entry = codec.capture(value, name)
+        return bytes(entry) if entry.__class__ is bytearray else codec.dumps(entry)
+
+    return encode

@@ -69,6 +69,7 @@ from aiostream_ckpt.state.backend import (
     SnapshotTarget,
     StateHandle,
 )
+from aiostream_ckpt.state.codecs import json_encoder
 from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
@@ -321,7 +322,7 @@ class LmdbStateBackend:
         wanted = self._describe(descriptor)
         old = self._meta.get(descriptor.name)
         if old is not None and old != wanted:
-            self._migrate(descriptor.name, old, wanted)
+            self._migrate(descriptor, old, wanted)
         state = cls(
             descriptor,
             host=self,
@@ -341,8 +342,11 @@ class LmdbStateBackend:
     def _describe(d: StateDescriptor) -> dict[str, Any]:
         return {"kind": d.kind, "serializer": d.serializer, "ttl": d.ttl is not None}
 
-    def _migrate(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    def _migrate(
+        self, descriptor: StateDescriptor, old: dict[str, Any], new: dict[str, Any]
+    ) -> None:
         """Accept a changed descriptor only where the stored bytes can be converted safely."""
+        name = descriptor.name
         if old["kind"] != new["kind"] or old["ttl"] != new["ttl"]:
             raise StateMigrationError(
                 f"state {name!r} was snapshotted as {old}, the job now declares {new}"
@@ -361,7 +365,9 @@ class LmdbStateBackend:
         self.flush()  # nothing is left queued or half applied
         changed = self._tracker.sink()
         with self._env.begin(write=True) as txn:
-            restore_mod.convert_pickle_to_json(txn, name, self.key_group_range, old["ttl"], changed)
+            restore_mod.convert_pickle_to_json(
+                txn, name, self.key_group_range, old["ttl"], changed, json_encoder(descriptor)
+            )
         self._drop_rtxn()
 
     # -- write sets ------------------------------------------------------------------

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pickle
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
-import orjson
 
-from aiostream_ckpt.errors import CorruptCheckpointError, StateMigrationError
+from aiostream_ckpt.errors import CorruptCheckpointError, StateError, StateMigrationError
 from aiostream_ckpt.state.backend import StateHandle
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record, read_delta, verify_file
@@ -144,8 +144,13 @@ def convert_pickle_to_json(
     own: KeyGroupRange,
     ttl: bool,
     changed: ChangeLog | None,
+    encode: Callable[[Any], bytes],
 ) -> int:
-    """Rewrite a pickled state's values as orjson (only when the backend allows pickle)."""
+    """Rewrite a pickled state's values as JSON (only when the backend allows pickle).
+
+    ``encode`` is the json descriptor's, with its check: a value that would not
+    read back the same (a tuple for an untyped state) is refused, not converted.
+    """
     part = name_part(name)
     head = TS_SIZE if ttl else 0
     converted: list[Put] = []
@@ -159,12 +164,10 @@ def convert_pickle_to_json(
                 break
             value = pickle.loads(raw[head:])
             try:
-                # bytes(memoryview(...)): a kept orjson result holds a ~4 KB buffer
-                converted.append((key, raw[:head] + b"%s" % orjson.dumps(value)))
-            except TypeError as exc:
+                converted.append((key, raw[:head] + encode(value)))
+            except StateError as exc:
                 raise StateMigrationError(
-                    f"state {name!r}: pickled value of type {type(value).__name__} cannot be "
-                    f"converted to json: {exc}"
+                    f"state {name!r}: a pickled value cannot be converted to json: {exc}"
                 ) from exc
     txn.cursor().putmulti(converted)
     if changed is not None:

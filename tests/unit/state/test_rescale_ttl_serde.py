@@ -170,10 +170,16 @@ def test_allow_pickle_converts_to_json_and_json_to_pickle_is_refused(env):
     p.update({"a": (1, 2)})
     j.update(1)
     handle = env.checkpoint(b, 1)
+    untyped = env.backend(allow_pickle=True)
+    untyped.restore(env.root, [handle])
+    # untyped json would read the tuple back as a list: refused, not converted
+    with pytest.raises(StateMigrationError, match=r"'p'.*tuple"):
+        untyped.create_state(ValueStateDescriptor("p"))
     conv = env.backend(allow_pickle=True)
     conv.restore(env.root, [handle])
     conv.key_context.key = "k"
-    assert conv.create_state(ValueStateDescriptor("p")).value() == {"a": [1, 2]}
+    typed = ValueStateDescriptor("p", dict[str, tuple[int, int]])
+    assert conv.create_state(typed).value() == {"a": (1, 2)}
     with pytest.raises(StateMigrationError, match="serializer 'json'"):
         conv.create_state(ValueStateDescriptor("j", serializer="pickle"))
     with pytest.raises(StateMigrationError, match="kind"):
