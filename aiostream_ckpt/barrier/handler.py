@@ -3,7 +3,7 @@
 A handler sees every control element and record batch by channel and decides
 what the task does with it: process now, hold, or snapshot. The two modes of
 the design are two classes, not a flag: :class:`~.aligned.AlignedBarrierHandler`
-(exactly-once) and :class:`~.unaligned.UnalignedBarrierHandler` (at-least-once).
+(exactly-once) and :class:`~.tracker.CheckpointBarrierTracker` (at-least-once).
 """
 
 from __future__ import annotations

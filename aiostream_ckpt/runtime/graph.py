@@ -18,7 +18,7 @@ from typing import Any
 from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
 from aiostream_ckpt.barrier.aligned import AlignedBarrierHandler
 from aiostream_ckpt.barrier.handler import BarrierHandler
-from aiostream_ckpt.barrier.unaligned import UnalignedBarrierHandler
+from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
@@ -179,7 +179,7 @@ def _barrier_handler(
     config: JobConfig, channels: int, monotonic: Callable[[], float]
 ) -> BarrierHandler:
     if config.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE:
-        return UnalignedBarrierHandler(channels, monotonic)
+        return CheckpointBarrierTracker(channels, monotonic)
     return AlignedBarrierHandler(
         channels, monotonic, config.checkpoint.alignment_max_buffered_batches
     )

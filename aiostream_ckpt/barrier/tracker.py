@@ -1,4 +1,4 @@
-"""At-least-once: barriers are counted, nothing is held.
+"""At-least-once: barriers are counted, nothing is held (Flink's ``CheckpointBarrierTracker``).
 
 The snapshot is taken when the last barrier n arrives. Records that came
 after barrier n on a faster channel are already in the state, and are
@@ -14,7 +14,13 @@ from aiostream_ckpt.barrier.handler import BarrierDecision, BarrierHandler
 from aiostream_ckpt.runtime.elements import CheckpointBarrier
 
 
-class UnalignedBarrierHandler(BarrierHandler):
+class CheckpointBarrierTracker(BarrierHandler):
+    """Counts barrier n on every channel; Flink's "unaligned" is something else.
+
+    In Flink, unaligned checkpoints are exactly-once with in-flight data in the
+    snapshot; this tracker is the at-least-once mode and keeps Flink's name.
+    """
+
     def __init__(self, num_channels: int, monotonic: Callable[[], float]) -> None:
         super().__init__(num_channels, monotonic)
         self._counts: dict[int, tuple[int, float]] = {}
