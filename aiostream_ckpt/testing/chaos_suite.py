@@ -16,9 +16,12 @@ Not part of ``make test`` (several minutes). ``--kills`` scales the parts.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +65,8 @@ def _transitions_inputs(d: Path, parallelism: int) -> list[Path]:
     return paths
 
 
+_MODULE = "aiostream_ckpt.testing.chaos_suite"  # __name__ is __main__ under -m
+
 PARTS = (
     Part("apps.pv_count", 1, 0.35, _pv_inputs),
     Part("apps.pv_count", 2, 0.25, _pv_inputs),
@@ -70,43 +75,91 @@ PARTS = (
 )
 
 
-def run_suite(kills: int, seed: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
-    total = ChaosVerdict()
+def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
+    """Run part ``n`` of :data:`PARTS` (its share of ``kills``) under ``workdir``."""
+    part = PARTS[n]
+    d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    inputs = part.make_inputs(d, part.parallelism)
+    run = AppRun(
+        part.app,
+        [
+            f"app.input={','.join(str(p) for p in inputs)}",
+            f"app.output={d / 'output'}",
+            f"job.parallelism={part.parallelism}",
+            "checkpoint.interval=50ms",
+            "job.batch_size=256",
+            *part.sets,
+        ],
+    )
+    want = max(1, round(kills * part.share))
+    started = time.monotonic()
+    print(f"chaos suite: {part.app} parallelism {part.parallelism}, {want} kills", flush=True)
+    verdict = run_chaos(
+        run,
+        load_contract(part.app),
+        kills=want,
+        seed=seed + n,
+        workdir=d / "chaos",
+        oracle=True,
+        keep=keep,
+    )
+    print(f"  {verdict.details()}", flush=True)
+    print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
+    if not keep and verdict.passed:  # a failed part keeps its logs and output
+        shutil.rmtree(d, ignore_errors=True)
+    return verdict
+
+
+def run_suite(
+    kills: int, seed: int, workdir: Path, *, jobs: int = 2, keep: bool = False
+) -> ChaosVerdict:
+    """Run every part, ``jobs`` at a time, each in its own process; add up their verdicts.
+
+    A part's worker runs mostly one core, so two parts at once use a 2-core
+    machine; a process per part keeps their embedded reference runs apart.
+    """
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    for n, part in enumerate(PARTS):
-        d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}"
-        d.mkdir()
-        inputs = part.make_inputs(d, part.parallelism)
-        run = AppRun(
-            part.app,
-            [
-                f"app.input={','.join(str(p) for p in inputs)}",
-                f"app.output={d / 'output'}",
-                f"job.parallelism={part.parallelism}",
-                "checkpoint.interval=50ms",
-                "job.batch_size=256",
-                *part.sets,
-            ],
-        )
-        want = max(1, round(kills * part.share))
-        started = time.monotonic()
-        print(f"chaos suite: {part.app} parallelism {part.parallelism}, {want} kills", flush=True)
-        verdict = run_chaos(
-            run,
-            load_contract(part.app),
-            kills=want,
-            seed=seed + n,
-            workdir=d / "chaos",
-            oracle=True,
-            keep=keep,
-        )
-        print(f"  {verdict.details()}", flush=True)
-        print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
-        total.add(verdict)
-        if not keep and verdict.passed:  # a failed part keeps its logs and output
-            shutil.rmtree(d, ignore_errors=True)
+    todo = list(range(len(PARTS)))
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    total = ChaosVerdict()
+    while todo or running:
+        while todo and len(running) < max(1, jobs):
+            n = todo.pop(0)
+            argv = [sys.executable, "-m", _MODULE, "--part", str(n), "--kills", str(kills)]
+            argv += ["--seed", str(seed), "--workdir", str(workdir)] + (["--keep"] if keep else [])
+            with open(workdir / f"part-{n}.log", "wb") as log:
+                running[n] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(0.5)
+        for n, proc in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[n]
+            print((workdir / f"part-{n}.log").read_text().rstrip(), flush=True)
+            total.add(_load(workdir / f"part-{n}.json", f"part {n} exited {proc.returncode}"))
     return total
+
+
+def _save(verdict: ChaosVerdict, path: Path) -> None:
+    v = verdict
+    fields = {"kills": v.kills, "events": v.events, "rounds": v.rounds, "problems": v.problems}
+    path.write_text(json.dumps({**fields, "counts": v.counts, "windows": v.windows}))
+
+
+def _load(path: Path, missing: str) -> ChaosVerdict:
+    if not path.is_file():
+        return ChaosVerdict(problems=[f"{missing} without a verdict"])
+    raw = json.loads(path.read_text())
+    return ChaosVerdict(
+        kills=raw["kills"],
+        events=raw["events"],
+        rounds=raw["rounds"],
+        counts=Counter(raw["counts"]),
+        windows=Counter(raw["windows"]),
+        problems=raw["problems"],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,12 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=104)
     p.add_argument("--seed", type=int, default=None, help="default: random")
     p.add_argument("--workdir", type=Path, default=Path(".chaos-suite"))
+    p.add_argument("--jobs", type=int, default=2, help="parts run at once (default 2)")
     p.add_argument("--keep", action="store_true", help="keep inputs and every round's output")
+    p.add_argument("--part", type=int, help=argparse.SUPPRESS)  # one part, in a child
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    workdir = args.workdir.resolve()
+    if args.part is not None:
+        verdict = run_part(args.part, args.kills, seed, workdir, keep=args.keep)
+        _save(verdict, workdir / f"part-{args.part}.json")
+        return 0 if verdict.passed else 1
     started = time.monotonic()
     print(f"chaos suite: seed {seed}", flush=True)
-    verdict = run_suite(args.kills, seed, args.workdir.resolve(), keep=args.keep)
+    verdict = run_suite(args.kills, seed, workdir, jobs=args.jobs, keep=args.keep)
     for problem in verdict.problems:
         print(f"chaos: problem: {problem}")
     print(verdict.details() + f"; {time.monotonic() - started:.0f}s")
