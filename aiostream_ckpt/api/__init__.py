@@ -1,6 +1,7 @@
 """The public API: build jobs on a :class:`StreamEnvironment`."""
 
 from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry
+from aiostream_ckpt.api.co_functions import CoProcessFunction, KeyedCoProcessFunction
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.api.functions import (
     Collector,
@@ -22,8 +23,10 @@ from aiostream_ckpt.state.descriptors import (
 __all__ = [
     "AsyncFunction",
     "AsyncRetry",
+    "CoProcessFunction",
     "Collector",
     "Context",
+    "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
     "ListStateDescriptor",

@@ -31,6 +31,7 @@ from aiostream_ckpt.connectors.base import Sink
 from aiostream_ckpt.errors import JobGraphError
 
 if TYPE_CHECKING:
+    from aiostream_ckpt.api.connected import ConnectedStreams
     from aiostream_ckpt.api.environment import StreamEnvironment
     from aiostream_ckpt.runtime.side_outputs import OutputTag
     from aiostream_ckpt.time.windowed_stream import WindowedStream
@@ -173,6 +174,12 @@ class Stream(Generic[T]):
             )
         node = self._add(TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
+
+    def connect(self, other: Stream[R]) -> ConnectedStreams[T, R]:
+        """Connect ``other`` for a two-input operator (``.process(CoProcessFunction)``)."""
+        from aiostream_ckpt.api.connected import ConnectedStreams
+
+        return ConnectedStreams(self, other)
 
     def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
         """Partition by key: records with equal keys go to the same instance and state."""

@@ -16,6 +16,8 @@ class TransformKind(Enum):
     FILTER = "filter"
     PROCESS = "process"
     KEYED_PROCESS = "keyed_process"
+    CO_PROCESS = "co_process"
+    KEYED_CO_PROCESS = "keyed_co_process"
     REDUCE = "reduce"
     UNION = "union"
     SINK = "sink"
@@ -26,6 +28,7 @@ class TransformKind(Enum):
     def is_stateful(self) -> bool:
         return self in (
             TransformKind.KEYED_PROCESS,
+            TransformKind.KEYED_CO_PROCESS,
             TransformKind.ASYNC_MAP,
             TransformKind.REDUCE,
             TransformKind.WINDOW,

@@ -26,7 +26,6 @@ from typing import Any
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.elements import CheckpointBarrier, Watermark
-from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
 
 
@@ -42,7 +41,6 @@ class AsyncWaitTask(StreamTask):
         op = spec.operators[0]
         assert isinstance(op, AsyncWaitOperator) and spec.input_gate is not None
         self._async = op
-        self._after = spec.operators[1:]
 
     async def restore_state(self) -> None:
         await super().restore_state()
@@ -121,26 +119,17 @@ class AsyncWaitTask(StreamTask):
         """Send what the operator lets go of now through the rest of the chain."""
         for item in self._async.pop_ready():
             if type(item) is list:
-                await self._push_after(item)
+                await self._push_tail(item)
             elif isinstance(item, Watermark):
                 await super()._advance_watermark(item.timestamp)
             else:
                 assert isinstance(item, AsyncCallError)
-                raise item  # a call failed for good: the job fails, naming the operator
-
-    async def _push_after(self, batch: list[Any]) -> None:
-        try:
-            for op in self._after:
-                batch = op.process_batch(batch)
-                if not batch:
-                    break
-        except RecordFailed as failure:
-            batch = self._record_failed(failure)
-        self._after_batch()
-        if batch:
-            await self._emit(batch)
-        if self._side is not None:
-            await self._side.flush()
+                if self._process_errors is None:  # errors.on_process_error=fail
+                    raise item  # the job fails, naming the operator and the record
+                # dead_letter: the record and the call's traceback (a timeout: its own error)
+                self._process_errors.dead_letter(
+                    self._async.uid, item.record, item.__cause__ or item
+                )
 
     async def _advance_watermark(self, timestamp: int) -> None:
         op = self._async

@@ -23,6 +23,11 @@ from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
 from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
+from aiostream_ckpt.runtime.co_process import (
+    CoProcessOperator,
+    KeyedCoProcessOperator,
+    SecondInputWriter,
+)
 from aiostream_ckpt.runtime.config import (
     CheckpointingMode,
     JobConfig,
@@ -60,6 +65,8 @@ class Edge:
     key_selector: Callable[[Any], Any] | None
     #: Set on side-output edges: the ``OutputTag`` whose records travel here.
     tag: Any = None
+    #: Which input of the target this edge feeds (1: the second of a two-input operator).
+    side: int = 0
 
 
 @dataclass
@@ -85,15 +92,18 @@ def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, Any]]:
 
     Both are wiring, not tasks: a side output is an edge tagged with its ``OutputTag``.
     """
-    out: list[tuple[Transformation, Any]] = []
-    for inp in node.inputs:
-        if inp.kind is TransformKind.UNION:
-            out.extend(_resolve_inputs(inp))
-        elif inp.kind is TransformKind.SIDE_OUTPUT:
-            out.extend((src, inp.fn) for src, _ in _resolve_inputs(inp))
-        else:
-            out.append((inp, None))
-    return out
+    return [pair for inp in node.inputs for pair in _resolve(inp)]
+
+
+def _resolve(inp: Transformation) -> list[tuple[Transformation, Any]]:
+    if inp.kind is TransformKind.UNION:
+        return _resolve_inputs(inp)
+    if inp.kind is TransformKind.SIDE_OUTPUT:
+        return [(src, inp.fn) for src, _ in _resolve_inputs(inp)]
+    return [(inp, None)]
+
+
+_TWO_INPUTS = (TransformKind.CO_PROCESS, TransformKind.KEYED_CO_PROCESS)
 
 
 def plan_chains(transformations: list[Transformation], config: JobConfig) -> list[Chain]:
@@ -103,11 +113,16 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
         raise JobGraphError("the job has no sink: add sink_to(...) (or print()) to a stream")
     edges: list[Edge] = []
     for t in nodes:
-        for inp, tag in _resolve_inputs(t):
-            how = t.partitioning
-            if how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
-                how = Partitioning.REBALANCE
-            edges.append(Edge(inp, t, how, t.key_selector, tag))
+        two = t.kind in _TWO_INPUTS
+        for side, direct in enumerate(t.inputs):
+            # a two-input operator's inputs are keyed each by its own selector
+            keys = t.fn.key_selectors if two else None
+            ks = keys[side] if keys is not None else t.key_selector
+            for inp, tag in _resolve(direct):
+                how = t.partitioning
+                if how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
+                    how = Partitioning.REBALANCE
+                edges.append(Edge(inp, t, how, ks, tag, side if two else 0))
     consumers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
     producers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
     for e in edges:
@@ -156,6 +171,10 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return MapOperator(t.uid, t.fn)
     if kind is TransformKind.FILTER:
         return FilterOperator(t.uid, t.fn)
+    if kind is TransformKind.CO_PROCESS:
+        return CoProcessOperator(t.uid, copy.deepcopy(t.fn.function))
+    if kind is TransformKind.KEYED_CO_PROCESS:
+        return KeyedCoProcessOperator(t.uid, copy.deepcopy(t.fn.function), t.fn.key_selectors)
     if kind is TransformKind.ASYNC_MAP:
         return AsyncWaitOperator(t.uid, t.fn, t.key_selector)
     if kind is TransformKind.FLAT_MAP:
@@ -272,7 +291,8 @@ def build_chain_specs(
                     else:
                         idx = base + up
                     assert gate is not None
-                    writers.setdefault((src_ci, up, id(e)), []).append(gate.writer(idx))
+                    writer = SecondInputWriter(gate.queue, idx) if e.side == 1 else gate.writer(idx)
+                    writers.setdefault((src_ci, up, id(e)), []).append(writer)
                 base += _channels_per_edge(e, up_p)
     for (ci, sub), spec in specs.items():
         for e in chains[ci].outputs:

@@ -33,6 +33,7 @@ from aiostream_ckpt.errors import (
     UserFunctionError,
 )
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
+from aiostream_ckpt.runtime.co_process import CoProcessTask, is_co_chain
 from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
@@ -270,7 +271,7 @@ class JobRunner:
                 monotonic=self.clock.monotonic,
             )
             tasks = [
-                (AsyncWaitTask if is_async_chain(spec) else StreamTask)(
+                _task_class(spec)(
                     spec,
                     coordinator=coordinator,
                     executor=executor,
@@ -390,3 +391,12 @@ def run_job(env: StreamEnvironment, *, clock: Clock | None = None) -> JobResult:
 
     result: JobResult = uvloop.run(main())
     return result
+
+
+def _task_class(spec: Any) -> type[StreamTask]:
+    """Chains headed by an async or a two-input operator run in their task subclass."""
+    if is_async_chain(spec):
+        return AsyncWaitTask
+    if is_co_chain(spec):
+        return CoProcessTask
+    return StreamTask

@@ -91,6 +91,12 @@ class ProcessErrorHandler:
             if not batch:
                 return out
 
+    def dead_letter(self, uid: str, record: Any, exc: BaseException) -> None:
+        """Dead-letter ``record`` whose function failed outside a batch (an async call)."""
+        if not is_record_error(exc):
+            raise exc
+        self._dead_letter_one(uid, record, exc)
+
     def _dead_letter_one(self, uid: str, record: Any, exc: BaseException) -> None:
         self._since_barrier += 1
         self.total += 1

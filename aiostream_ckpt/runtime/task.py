@@ -378,6 +378,25 @@ class StreamTask:
             raise failure.__cause__ or failure from None  # errors.on_process_error=fail
         return self._process_errors.finish(failure)
 
+    async def _push_tail(self, batch: list[Any]) -> None:
+        """Run the chain after its head on ``batch`` (what the head made off the plain path).
+
+        ``_push``'s loop over ``operators[1:]``, kept apart so the per-batch hot
+        path gets no extra await.
+        """
+        try:
+            for op in self.spec.operators[1:]:
+                batch = op.process_batch(batch)
+                if not batch:
+                    break
+        except RecordFailed as failure:
+            batch = self._record_failed(failure)
+        self._after_batch()
+        if batch:
+            await self._emit(batch)
+        if self._side is not None:
+            await self._side.flush()
+
     async def _emit(self, batch: list[Any]) -> None:
         self.metrics.records_out += len(batch)
         writer = self.spec.writer
@@ -697,7 +716,8 @@ class StreamTask:
                     parts.append((op.uid, op.backend.snapshot(targets[op.uid])))
                     put(op.uid)
                 if (held := op.snapshot_state()) is not None:
-                    put(op.uid, operator=held)
+                    entry = states.setdefault(op.uid, dict(base))  # may hold its dead letters
+                    entry["operator"] = {**(entry.get("operator") or {}), **held}
             if spec.writer is not None and spec.sink_uid is not None:
                 roll = getattr(spec.writer, "request_roll", None)  # rolling file sinks
                 if roll is not None and (

@@ -97,7 +97,11 @@ class LookupService:
             except BaseException as exc:  # reported to start()'s caller
                 errors.append(exc)
                 ready.set()
-            finally:
+            finally:  # a hung request's handler is cancelled, not left pending
+                pending = asyncio.all_tasks(loop)
+                for t in pending:
+                    t.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.close()
 
         self._thread = threading.Thread(target=run, name="lookup-service", daemon=True)

@@ -122,6 +122,43 @@ def test_a_raising_call_fails_the_job_and_a_retry_policy_rides_over_flaky_ones(
         assert failed > 20 and len(svc.served) == 200 + failed
 
 
+def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on(
+    tmp_path: Path,
+) -> None:
+    """errors.on_process_error=dead_letter: each failed record once, with its traceback."""
+    from aiostream_ckpt.runtime.config import ErrorConfig, ProcessErrorPolicy
+    from aiostream_ckpt.runtime.job import run_job
+
+    with LookupService(latency=0.0, fail={17}, slow={42: 30.0}) as svc:
+        config = JobConfig(
+            batch_size=16,
+            checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0.05),
+            restart=RestartConfig(strategy=RestartStrategyKind.NONE),
+            errors=ErrorConfig(on_process_error=ProcessErrorPolicy.DEAD_LETTER),
+        )
+        env = StreamEnvironment("enrich", config=config)
+        sink = CollectSink()
+        src = env.from_collection(events(100), uid="events")
+        src.map_async(HttpLookup(svc.url), capacity=8, timeout=0.5, uid="lookup").sink_to(
+            sink, uid="sink"
+        )
+        run_job(env)
+    assert sink.results == [enriched(e) for e in events(100) if e["seq"] not in (17, 42)]
+    dead = [
+        d
+        for task_dir in sorted((tmp_path / "ckpt" / "dead-letter").iterdir())
+        for d in read_committed_output(task_dir, prefix="dead-letter")
+    ]
+    by_seq = {orjson.loads(d["raw"])["seq"]: d for d in dead}
+    assert sorted(by_seq) == [17, 42] and len(dead) == 2
+    assert by_seq[17]["origin"]["operator"] == "lookup"
+    assert (
+        "ClientResponseError" in by_seq[17]["reason"]
+        and "raise_for_status" in by_seq[17]["traceback"]
+    )
+    assert "TimeoutError" in by_seq[42]["reason"]
+
+
 async def test_checkpoint_completes_with_a_call_in_flight_and_holds_its_record(
     tmp_path: Path,
 ) -> None:

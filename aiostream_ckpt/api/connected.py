@@ -1,0 +1,71 @@
+"""``a.connect(b)``: two streams, possibly of different types, into one two-input operator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from aiostream_ckpt.api.co_functions import CoProcessFunction, CoSpec, KeyedCoProcessFunction
+from aiostream_ckpt.api.transformations import Partitioning, TransformKind
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.api.stream import Stream
+
+IN1 = TypeVar("IN1")
+IN2 = TypeVar("IN2")
+R = TypeVar("R")
+
+
+class ConnectedStreams(Generic[IN1, IN2]):
+    """Two streams whose records one operator handles, each with its own method.
+
+    ``key_by(key1, key2)`` partitions both so equal keys meet in one instance
+    and share its keyed state (a :class:`KeyedCoProcessFunction`).
+    """
+
+    def __init__(
+        self,
+        first: Stream[IN1],
+        second: Stream[IN2],
+        keys: tuple[Callable[[IN1], Any], Callable[[IN2], Any]] | None = None,
+    ) -> None:
+        self._first = first
+        self._second = second
+        self._keys = keys
+
+    def key_by(
+        self, key1: Callable[[IN1], Any], key2: Callable[[IN2], Any]
+    ) -> ConnectedStreams[IN1, IN2]:
+        """Partition the first stream by ``key1`` and the second by ``key2``."""
+        return ConnectedStreams(self._first, self._second, (key1, key2))
+
+    def process(
+        self,
+        function: CoProcessFunction[IN1, IN2, R],
+        *,
+        name: str = "co_process",
+        uid: str | None = None,
+        parallelism: int | None = None,
+    ) -> Stream[R]:
+        """Run ``function`` on both streams (keyed: needs a :class:`KeyedCoProcessFunction`)."""
+        from aiostream_ckpt.api.stream import Stream
+
+        keyed = self._keys is not None
+        if keyed and not isinstance(function, KeyedCoProcessFunction):
+            raise TypeError("connect(...).key_by(...).process needs a KeyedCoProcessFunction")
+        if not keyed and isinstance(function, KeyedCoProcessFunction):
+            raise TypeError(
+                "a KeyedCoProcessFunction needs connect(...).key_by(key1, key2) first, "
+                "so that it gets keyed state"
+            )
+        env = self._first._env
+        node = env._add_transformation(
+            TransformKind.KEYED_CO_PROCESS if keyed else TransformKind.CO_PROCESS,
+            name,
+            fn=CoSpec(function, self._keys),
+            uid=uid,
+            parallelism=parallelism,
+            partitioning=Partitioning.HASH if keyed else Partitioning.FORWARD,
+            inputs=[self._first._node, self._second._node],
+        )
+        return Stream(env, node)

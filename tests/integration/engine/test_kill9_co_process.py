@@ -1,0 +1,75 @@
+"""kill -9 under ``connect(...).key_by(...).process``: shared keyed state stays exactly-once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiostream_ckpt.testing.chaos import run_with_kills
+from tests.helpers import (
+    REPO,
+    DaemonProcess,
+    check_pv_output,
+    cli_cmd,
+    make_pv_input,
+    recount,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_connected_streams_exactly_once_under_kill9(tmp_path: Path, parallelism: int) -> None:
+    a = make_pv_input(tmp_path / "a.jsonl", 300_000, seed=60, malformed=1)
+    b = make_pv_input(tmp_path / "b.jsonl", 200_000, seed=61, keys=150)
+    out = tmp_path / "out"
+    cmd = cli_cmd(
+        "run", "tests.apps.co_count",
+        "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "--set", f"app.input_a={a}",
+        "--set", f"app.input_b={b}",
+        "--set", f"app.output={out}",
+        "--set", "checkpoint.interval=50ms",
+        "--set", f"job.parallelism={parallelism}",
+        "--set", "job.batch_size=512",
+    )  # fmt: skip
+    log = tmp_path / "worker.log"
+    result = run_with_kills(
+        cmd, kills=2, seed=parallelism, max_delay_after_checkpoint=0.12, timeout=300,
+        log_path=log, cwd=REPO, inputs=[a, b],
+    )  # fmt: skip
+    assert result.exit_code == 0, log.read_text()[-4000:]
+    assert result.kills == 2, log.read_text()[-3000:]
+    check = check_pv_output(out, recount(a, b))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:
+    """The shared keyed state is redistributed by key group: still exactly once."""
+    a = make_pv_input(tmp_path / "a.jsonl", 300_000, seed=62)
+    b = make_pv_input(tmp_path / "b.jsonl", 300_000, seed=63)
+    out = tmp_path / "out"
+
+    def args(p: int) -> list[str]:
+        return [
+            "run", "tests.apps.co_count",
+            "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+            "--set", f"app.input_a={a}",
+            "--set", f"app.input_b={b}",
+            "--set", f"app.output={out}",
+            "--set", "checkpoint.interval=50ms",
+            "--set", f"job.parallelism={p}",
+            "--set", "job.batch_size=512",
+        ]  # fmt: skip
+
+    with DaemonProcess(*args(2)) as first:
+        first.wait_for("checkpoint 3 completed", timeout=120)
+        first.proc.kill()  # SIGKILL
+        first.proc.wait()
+    assert not (out.exists() and check_pv_output(out, recount(a, b)).exact)  # it was cut short
+    with DaemonProcess(*args(3)) as second:
+        assert second.wait(timeout=300) == 0, second.stderr[-3000:]
+        assert "restoring from checkpoint" in second.stderr
+    check = check_pv_output(out, recount(a, b))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
