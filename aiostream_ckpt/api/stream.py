@@ -114,10 +114,10 @@ class Stream(Generic[T]):
         ``ordered=False`` emits results as they arrive (never across a
         watermark or barrier). ``timeout`` (seconds) bounds a record's calls,
         retries included; ``retry`` retries failed calls. A call that fails
-        for good fails the job, naming the operator. Records in flight at a
-        checkpoint are in it and are issued again after a restore
-        (``serializer``: ``json`` or ``pickle`` for them); results are
-        emitted exactly once. See :mod:`aiostream_ckpt.api.async_functions`.
+        for good goes to ``errors.on_process_error`` (fail, or dead-letter
+        it). Records in flight at a checkpoint are in it and are issued again
+        after a restore (``serializer``: ``json`` or ``pickle`` for them);
+        results are emitted exactly once. See :mod:`aiostream_ckpt.api.async_functions`.
 
         >>> import asyncio
         >>> from aiostream_ckpt.api.environment import StreamEnvironment
