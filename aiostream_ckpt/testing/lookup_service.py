@@ -101,7 +101,8 @@ class LookupService:
                 pending = asyncio.all_tasks(loop)
                 for t in pending:
                     t.cancel()
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                if pending:
+                    loop.run_until_complete(asyncio.wait(pending))
                 loop.close()
 
         self._thread = threading.Thread(target=run, name="lookup-service", daemon=True)
