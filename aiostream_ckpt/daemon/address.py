@@ -96,7 +96,8 @@ def is_daemon_alive(pid: int) -> bool:
     except PermissionError:
         pass  # exists, another user's
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return True  # no /proc to tell: the pid exists
-    return b"aiostream" in cmdline
+    program = any(os.path.basename(a) == b"aiostream-ckpt" for a in argv[:2])
+    return (program or b"aiostream_ckpt.daemon.cli" in argv) and b"run" in argv
