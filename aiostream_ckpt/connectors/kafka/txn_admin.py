@@ -161,6 +161,10 @@ class TransactionInfo:
         return max(0.0, (now_ms - self.start_time_ms) / 1000)
 
 
+class ListingUnsupportedError(ConnectorError):
+    """The broker predates ListTransactions: open transactions can't be found by prefix."""
+
+
 async def list_transactional_ids(
     client: Any, *, prefix: str, states: tuple[str, ...] = ()
 ) -> list[str]:
@@ -170,6 +174,10 @@ async def list_transactional_ids(
     for broker in client.cluster.brokers():
         try:
             resp = await client.send(broker.nodeId, ListTransactionsRequest(list(states)))
+        except kafka_errors.IncompatibleBrokerVersion as exc:
+            raise ListingUnsupportedError(
+                f"broker {broker.nodeId} has no ListTransactions (Kafka 3.0+, KIP-664)"
+            ) from exc
         except kafka_errors.KafkaError as exc:
             raise ConnectorError(
                 f"ListTransactions on broker {broker.nodeId}: {exc!r}", retriable=True

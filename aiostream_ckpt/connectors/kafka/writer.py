@@ -35,7 +35,11 @@ from aiostream_ckpt.connectors.kafka.pool import (
     start_producer,
 )
 from aiostream_ckpt.connectors.kafka.transactions import prepared_transaction
-from aiostream_ckpt.connectors.kafka.txn_admin import OPEN_STATES, list_transactional_ids
+from aiostream_ckpt.connectors.kafka.txn_admin import (
+    OPEN_STATES,
+    ListingUnsupportedError,
+    list_transactional_ids,
+)
 from aiostream_ckpt.errors import ConnectorError
 
 if TYPE_CHECKING:
@@ -142,9 +146,18 @@ class TransactionalKafkaWriter(_WriterBase):
         unsure = await committer.commit_listed(pending)
         # Only now may InitProducerId run for these ids (see the sink's docstring).
         ctx = self._ctx
-        listed = await list_transactional_ids(
-            self._client, prefix=f"{self._base}-", states=OPEN_STATES
-        )
+        try:
+            listed = await list_transactional_ids(
+                self._client, prefix=f"{self._base}-", states=OPEN_STATES
+            )
+        except ListingUnsupportedError as exc:
+            log.warning(
+                "%s: %s; only the ids the checkpoint knows are fenced (a run that died "
+                "before its first checkpoint may leave transactions open until their timeout)",
+                self._label,
+                exc,
+            )
+            listed = []
         stale = ids_to_fence(
             state,
             listed,
