@@ -91,7 +91,6 @@ class StreamEnvironment:
         key_selector: Callable[[Any], Any] | None = None,
         inputs: list[Transformation],
     ) -> Transformation:
-        explicit = uid is not None
         if uid is None:
             n = self._name_counts.get(name, 0) + 1
             self._name_counts[name] = n
@@ -123,7 +122,6 @@ class StreamEnvironment:
             fn=fn,
             partitioning=partitioning,
             key_selector=key_selector,
-            uid_explicit=explicit,
         )
         self._uids.add(uid)
         self._transformations.append(node)

@@ -235,10 +235,6 @@ class Stream(Generic[T]):
 
         return self.sink_to(StdoutSink(name=name))
 
-    # Subclasses override how the next operator is connected.
-    def _partitioning(self) -> tuple[Partitioning, Callable[[Any], Any] | None]:
-        return Partitioning.FORWARD, None
-
 
 class _Repartitioned(Stream[T]):
     """A stream whose next operator is connected with a given partitioning."""

@@ -24,18 +24,6 @@ class TransformKind(Enum):
     WINDOW = "window"
     SIDE_OUTPUT = "side_output"
 
-    @property
-    def is_stateful(self) -> bool:
-        return self in (
-            TransformKind.KEYED_PROCESS,
-            TransformKind.KEYED_CO_PROCESS,
-            TransformKind.ASYNC_MAP,
-            TransformKind.REDUCE,
-            TransformKind.WINDOW,
-            TransformKind.SOURCE,
-            TransformKind.SINK,
-        )
-
 
 class Partitioning(Enum):
     """How records travel from an operator's inputs to its instances."""
@@ -62,7 +50,6 @@ class Transformation:
     fn: Any = None
     partitioning: Partitioning = Partitioning.FORWARD
     key_selector: Callable[[Any], Any] | None = None
-    uid_explicit: bool = False
     #: Sources only: a ``time.WatermarkStrategy`` (event time starts here).
     watermark_strategy: Any = None
     #: ``reduce`` only: the declared type of the value it keeps in state (None: untyped).

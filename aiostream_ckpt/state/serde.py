@@ -48,24 +48,6 @@ def state_prefixes(name: str, max_parallelism: int) -> list[bytes]:
     return [key_group_bytes(kg) + part for kg in range(max_parallelism)]
 
 
-def key_part(key_bytes: bytes) -> bytes:
-    return len(key_bytes).to_bytes(2, "big") + key_bytes
-
-
-def key_group_of(db_key: bytes) -> int:
-    return (db_key[0] << 8) | db_key[1]
-
-
-def split_db_key(db_key: bytes) -> tuple[int, str, bytes, bytes]:
-    """Return ``(key_group, state_name, key_bytes, map_key_bytes)`` of an LMDB key."""
-    nlen = db_key[2]
-    name = db_key[3 : 3 + nlen].decode()
-    off = 3 + nlen
-    klen = (db_key[off] << 8) | db_key[off + 1]
-    key = db_key[off + 2 : off + 2 + klen]
-    return key_group_of(db_key), name, key, db_key[off + 2 + klen :]
-
-
 def decode_key(key_bytes: bytes) -> Any:
     """Inverse of :func:`keygroups.serialize_key`; JSON arrays come back as tuples.
 

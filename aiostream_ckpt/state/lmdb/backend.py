@@ -628,10 +628,6 @@ class LmdbStateBackend:
         """Bytes the working LMDB takes on disk (its data file; metrics, tests)."""
         return sum(f.stat().st_blocks * 512 for f in self._dir.iterdir())
 
-    def restored_states(self) -> dict[str, dict[str, Any]]:
-        """States present in the restored snapshot (the runtime may reject unknown ones)."""
-        return {name: dict(meta) for name, meta in self._meta.items()}
-
     def _check_open(self) -> None:
         if self._closed:
             raise StateError(f"state backend {self._file_stem} is closed")
