@@ -36,6 +36,7 @@ from aiostream_ckpt.checkpoint.metadata import (
     decode_metadata,
     encode_metadata,
 )
+from aiostream_ckpt.durable import fsync_dir
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
 from aiostream_ckpt.state.backend import SnapshotTarget
 
@@ -45,14 +46,6 @@ _BAD_RE = re.compile(r"^chk-(\d{10})\.bad$")
 SET_ASIDE_FILE = "_set_aside"
 _IDS_FILE = "_checkpoint_ids"
 _STOP_SAVEPOINT_FILE = "_stop_savepoint"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_atomically(path: Path, data: bytes) -> None:

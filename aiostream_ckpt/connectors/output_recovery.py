@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import orjson
 
 from aiostream_ckpt.connectors.base import RestoreInfo
+from aiostream_ckpt.durable import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -163,15 +164,6 @@ def count_records(path: Path) -> int:
         while chunk := f.read(1 << 20):
             n += chunk.count(b"\n")
     return n
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make renames and creations in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def retract_files(

@@ -44,10 +44,10 @@ from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
 from aiostream_ckpt.connectors.output_recovery import (
     claim_location,
     count_records,
-    fsync_dir,
     plan_recovery,
     retract_files,
 )
+from aiostream_ckpt.durable import fsync_dir
 from aiostream_ckpt.errors import ConnectorError
 
 log = logging.getLogger(__name__)

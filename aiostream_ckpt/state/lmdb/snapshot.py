@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiostream_ckpt import failpoints
+from aiostream_ckpt.durable import fsync_dir
 from aiostream_ckpt.errors import CorruptCheckpointError
 
 if TYPE_CHECKING:
@@ -55,14 +56,6 @@ _RECORD = struct.Struct(">BHI")
 _TRAILER = struct.Struct(">8sQ32s")
 _CHUNK = 1 << 20
 _BATCH = 1 << 14  # records per write() of a delta
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def sha256_file(path: Path) -> str:
@@ -82,7 +75,7 @@ def write_full(env: lmdb.Environment, txn: lmdb.Transaction[bytes], path: Path) 
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path.stat().st_size, sha256_file(path)
 
 
@@ -142,7 +135,7 @@ def write_packed_delta(delta: PackedDelta, path: Path) -> tuple[int, str, int]:
         size += len(trailer)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return size, whole.hexdigest(), delta.records
 
 
