@@ -113,7 +113,6 @@ def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
     from aiostream_ckpt.daemon.service import JobDaemon
-    from aiostream_ckpt.daemon.settings import tune_gc, tune_malloc, tune_switch_interval
     from aiostream_ckpt.runtime.job import JobStatus
 
     failpoints.arm_from_env()  # before anything can fail: a bad spec is a usage error
@@ -131,9 +130,6 @@ def _run(args: argparse.Namespace) -> int:
     name = loaded.job_name or app_name(args.module)
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(args.module, env)
-    tune_gc(loaded.daemon.gc_threshold)
-    tune_malloc(loaded.daemon.malloc_trim_threshold)
-    tune_switch_interval(loaded.daemon.switch_interval)
 
     async def main() -> int:
         daemon = JobDaemon(env, loaded.daemon)

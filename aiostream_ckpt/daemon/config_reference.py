@@ -159,22 +159,19 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     ),
     "process.malloc_trim_threshold": (
         None,
-        "bytes of freed heap glibc keeps instead of trimming it after every batch (its "
-        "default, 128 KiB, made 1 M pv_count events take 1.63 s of CPU instead of 1.33 s); "
-        "`0` leaves glibc's default; `MALLOC_TRIM_THRESHOLD_`, if set, wins",
+        "bytes of freed heap glibc keeps instead of trimming it after every batch; `0` leaves "
+        "glibc's default (128 KiB); `MALLOC_TRIM_THRESHOLD_`, if set, wins "
+        "(see [docs/performance.md](docs/performance.md))",
     ),
     "process.switch_interval": (
         None,
         "seconds a thread waits before it takes the GIL from the busy event loop (Python's "
-        "default 0.005): the snapshot writer and the sink's commit are threads whose every "
-        "file call gives the GIL up; with 5 ms a 100 k-key checkpoint took 545-777 ms, with "
-        "0.5 ms 265-269 ms, at the same CPU time",
+        "default 0.005; see [docs/performance.md](docs/performance.md))",
     ),
     "process.gc_threshold": (
         None,
-        "container allocations between young-generation GC passes in the job process "
-        "(Python's default 700 re-walks the batches in flight: ~4 % of pv_count's time); "
-        "startup objects are frozen out of GC",
+        "container allocations between young-generation GC passes (Python's default 700); "
+        "startup objects are frozen out of GC (see [docs/performance.md](docs/performance.md))",
     ),
     "log.level": (None, "`DEBUG`, `INFO`, `WARNING` or `ERROR`"),
     "log.format": (None, "`text` or `json` lines on stderr (`run --log-format`)"),

@@ -44,7 +44,12 @@ class JobDaemon:
         self.settings = settings or DaemonSettings()
         clock = clock or SystemClock()
         self.stats = JobStats(clock.monotonic)
-        self.runner = JobRunner(env, clock=clock, on_started=self.stats.attach)
+        self.runner = JobRunner(
+            env,
+            clock=clock,
+            on_started=self.stats.attach,
+            process=self.settings.process_profile(),
+        )
         ckpt_dir = self.runner.config.checkpoint.directory
         assert ckpt_dir is not None  # JobRunner refuses a job without one
         self.savepoints = SavepointService(

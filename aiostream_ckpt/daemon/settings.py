@@ -11,21 +11,17 @@ without a token is refused at startup rather than left open.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import ipaddress
-import os
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.runtime.process import ProcessProfile
 
-#: ``mallopt`` parameter number in glibc's malloc.h
-_M_TRIM_THRESHOLD = -1
+_PROCESS = ProcessProfile()
 
 
 class ShutdownMode(Enum):
@@ -49,12 +45,14 @@ class DaemonSettings:
     address_file: Path | None = None
     savepoint_dir: Path | None = None
     shutdown_mode: ShutdownMode = ShutdownMode.CANCEL
-    #: allocations between young-generation GC passes (Python's default is 700)
-    gc_threshold: int = 50_000
-    #: glibc keeps this much free memory at the top of the heap (0: its default, 128 KiB)
-    malloc_trim_threshold: int = 128 << 20
-    #: seconds a thread waits for the GIL before it asks for it (Python's default 0.005)
-    switch_interval: float = 0.0005
+    #: the ``process.*`` keys: see :class:`~aiostream_ckpt.runtime.process.ProcessProfile`
+    gc_threshold: int = _PROCESS.gc_threshold
+    malloc_trim_threshold: int = _PROCESS.malloc_trim_threshold
+    switch_interval: float = _PROCESS.switch_interval
+
+    def process_profile(self) -> ProcessProfile:
+        """Return the profile the job runner applies to this process (``docs/performance.md``)."""
+        return ProcessProfile(self.gc_threshold, self.malloc_trim_threshold, self.switch_interval)
 
     def validate(self) -> DaemonSettings:
         if not 0 <= self.rest_port <= 65535:
@@ -115,25 +113,6 @@ def _malloc_trim_threshold(value: Any) -> int:
     return int(str(value))
 
 
-def tune_malloc(trim_threshold: int, env: Mapping[str, str] = os.environ) -> bool:
-    """Let glibc keep ``trim_threshold`` bytes of freed heap instead of returning it at once.
-
-    Every batch frees the previous batch's records; with glibc's default the
-    heap is trimmed and regrown with ``brk()`` over and over, and 1 M pv_count
-    events took 1.63 s of CPU instead of 1.33 s (3 runs each). Same as setting
-    ``MALLOC_TRIM_THRESHOLD_``, which, when set, wins. Returns whether it was
-    applied (not on a libc without ``mallopt``, e.g. musl).
-    """
-    if trim_threshold <= 0 or "MALLOC_TRIM_THRESHOLD_" in env:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):  # no such libc call; Windows: no CDLL(None)
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    return bool(mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1)))
-
-
 def _switch_interval(value: Any) -> float:
     try:
         seconds = float(str(value).strip())
@@ -142,33 +121,6 @@ def _switch_interval(value: Any) -> float:
     if not 0 < seconds <= 1:
         raise ValueError("a number of seconds in (0, 1]")
     return seconds
-
-
-def tune_switch_interval(seconds: float) -> None:
-    """Hand the GIL to a waiting thread after ``seconds`` instead of Python's 5 ms.
-
-    The snapshot writer and the sink's commit run in threads, and every file
-    call they make gives the GIL up; taking it back from a busy event loop
-    waits a whole switch interval. A delta write makes dozens of such calls,
-    so with 5 ms a 100 k-key checkpoint took 545-777 ms (3 of 4 checkpoints
-    of a 2 M-event pv_count run), with 1 ms 314-347 ms, with 0.5 ms 265-269 ms,
-    at the same CPU time.
-    """
-    sys.setswitchinterval(seconds)
-
-
-def tune_gc(gen0_threshold: int) -> None:
-    """Set the young-generation GC threshold and freeze what startup allocated.
-
-    A stream job keeps a few batches of records in flight, so with Python's
-    default (a young pass every 700 container allocations) every pass walks
-    those batches again: ~4 % of pv_count's time. Passes every 50 k
-    allocations cost a tenth of that; :func:`gc.freeze` keeps the modules and
-    the job graph out of the old-generation passes for good.
-    """
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(gen0_threshold, gen1, gen2)
-    gc.freeze()
 
 
 def _token(value: Any) -> str | None:

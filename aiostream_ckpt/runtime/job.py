@@ -37,6 +37,7 @@ from aiostream_ckpt.runtime.co_process import CoProcessTask, is_co_chain
 from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
+from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
 from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
@@ -104,8 +105,11 @@ class JobRunner:
         *,
         clock: Clock | None = None,
         on_started: Callable[[JobRun], None] | None = None,
+        process: ProcessProfile | None = None,
     ) -> None:
         self.env = env
+        #: applied by :meth:`run`, whatever the entry point (``docs/performance.md``)
+        self.process = process or ProcessProfile()
         self.config = env.config.validate()
         if self.config.checkpoint.directory is None:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
@@ -169,6 +173,7 @@ class JobRunner:
         The locks come before anything is restored or written; a directory
         owned by another job refuses this start (``DirectoryOwnedError``).
         """
+        apply_process_profile(self.process)
         with self.locks:
             try:
                 return await self._run_attempts()

@@ -53,3 +53,17 @@ def test_log_level_and_progress_interval_are_checked() -> None:
     assert load_config(sets=["progress.interval=2s"]).progress_interval == 2.0
     with pytest.raises(ConfigError, match=r"log\.level='loud'.*DEBUG, INFO, WARNING, ERROR"):
         load_config(sets=["log.level=loud"])
+
+
+def test_process_keys_point_to_the_performance_doc() -> None:
+    """The process profile is documented once, in docs/performance.md (issue 17, item 4)."""
+    doc = (REPO / "docs" / "performance.md").read_text()
+    process_keys = [row for row in config_reference.rows() if row[0].startswith("process.")]
+    assert {row[0] for row in process_keys} == {
+        "process.gc_threshold",
+        "process.malloc_trim_threshold",
+        "process.switch_interval",
+    }
+    for key, _, meaning in process_keys:
+        assert "docs/performance.md" in meaning, key
+        assert f"`{key}`" in doc, key

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from aiostream_ckpt.daemon.config import load_config
-from aiostream_ckpt.daemon.settings import tune_malloc, tune_switch_interval
 from aiostream_ckpt.errors import ConfigError
+from aiostream_ckpt.runtime.process import tune_malloc, tune_switch_interval
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
@@ -18,7 +18,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is
 #: prints how far the program break came back down.
 _PROBE = """
 import ctypes, sys
-from aiostream_ckpt.daemon.settings import tune_malloc, tune_switch_interval
+from aiostream_ckpt.runtime.process import tune_malloc, tune_switch_interval
 print(tune_malloc(int(sys.argv[1])), file=sys.stderr)
 libc = ctypes.CDLL(None)
 libc.sbrk.restype = ctypes.c_void_p
