@@ -32,13 +32,10 @@ import orjson
 from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.state.codecs import EXACT_SCALARS, MapKeyCodec
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
-from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase
+from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, TtlCodec
 from aiostream_ckpt.state.serde import (
-    TS_SIZE,
     decode_key,
     describe_encode_error,
-    pack_ts,
-    unpack_ts,
 )
 
 if TYPE_CHECKING:
@@ -285,10 +282,11 @@ class MapStateImpl(KeyedStateBase):
         return out
 
 
-class TtlMapState(MapStateImpl):
+class TtlMapState(TtlCodec, MapStateImpl):
     """Map state whose entries expire one by one, as Flink's do."""
 
     __slots__ = ()
+    _ABSENT = _DELETED
 
     def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
         m = self._full_map(key)
@@ -316,13 +314,4 @@ class TtlMapState(MapStateImpl):
             self._mark(key, map_key, (self._capture(entry[0]), now))
         return entry[0]
 
-    def _decode(self, raw: bytes) -> Any:
-        return (self._loads(raw[TS_SIZE:]), unpack_ts(raw)[0])
-
-    def _encode_entry(self, entry: Any) -> bytes | None:
-        if entry is _DELETED or self._now() - entry[1] >= self._ttl:
-            return None
-        return pack_ts(entry[1]) + self._dump(entry[0])
-
-    def store_live(self, raw: bytes) -> bool:
-        return bool(self._now() - unpack_ts(raw)[0] < self._ttl)
+    _encode_entry = TtlCodec._encode_ttl

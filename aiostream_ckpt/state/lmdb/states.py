@@ -381,7 +381,36 @@ class KeyedStateBase:
         return out
 
 
-class _TtlMixin:
+class TtlCodec:
+    """A TTL entry: cached as ``(value, ts)``, stored as ``ts | payload``.
+
+    One codec for the single-entry TTL states and the map state's entries;
+    ``_ABSENT`` is the cache's marker for "no entry" in each.
+    """
+
+    __slots__ = ()
+    _ABSENT: Any = None
+
+    if TYPE_CHECKING:
+        _now: Callable[[], float]
+        _ttl: float
+        _loads: Callable[[bytes], Any]
+
+        def _dump(self, value: Any) -> bytes: ...
+
+    def _decode(self, raw: bytes) -> Any:
+        return (self._loads(raw[TS_SIZE:]), unpack_ts(raw)[0])
+
+    def _encode_ttl(self, entry: Any) -> bytes | None:
+        if entry is self._ABSENT or self._now() - entry[1] >= self._ttl:
+            return None
+        return pack_ts(entry[1]) + self._dump(entry[0])
+
+    def store_live(self, raw: bytes) -> bool:
+        return bool(self._now() - unpack_ts(raw)[0] < self._ttl)
+
+
+class _TtlMixin(TtlCodec):
     """TTL for single-entry states: cache ``(value, ts)``, store ``ts | payload``."""
 
     __slots__ = ()
@@ -402,16 +431,7 @@ class _TtlMixin:
         def _dump(self, value: Any) -> bytes: ...
         def _capture(self, value: Any) -> Any: ...
 
-    def _decode(self, raw: bytes) -> Any:
-        return (self._loads(raw[TS_SIZE:]), unpack_ts(raw)[0])
-
-    def _encode(self, entry: Any) -> bytes | None:
-        if entry is None or self._now() - entry[1] >= self._ttl:
-            return None
-        return pack_ts(entry[1]) + self._dump(entry[0])
-
-    def store_live(self, raw: bytes) -> bool:
-        return bool(self._now() - unpack_ts(raw)[0] < self._ttl)
+    _encode = TtlCodec._encode_ttl
 
     def cached_live(self, entry: Any) -> bool:
         return entry is not None and self._now() - entry[1] < self._ttl
