@@ -42,8 +42,12 @@ MAX_BATCH_SIZE = 512 * 1024
 _RECYCLE_GRACE_S = 5.0
 
 
-class TxnState(enum.Enum):
-    """Lifecycle of one pool slot: one producer instance, at most one transaction."""
+class SlotState(enum.Enum):
+    """Lifecycle of one pool slot: one producer instance, at most one transaction.
+
+    Not a transaction state (that is :class:`~aiostream_ckpt.connectors.staging.TxnState`):
+    a slot also starts its producer and idles between transactions.
+    """
 
     STARTING = "starting"  # producer (re)starting: InitProducerId in flight
     IDLE = "idle"
@@ -53,13 +57,13 @@ class TxnState(enum.Enum):
     ABORTED = "aborted"
 
 
-_TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
-    TxnState.STARTING: frozenset({TxnState.IDLE}),
-    TxnState.IDLE: frozenset({TxnState.OPEN}),
-    TxnState.OPEN: frozenset({TxnState.PRECOMMITTED, TxnState.ABORTED}),
-    TxnState.PRECOMMITTED: frozenset({TxnState.COMMITTED}),
-    TxnState.COMMITTED: frozenset({TxnState.STARTING}),
-    TxnState.ABORTED: frozenset({TxnState.STARTING}),
+_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.STARTING: frozenset({SlotState.IDLE}),
+    SlotState.IDLE: frozenset({SlotState.OPEN}),
+    SlotState.OPEN: frozenset({SlotState.PRECOMMITTED, SlotState.ABORTED}),
+    SlotState.PRECOMMITTED: frozenset({SlotState.COMMITTED}),
+    SlotState.COMMITTED: frozenset({SlotState.STARTING}),
+    SlotState.ABORTED: frozenset({SlotState.STARTING}),
 }
 
 
@@ -67,7 +71,7 @@ _TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
 class Slot:
     index: int
     transactional_id: str
-    state: TxnState = TxnState.STARTING
+    state: SlotState = SlotState.STARTING
     producer: Any = None
     checkpoint_id: int = -1
     prepared: PreparedTransaction | None = None
@@ -76,7 +80,7 @@ class Slot:
     opened_at: float | None = None
     warned: bool = False
 
-    def advance(self, new: TxnState) -> None:
+    def advance(self, new: SlotState) -> None:
         if new not in _TRANSITIONS[self.state]:
             raise AssertionError(f"{self.transactional_id}: {self.state.value} -> {new.value}")
         self.state = new
@@ -164,7 +168,7 @@ class ProducerPool:
         for slot, producer in zip(self.slots, started, strict=True):
             if not isinstance(producer, BaseException):
                 slot.producer = producer
-                slot.advance(TxnState.IDLE)
+                slot.advance(SlotState.IDLE)
         for result in started:
             if isinstance(result, BaseException):
                 raise result
@@ -180,10 +184,10 @@ class ProducerPool:
                 raise exc
             for i in range(n):
                 slot = self.slots[(self._next + i) % n]
-                if slot.state is TxnState.IDLE:
+                if slot.state is SlotState.IDLE:
                     self._next = slot.index + 1
                     return slot
-            if not warned and all(s.state is TxnState.PRECOMMITTED for s in self.slots):
+            if not warned and all(s.state is SlotState.PRECOMMITTED for s in self.slots):
                 log.warning(
                     "%s: all %d transactional producers hold pre-committed transactions; "
                     "waiting for a checkpoint to complete",
@@ -209,11 +213,11 @@ class ProducerPool:
 
     async def _recycle(self, slot: Slot) -> None:
         old, slot.producer = slot.producer, None
-        slot.advance(TxnState.STARTING)
+        slot.advance(SlotState.STARTING)
         slot.opened_at, slot.warned, slot.prepared, slot.ranges = None, False, None, None
         await quietly(old.stop(), f"stopping {slot.transactional_id}")
         slot.producer = await start_producer(self._sink, slot.transactional_id)
-        slot.advance(TxnState.IDLE)
+        slot.advance(SlotState.IDLE)
         self._changed.set()
 
     def _bg_done(self, task: asyncio.Task[None]) -> None:
@@ -239,6 +243,6 @@ class ProducerPool:
             await quietly(
                 open_slot.producer.abort_transaction(), f"aborting {open_slot.transactional_id}"
             )
-            open_slot.advance(TxnState.ABORTED)
+            open_slot.advance(SlotState.ABORTED)
         producers = [s.producer for s in self.slots if s.producer is not None]
         await asyncio.gather(*(quietly(p.stop(), "stopping a producer") for p in producers))

@@ -30,7 +30,7 @@ from aiostream_ckpt.connectors.kafka.encoder import RecordEncoder
 from aiostream_ckpt.connectors.kafka.pool import (
     ProducerPool,
     Slot,
-    TxnState,
+    SlotState,
     quietly,
     start_producer,
 )
@@ -221,7 +221,7 @@ class TransactionalKafkaWriter(_WriterBase):
             await slot.producer.begin_transaction()
         except kafka_errors.KafkaError as exc:
             raise self._fail(connector_error(f"{slot.transactional_id}: begin", exc)) from exc
-        slot.advance(TxnState.OPEN)
+        slot.advance(SlotState.OPEN)
         slot.opened_at = self._ctx.clock.monotonic()
         self._open = slot
         return slot
@@ -233,7 +233,7 @@ class TransactionalKafkaWriter(_WriterBase):
         now = self._ctx.clock.monotonic()
         rows = []
         for slot in self._pool.slots:
-            if slot.opened_at is None or slot.state not in (TxnState.OPEN, TxnState.PRECOMMITTED):
+            if slot.opened_at is None or slot.state not in (SlotState.OPEN, SlotState.PRECOMMITTED):
                 continue
             prepared = slot.prepared
             rows.append(
@@ -255,7 +255,7 @@ class TransactionalKafkaWriter(_WriterBase):
         ages = [
             now - s.opened_at
             for s in self._pool.slots
-            if s.opened_at is not None and s.state in (TxnState.OPEN, TxnState.PRECOMMITTED)
+            if s.opened_at is not None and s.state in (SlotState.OPEN, SlotState.PRECOMMITTED)
         ]
         return max(ages, default=0.0)
 
@@ -270,7 +270,7 @@ class TransactionalKafkaWriter(_WriterBase):
         for slot in self._pool.slots:
             if slot.opened_at is None or slot.warned:
                 continue
-            if slot.state not in (TxnState.OPEN, TxnState.PRECOMMITTED):
+            if slot.state not in (SlotState.OPEN, SlotState.PRECOMMITTED):
                 continue
             age = now - slot.opened_at
             if age >= _WARN_AT * limit:
@@ -304,7 +304,7 @@ class TransactionalKafkaWriter(_WriterBase):
             slot.prepared = prepared_transaction(slot.producer)
             slot.ranges = self._encoder.take_ranges()
             slot.checkpoint_id = checkpoint_id
-            slot.advance(TxnState.PRECOMMITTED)
+            slot.advance(SlotState.PRECOMMITTED)
             self._pending.append(slot)
         return self.state()
 
@@ -334,7 +334,7 @@ class TransactionalKafkaWriter(_WriterBase):
                 await self._committer.commit_slot(slot)
             except ConnectorError as exc:
                 raise self._fail(exc) from exc
-            slot.advance(TxnState.COMMITTED)
+            slot.advance(SlotState.COMMITTED)
             self._pending.remove(slot)
             self._pool.recycle(slot)
 
