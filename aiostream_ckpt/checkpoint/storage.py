@@ -173,6 +173,21 @@ class CheckpointStorage:
                 out[cid] = "(reason unreadable)"
         return out
 
+    def committed_after(self, checkpoint_id: int) -> list[int]:
+        """Ids newer than ``checkpoint_id`` whose output sinks may have committed.
+
+        Completed checkpoints (kept or set aside) and the stop-with-savepoint's
+        savepoint (kept or set aside); other savepoints commit nothing. A
+        restore to ``checkpoint_id`` replays their records.
+        """
+        ids = {*self.completed_newest_first(), *self._ids_set_aside()}
+        for name in (_STOP_SAVEPOINT_FILE, _STOP_SAVEPOINT_FILE + ".bad"):
+            try:
+                ids.add(int(orjson.loads((self.root / name).read_bytes())["id"]))
+            except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+        return sorted(i for i in ids if i > checkpoint_id)
+
     # -- stop-with-savepoint -------------------------------------------------------------
 
     def record_stop_savepoint(self, directory: Path, checkpoint_id: int) -> None:

@@ -36,6 +36,8 @@ class RestoreInfo:
     path: str
     #: unique per attempt: names the ``_retracted/<tag>/`` directory of this restore
     tag: str
+    #: newer checkpoints whose output may be committed: the restore replays their records
+    newer: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "id": self.checkpoint_id, "path": self.path}
@@ -49,13 +51,16 @@ class OutputSurvey:
     neither staged nor committed (the restore point cannot be used);
     ``retract``: committed files newer than the restored checkpoint, as
     ``(name, records)``; ``highest_id``: the highest checkpoint id that names
-    any of its committed or retracted output (new ids must go above it).
+    any of its committed or retracted output (new ids must go above it);
+    ``kept``: committed output newer than the restore point that cannot be
+    retracted (Kafka transactions), said in words; restoring would repeat it.
     """
 
     location: str
     lost: list[str]
     retract: list[tuple[str, int]]
     highest_id: int
+    kept: str = ""
 
 
 @dataclass(slots=True)

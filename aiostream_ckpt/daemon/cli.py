@@ -57,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
         "<output>/_retracted/ (with a manifest) and produce it again",
     )
     run.add_argument(
+        "--allow-duplicate-output",
+        action="store_true",
+        help="let a restore to an older point write again the records of output that cannot "
+        "be retracted (committed Kafka transactions): read_committed consumers see duplicates",
+    )
+    run.add_argument(
         "--log-format", choices=["text", "json"], help="log lines as text (default) or JSON"
     )
     run.add_argument(
@@ -123,6 +129,8 @@ def _run(args: argparse.Namespace) -> int:
         sets.append("job.allow_non_restored_state=true")
     if args.allow_retract_output:
         sets.append("job.allow_retract_output=true")
+    if args.allow_duplicate_output:
+        sets.append("job.allow_duplicate_output=true")
     if args.log_format:
         sets.append(f"log.format={args.log_format}")
     loaded = load_config(args.config, env=os.environ, sets=sets)

@@ -95,6 +95,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.restore_from": (None, "restore_from", _path),
     "job.allow_non_restored_state": (None, "allow_non_restored_state", parse_bool),
     "job.allow_retract_output": (None, "allow_retract_output", parse_bool),
+    "job.allow_duplicate_output": (None, "allow_duplicate_output", parse_bool),
     "checkpoint.dir": ("checkpoint", "directory", _path),
     "checkpoint.interval": ("checkpoint", "interval", parse_duration),
     "checkpoint.timeout": ("checkpoint", "timeout", parse_duration),

@@ -83,6 +83,12 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "`<output>/_retracted/` with a manifest (`run --allow-retract-output`; see the "
         "output contract)",
     ),
+    "job.allow_duplicate_output": (
+        None,
+        "let a restore to a point older than committed Kafka transactions write their records "
+        "again: `read_committed` consumers see them twice (`run --allow-duplicate-output`; "
+        "see the output contract)",
+    ),
     "state.local_dir": (
         "`<checkpoint.dir>/local-state`",
         "working copy of the keyed state (LMDB), rebuilt from the checkpoint on every start: "

@@ -169,6 +169,8 @@ class JobConfig:
     allow_non_restored_state: bool = False
     #: let a savepoint restore move output committed after it aside (see the output contract)
     allow_retract_output: bool = False
+    #: let a restore replay output that cannot be retracted (committed Kafka transactions)
+    allow_duplicate_output: bool = False
 
     def validate(self) -> JobConfig:
         _check(

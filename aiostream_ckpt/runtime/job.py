@@ -261,7 +261,7 @@ class JobRunner:
         if restored is not None and not restored.is_savepoint:
             coordinator.latest_completed = restored
         fallback = restored is None and self.restore_points.after_set_aside()
-        restore = restore_info(restored, fallback=fallback)
+        restore = restore_info(restored, fallback=fallback, storage=self.storage)
         tasks: list[StreamTask] = []
         try:
             specs = build_chain_specs(
@@ -296,7 +296,11 @@ class JobRunner:
                 self._on_started(self.run_state)
             try:
                 await restore_tasks(
-                    tasks, restored, coordinator, allow_retract=config.allow_retract_output
+                    tasks,
+                    restored,
+                    coordinator,
+                    allow_retract=config.allow_retract_output,
+                    allow_duplicates=config.allow_duplicate_output,
                 )
             except BaseException:
                 await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)

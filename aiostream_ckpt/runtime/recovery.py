@@ -9,12 +9,15 @@
    it. Nothing is written to any output yet.
 3. **Survey** the outputs: what each file writer would commit, which of its
    pre-committed files are gone (the restore point is then unusable), what it
-   would retract, and the highest checkpoint id its output has used.
+   would retract, the highest checkpoint id its output has used, and what
+   committed output newer than the restore point it cannot retract (Kafka
+   transactions of checkpoints that completed after it).
 4. **Decide**: a checkpoint that failed 2 or 3 is set aside (renamed
    ``chk-N.bad``, never chosen again) and the runner tries the next older
    one; a savepoint restore that would retract committed output is refused
-   unless ``--allow-retract-output``; new checkpoint ids start above every
-   id the outputs used.
+   unless ``--allow-retract-output``; any restore that would repeat output
+   that cannot be retracted is refused unless ``--allow-duplicate-output``;
+   new checkpoint ids start above every id the outputs used.
 5. **Recover** the outputs: only now do sinks and dead-letter writers commit,
    abort and retract (move aside with a manifest).
 """
@@ -102,16 +105,20 @@ class RestorePoints:
         return bool(self._bad) or bool(self.storage.set_aside_checkpoints())
 
 
-def restore_info(restored: CompletedCheckpoint | None, *, fallback: bool) -> RestoreInfo | None:
-    """Describe the restore for retraction manifests (None on a plain fresh start)."""
+def restore_info(
+    restored: CompletedCheckpoint | None, *, fallback: bool, storage: CheckpointStorage
+) -> RestoreInfo | None:
+    """Describe the restore for writers that retract or keep output (None on a fresh start)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     if restored is None:
         if not fallback:
             return None
-        return RestoreInfo("none", 0, "", f"{stamp}-restored-nothing-{secrets.token_hex(3)}")
+        tag = f"{stamp}-restored-nothing-{secrets.token_hex(3)}"
+        return RestoreInfo("none", 0, "", tag, tuple(storage.committed_after(0)))
     kind = "savepoint" if restored.is_savepoint else "checkpoint"
     tag = f"{stamp}-restored-{kind}-{restored.checkpoint_id}-{secrets.token_hex(3)}"
-    return RestoreInfo(kind, restored.checkpoint_id, str(restored.directory), tag)
+    newer = tuple(storage.committed_after(restored.checkpoint_id))
+    return RestoreInfo(kind, restored.checkpoint_id, str(restored.directory), tag, newer)
 
 
 async def _all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -129,6 +136,7 @@ async def restore_tasks(
     coordinator: CheckpointCoordinator,
     *,
     allow_retract: bool,
+    allow_duplicates: bool,
 ) -> None:
     """Run steps 2-5 of the module docstring for one attempt (before the coordinator starts)."""
     await _all(t.restore_state() for t in tasks)
@@ -142,11 +150,35 @@ async def restore_tasks(
             f"that is neither staged nor committed: {', '.join(lost[:5])}"
             + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
         )
+    kept = [s.kept for s in surveys if s.kept]
+    if kept and not allow_duplicates:
+        raise RestoreRefusedError(_kept_refusal(restored, kept))
+    if kept:
+        log.warning(
+            "%s; their records are written again (--allow-duplicate-output): "
+            "read_committed consumers see them twice",
+            "; ".join(sorted(set(kept))),
+        )
     retract = [(s.location, name, n) for s in surveys for name, n in s.retract]
     if retract and restored is not None and restored.is_savepoint and not allow_retract:
         raise RestoreRefusedError(_refusal(restored, retract))
     coordinator.skip_ids_through(max((s.highest_id for s in surveys), default=0))
     await _all(t.recover_outputs() for t in tasks)
+
+
+def _kept_refusal(restored: CompletedCheckpoint | None, kept: list[str]) -> str:
+    if restored is None:
+        what = "restoring nothing (every checkpoint was set aside)"
+    else:
+        kind = "savepoint" if restored.is_savepoint else "checkpoint"
+        what = f"restoring {kind} {restored.checkpoint_id} ({restored.directory})"
+    return (
+        f"{what} would write again output that read_committed consumers have already seen: "
+        f"{'; '.join(sorted(set(kept)))}; nothing was changed. Either restore the newer "
+        "checkpoint if it can be repaired, or write to a new topic (the job starts a fresh "
+        "output there from the restore point), or run again with --allow-duplicate-output "
+        "to accept those records twice"
+    )
 
 
 def _refusal(restored: CompletedCheckpoint, retract: list[tuple[str, str, int]]) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import errors as kafka_errors
 
-from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.base import ConnectorContext, OutputSurvey
 from aiostream_ckpt.connectors.kafka.committer import (
     Committer,
     PendingTxn,
@@ -137,6 +137,27 @@ class TransactionalKafkaWriter(_WriterBase):
 
     # -- recovery -------------------------------------------------------------
 
+    def survey(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> OutputSurvey:
+        """Say which newer checkpoints' committed transactions a restore would repeat.
+
+        A committed transaction cannot be retracted, so the restore step
+        refuses unless duplicates are allowed (see the output contract). A
+        topic other than the restored state's is a fresh output; a state
+        without a topic (older versions) counts as this topic.
+        """
+        topic = self._sink.topic
+        restore = self._ctx.restore
+        where = f"kafka topic {topic}"
+        written = (restored or {}).get("topic", topic)
+        if restore is None or not restore.newer or written != topic:
+            return OutputSurvey(where, [], [], 0)
+        newer = restore.newer
+        span = (
+            f"checkpoint {newer[0]}" if len(newer) == 1 else f"checkpoints {newer[0]}..{newer[-1]}"
+        )
+        kept = f"cannot retract committed Kafka transactions of {span} on topic {topic}"
+        return OutputSurvey(where, [], [], 0, kept)
+
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         """Commit what the restored checkpoint lists, fence what an earlier run left, check."""
         await self._connect()
@@ -197,9 +218,11 @@ class TransactionalKafkaWriter(_WriterBase):
         for state in states:
             for entry in (state or {}).get("pending", []):
                 pending.setdefault(f"{entry[1]}/{entry[2]}/{entry[3]}", list(entry))
+        topics = [s["topic"] for s in states if s and "topic" in s]
         return {
             "pending": sorted(pending.values(), key=lambda e: int(e[0])),
             "pools": {str(i): int(s.get("pool_size", 0)) for i, s in enumerate(states) if s},
+            **({"topic": topics[0]} if topics else {}),
         }
 
     # -- writing --------------------------------------------------------------
@@ -322,6 +345,7 @@ class TransactionalKafkaWriter(_WriterBase):
             ],
             "pool_size": len(self._pool.slots),
             "prefix": self._base,
+            "topic": self._sink.topic,
         }
 
     async def commit(self, checkpoint_id: int) -> None:

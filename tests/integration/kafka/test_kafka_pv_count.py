@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from aiostream_ckpt.checkpoint.storage import read_checkpoint
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.broker import free_port
 from aiostream_ckpt.connectors.staging import read_committed_output
@@ -283,3 +284,90 @@ async def test_startup_errors_are_one_line_and_write_nothing(
         assert len(errors) == 1 and message in errors[0], (name, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr, (name, proc.stderr[-2000:])
     assert await read_topic(out, isolation_level="read_uncommitted") == []
+
+
+def keyed_files(chk: Path) -> set[str]:
+    return {
+        e["path"]
+        for e in read_checkpoint(chk).operators["pv-count"]["subtasks"]["0"]["keyed"]["chain"]
+    }
+
+
+def corrupt_keyed_state(newest: Path, older: Path) -> None:
+    """Flip a byte in a keyed-state file of ``newest`` that ``older`` does not use."""
+    only = sorted(keyed_files(newest) - keyed_files(older))
+    assert only, (keyed_files(newest), keyed_files(older))
+    victim = newest.parent / only[-1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+
+
+def consumed(chk: Path) -> int:
+    """Input records a checkpoint's source positions cover (the topic starts at offset 0)."""
+    subtasks = read_checkpoint(chk).operators["events"]["subtasks"].values()
+    return sum(int(o) for st in subtasks for o in st["operator"]["positions"].values())
+
+
+async def test_fallback_behind_committed_transactions_is_refused(kafka_job, read_topic):
+    """The newest checkpoint's state is corrupt; falling back would repeat committed output.
+
+    On main the job fell back to the older checkpoint and wrote the records of
+    the set-aside one again: read_committed consumers saw them twice, silently.
+    Now the restore stops, naming the checkpoints and the topic, and the
+    committed output is untouched; ``--allow-duplicate-output`` proceeds, and
+    the duplicates are exactly the records after the restored checkpoint.
+    """
+    job = await kafka_job(300_000, seed=13)
+    sets = ("restart.strategy=none", "checkpoint.retained=6", "checkpoint.full_every=1")
+    cmd = job.cmd(*(a for s in sets for a in ("--set", s)), interval="100ms")
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=180, cwd=REPO)
+
+    first = await asyncio.to_thread(run)
+    assert first.returncode == 0, first.stderr[-3000:]
+    await assert_exactly_once(read_topic, job)
+    before = await read_topic(job.output_topic, timeout_s=60)
+    ckpt = job.work / "ckpt"
+    chks = sorted(c for c in ckpt.glob("chk-??????????") if (c / "_metadata").exists())
+    # The newest checkpoint(s) cover the whole input: corrupt each, back to one that does not.
+    events = job_events(job)
+    older = max((c for c in chks if consumed(c) < events), default=None)
+    assert older is not None, [consumed(c) for c in chks]
+    newer = [c for c in chks if c > older]
+    older_id, newer_ids = chk_id(older), [chk_id(c) for c in newer]
+    replayed = events - consumed(older)
+    for chk in newer:
+        corrupt_keyed_state(chk, older)
+    lo, hi = newer_ids[0], newer_ids[-1]
+    span = f"checkpoints {lo}..{hi}" if len(newer) > 1 else f"checkpoint {lo}"
+
+    refused = await asyncio.to_thread(run)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert f"restoring checkpoint {older_id}" in last, last
+    assert f"{span} on topic {job.output_topic}" in last, last
+    assert "--allow-duplicate-output" in last and "new topic" in last, last
+    assert {f"chk-{i:010d}.bad" for i in newer_ids} <= {p.name for p in ckpt.iterdir()}
+    assert await read_topic(job.output_topic, timeout_s=60) == before, "nothing may change"
+    # Refused again on the next start: the set-aside checkpoint still counts.
+    again = await asyncio.to_thread(run)
+    assert again.returncode == 1 and span in again.stderr, again.stderr
+
+    allowed = await asyncio.to_thread(run, "--allow-duplicate-output")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "WARNING" in allowed.stderr and "twice" in allowed.stderr, allowed.stderr[-3000:]
+    after = await read_topic(job.output_topic, timeout_s=60)
+    assert len(after) - len(before) == replayed
+    duplicates = len(after) - len(set(after))
+    assert duplicates == replayed, (duplicates, replayed)
+    assert set(after) == set(before), "the duplicates are records already committed, nothing new"
+
+
+def chk_id(chk: Path) -> int:
+    return int(chk.name.split("-")[1])
+
+
+def job_events(job: KafkaJob) -> int:
+    return sum(1 for line in job.input_file.read_bytes().splitlines() if line.strip())
