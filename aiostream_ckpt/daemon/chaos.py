@@ -4,12 +4,14 @@
 2. Rounds, each on fresh checkpoint and output directories: run the app as
    a worker process under a plan of kills aimed at the windows of
    :mod:`aiostream_ckpt.testing.chaos_windows` (fail points and input
-   position) until it finishes, then compare each declared output and the
-   dead letters with the reference; with ``--oracle``, also the main output
-   with the app's independent recount from the input.
+   position), with ``faults`` also those of
+   :mod:`aiostream_ckpt.testing.chaos_faults` between restarts, until it
+   finishes, then compare each declared output and the dead letters with the
+   reference; with ``--oracle``, also the main output with the app's
+   independent recount from the input.
 3. Until ``--kills`` kills happened, print one verdict line::
 
-       chaos: kills=N events=E lost=L duplicated=D verdict=PASS|FAIL
+       chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
 
 ``lost`` and ``duplicated`` add up every round and output; unexpected or
 reordered records, a worker that failed, or fewer kills than asked also fail.
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.errors import AiostreamError
+from aiostream_ckpt.testing.chaos_faults import plan_faults
 from aiostream_ckpt.testing.chaos_windows import plan_round, run_round
 from aiostream_ckpt.validate.proof import (
     AppRun,
@@ -49,6 +52,10 @@ class ChaosVerdict:
     rounds: int = 0
     counts: Counter[str] = field(default_factory=Counter)
     windows: Counter[str] = field(default_factory=Counter)
+    #: faults injected between restarts (:mod:`aiostream_ckpt.testing.chaos_faults`), by kind
+    faults: Counter[str] = field(default_factory=Counter)
+    #: committed records the fallbacks after a corruption moved aside (retracted)
+    retracted: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -61,20 +68,25 @@ class ChaosVerdict:
         self.rounds += other.rounds
         self.counts.update(other.counts)
         self.windows.update(other.windows)
+        self.faults.update(other.faults)
+        self.retracted += other.retracted
         self.problems += other.problems
 
     def line(self) -> str:
         c = self.counts
         return (
-            f"chaos: kills={self.kills} events={self.events} lost={c['missing']} "
-            f"duplicated={c['duplicated']} verdict={'PASS' if self.passed else 'FAIL'}"
+            f"chaos: kills={self.kills} faults={self.faults.total()} events={self.events} "
+            f"lost={c['missing']} duplicated={c['duplicated']} "
+            f"verdict={'PASS' if self.passed else 'FAIL'}"
         )
 
     def details(self) -> str:
         c = self.counts
         windows = " ".join(f"{w}={n}" for w, n in sorted(self.windows.items()))
+        faults = " ".join(f"{f}={n}" for f, n in sorted(self.faults.items())) or "none"
         return (
-            f"chaos: {self.rounds} rounds; kills by window: {windows}; unexpected="
+            f"chaos: {self.rounds} rounds; kills by window: {windows}; faults: {faults} "
+            f"(retracted {self.retracted} committed records); unexpected="
             f"{c['unexpected']} reordered_keys={c['reordered_keys']} "
             f"malformed_out={c['malformed_out']}"
         )
@@ -108,8 +120,13 @@ def run_chaos(
     keep: bool = False,
     timeout: float = 900.0,
     echo: bool = True,
+    faults: bool = False,
 ) -> ChaosVerdict:
-    """Run rounds of planned kills until ``kills`` happened; prove each against one reference."""
+    """Run rounds of planned kills until ``kills`` happened; prove each against one reference.
+
+    With ``faults``, each round also injects the faults of
+    :func:`~aiostream_ckpt.testing.chaos_faults.plan_faults` between its restarts.
+    """
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
     reference = workdir / "reference"
@@ -130,10 +147,21 @@ def run_chaos(
             cmd += ["--config", str(run.config)]
         for s in [*rrun[0].sets, "rest.port=0"]:
             cmd += ["--set", s]
-        result = run_round(cmd, plan, inputs=rrun[1], log_path=rdir / "worker.log", timeout=timeout)
+        result = run_round(
+            cmd,
+            plan,
+            inputs=rrun[1],
+            log_path=rdir / "worker.log",
+            timeout=timeout,
+            faults=plan_faults([k.window for k in plan]) if faults else None,
+            checkpoint_dir=rdir / "checkpoints",
+        )
         verdict.kills += result.kill_count
         verdict.windows.update(result.kills)
+        verdict.faults.update(result.faults)
+        verdict.retracted += result.retracted
         verdict.events += _events(rrun[1])
+        verdict.problems += [f"round {r}: {p}; see {rdir / 'worker.log'}" for p in result.problems]
         if result.exit_code != 0:
             verdict.problems.append(
                 f"round {r}: worker exited {result.exit_code}; see {rdir / 'worker.log'}"

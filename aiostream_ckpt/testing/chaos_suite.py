@@ -6,9 +6,12 @@ every fail point window (snapshot write, metadata durable, sink commit,
 recovery, end of input) and by input position. Each round's output is proven
 against a failure-free reference run and against the app's own recount of
 the input (``PROOF.oracle``), read by the proof's file reader: no code is
-shared with the sink being checked. Prints one verdict line::
+shared with the sink being checked. A last pv_count part also injects the
+faults of :mod:`.chaos_faults` between its restarts (two successors at once,
+a corrupt newest checkpoint); its proof reads the committed output a reader
+sees, not what a fallback moved aside. Prints one verdict line::
 
-    chaos: kills=N events=E lost=L duplicated=D verdict=PASS|FAIL
+    chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
 
 Not part of ``make test`` (several minutes). ``--kills`` scales the parts.
 """
@@ -38,6 +41,7 @@ class Part:
     share: float  # of the kills
     make_inputs: Callable[[Path, int], list[Path]]
     sets: tuple[str, ...] = ()
+    faults: bool = False  # inject testing.chaos_faults between the restarts
 
 
 def _pv_inputs(d: Path, parallelism: int) -> list[Path]:
@@ -72,6 +76,8 @@ PARTS = (
     Part("apps.pv_count", 2, 0.25, _pv_inputs),
     Part("apps.transitions_per_hour", 1, 0.22, _transitions_inputs, ("app.max_delay=120000",)),
     Part("apps.transitions_per_hour", 2, 0.18, _transitions_inputs, ("app.max_delay=120000",)),
+    # kills on top of the shares above (which add up to 1): 3 rounds, 2 faults each
+    Part("apps.pv_count", 1, 0.23, _pv_inputs, faults=True),
 )
 
 
@@ -95,7 +101,10 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
     )
     want = max(1, round(kills * part.share))
     started = time.monotonic()
-    print(f"chaos suite: {part.app} parallelism {part.parallelism}, {want} kills", flush=True)
+    faults = ", faults" if part.faults else ""
+    print(
+        f"chaos suite: {part.app} parallelism {part.parallelism}, {want} kills{faults}", flush=True
+    )
     verdict = run_chaos(
         run,
         load_contract(part.app),
@@ -104,6 +113,7 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
         workdir=d / "chaos",
         oracle=True,
         keep=keep,
+        faults=part.faults,
     )
     print(f"  {verdict.details()}", flush=True)
     print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
@@ -145,7 +155,9 @@ def run_suite(
 def _save(verdict: ChaosVerdict, path: Path) -> None:
     v = verdict
     fields = {"kills": v.kills, "events": v.events, "rounds": v.rounds, "problems": v.problems}
-    path.write_text(json.dumps({**fields, "counts": v.counts, "windows": v.windows}))
+    fields["retracted"] = v.retracted
+    counters = {"counts": v.counts, "windows": v.windows, "faults": v.faults}
+    path.write_text(json.dumps({**fields, **counters}))
 
 
 def _load(path: Path, missing: str) -> ChaosVerdict:
@@ -158,6 +170,8 @@ def _load(path: Path, missing: str) -> ChaosVerdict:
         rounds=raw["rounds"],
         counts=Counter(raw["counts"]),
         windows=Counter(raw["windows"]),
+        faults=Counter(raw["faults"]),
+        retracted=raw["retracted"],
         problems=raw["problems"],
     )
 

@@ -20,11 +20,12 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiostream_ckpt.failpoints import ENV_VAR
+from aiostream_ckpt.testing import chaos_faults
 from aiostream_ckpt.testing.chaos import read_fraction
 
 #: Windows where the job moves on before the kill.
@@ -55,6 +56,11 @@ class RoundResult:
     kills: Counter[str] = field(default_factory=Counter)
     #: planned kills whose window the job never reached
     missed: Counter[str] = field(default_factory=Counter)
+    #: faults injected (:mod:`.chaos_faults`), by kind, and what they showed wrong
+    faults: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    #: committed records a fallback moved aside (found in the log)
+    retracted: int = 0
 
     @property
     def kill_count(self) -> int:
@@ -87,18 +93,35 @@ def run_round(
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
     timeout: float = 600.0,
+    faults: Mapping[int, Sequence[str]] | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> RoundResult:
-    """Run ``cmd`` once per planned kill, then once to the end; see the module docstring."""
+    """Run ``cmd`` once per planned kill, then once to the end; see the module docstring.
+
+    ``faults`` (by run index, see :func:`.chaos_faults.plan_faults`) are
+    injected before those runs; ``corrupt_newest`` needs ``checkpoint_dir``.
+    """
     result = RoundResult()
     started = time.monotonic()
     base = dict(os.environ if env is None else env)
     base.pop(ENV_VAR, None)
     sizes = {str(p.resolve()): p.stat().st_size for p in inputs}
+    corrupted: int | None = None  # log offset where the run after a corruption starts
     with open(log_path or os.devnull, "ab") as log:
         for i, kill in enumerate([*plan, None]):
             result.runs += 1
             run_env = {**base, **(kill.env() if kill is not None else {})}
-            code = _run_once(cmd, run_env, kill, sizes, log, started + timeout)
+            todo = (faults or {}).get(i, ())
+            victim = None
+            if chaos_faults.CORRUPT_NEWEST in todo and checkpoint_dir is not None:
+                victim = chaos_faults.corrupt_newest(checkpoint_dir)
+            if victim is not None:
+                result.faults[chaos_faults.CORRUPT_NEWEST] += 1
+                log.write(f"=== chaos: corrupted {victim} ===\n".encode())
+                log.flush()
+                corrupted = log.tell()
+            rival = checkpoint_dir if chaos_faults.TWO_SUCCESSORS in todo else None
+            code = _run_once(cmd, run_env, kill, sizes, log, started + timeout, rival, result)
             if code == -signal.SIGKILL and kill is not None:
                 result.kills[kill.window] += 1
                 log.write(f"=== chaos: SIGKILL at {kill.window} ===\n".encode())
@@ -107,6 +130,13 @@ def run_round(
             result.missed.update(k.window for k in plan[i:])
             result.exit_code = code
             break
+    if corrupted is not None and log_path is not None:
+        with open(log_path, "rb") as f:
+            f.seek(corrupted)
+            after = f.read()
+        if chaos_faults.FALLBACK_MARK.encode() not in after:
+            result.problems.append("corrupt newest checkpoint: no restart fell back")
+        result.retracted = sum(int(n) for n in chaos_faults.RETRACTED.findall(after))
     result.elapsed = time.monotonic() - started
     return result
 
@@ -118,10 +148,36 @@ def _run_once(
     sizes: dict[str, int],
     log: object,
     deadline: float,
+    rival_dir: Path | None = None,
+    result: RoundResult | None = None,
 ) -> int:
-    proc = subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    pump = threading.Thread(target=_pump, args=(proc, log), daemon=True)
-    pump.start()
+    """Run ``cmd`` once, or with ``rival_dir`` (its checkpoint directory) twice at once.
+
+    Of two, the one that runs is watched; the other must have been refused.
+    """
+    procs = [
+        subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        for _ in range(2 if rival_dir is not None else 1)
+    ]
+    lines: list[list[str]] = [[] for _ in procs]  # kept for a rival's refusal only
+    pumps = [
+        threading.Thread(target=_pump, args=(p, log, lines[i] if rival_dir else None), daemon=True)
+        for i, p in enumerate(procs)
+    ]
+    for t in pumps:
+        t.start()
+    proc = procs[0]
+    if rival_dir is not None:
+        owner = chaos_faults.hold_owner_until_refused(procs, rival_dir, deadline)
+        proc, pump = procs[owner], pumps[owner]
+        pumps[1 - owner].join(timeout=5)
+        problem = chaos_faults.refusal_problem(procs[1 - owner], "".join(lines[1 - owner]), proc)
+        assert result is not None
+        result.faults[chaos_faults.TWO_SUCCESSORS] += 1
+        if problem is not None:
+            result.problems.append(problem)
+    else:
+        pump = pumps[0]
     by_position = kill is not None and kill.window == "position"
     run_start: float | None = None
     while proc.poll() is None:
@@ -143,7 +199,9 @@ def _run_once(
     return proc.returncode
 
 
-def _pump(proc: subprocess.Popen[bytes], log: object) -> None:
+def _pump(proc: subprocess.Popen[bytes], log: object, lines: list[str] | None) -> None:
     assert proc.stderr is not None
     for raw in proc.stderr:
         log.write(raw)  # type: ignore[attr-defined]
+        if lines is not None:
+            lines.append(raw.decode(errors="replace"))

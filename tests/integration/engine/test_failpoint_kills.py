@@ -116,5 +116,5 @@ def test_chaos_command_on_the_windowed_app_at_parallelism_2(tmp_path: Path) -> N
     )
     assert verdict.passed, verdict.problems
     assert verdict.kills >= 5 and verdict.events == 80_000
-    want = f"chaos: kills={verdict.kills} events=80000 lost=0 duplicated=0 verdict=PASS"
+    want = f"chaos: kills={verdict.kills} faults=0 events=80000 lost=0 duplicated=0 verdict=PASS"
     assert verdict.line() == want
