@@ -58,7 +58,7 @@ def test_retention_with_clock_ahead_and_concurrent_checkpoints(tmp_path: Path) -
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     args = generated_pv_args(
         ckpt, out,
-        "--set", "checkpoint.interval=20ms",
+        "--set", "checkpoint.interval=2ms",
         "--set", "checkpoint.max_concurrent=3",
         "--set", "checkpoint.retained=1",
         "--set", "checkpoint.full_every=4",
