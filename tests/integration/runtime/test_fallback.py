@@ -20,7 +20,7 @@ import pytest
 from aiostream_ckpt.checkpoint.storage import read_checkpoint
 from aiostream_ckpt.connectors.staging import committed_files, read_committed_output
 from tests.helpers import REPO, check_pv_output, cli, cli_cmd, make_pv_input, recount
-from tests.integration.engine.test_recovery import run_until_checkpoint
+from tests.integration.runtime.test_recovery import run_until_checkpoint
 
 pytestmark = pytest.mark.integration
 
