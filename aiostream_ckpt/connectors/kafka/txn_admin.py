@@ -16,7 +16,7 @@ not a producer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeVar, cast
 
 from aiokafka import errors as kafka_errors
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -38,13 +38,56 @@ from aiostream_ckpt.errors import ConnectorError
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 
 
-class ListTransactionsResponse_v0(Response):  # type: ignore[misc]
-    API_KEY = 66
-    API_VERSION = 0
-    SCHEMA = Schema(
+def _flexible_v0(name: str, api_key: int, request: Schema, response: Schema) -> Any:
+    """Declare version 0 of a flexible API (its request struct; the response rides on it)."""
+    response_type = type(
+        f"{name}Response_v0",
+        (Response,),
+        {"__module__": __name__, "API_KEY": api_key, "API_VERSION": 0, "SCHEMA": response},
+    )
+    return type(
+        f"{name}Request_v0",
+        (RequestStruct,),
+        {
+            "__module__": __name__,
+            "FLEXIBLE_VERSION": True,
+            "API_KEY": api_key,
+            "API_VERSION": 0,
+            "RESPONSE_TYPE": response_type,
+            "SCHEMA": request,
+        },
+    )
+
+
+_S = TypeVar("_S", bound=RequestStruct)
+
+
+class _FieldsRequest(Request[_S]):  # type: ignore[misc]
+    """A request built from its fields in schema order (the trailing tags left empty)."""
+
+    API_KEY = -1  # each subclass sets its own
+
+    def __init__(self, *fields: Any) -> None:
+        self._fields = fields
+
+    def build(self, request_struct_class: type[_S]) -> _S:
+        return cast(_S, request_struct_class(*self._fields, {}))
+
+
+_STRINGS = CompactArray(CompactString("utf-8"))
+
+ListTransactionsRequest_v0 = _flexible_v0(
+    "ListTransactions",
+    66,
+    Schema(
+        ("state_filters", _STRINGS),
+        ("producer_id_filters", CompactArray(Int64)),
+        ("tags", TaggedFields),
+    ),
+    Schema(
         ("throttle_time_ms", Int32),
         ("error_code", Int16),
-        ("unknown_state_filters", CompactArray(CompactString("utf-8"))),
+        ("unknown_state_filters", _STRINGS),
         (
             "transaction_states",
             CompactArray(
@@ -55,38 +98,22 @@ class ListTransactionsResponse_v0(Response):  # type: ignore[misc]
             ),
         ),
         ("tags", TaggedFields),
-    )
+    ),
+)
 
 
-class ListTransactionsRequest_v0(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 66
-    API_VERSION = 0
-    RESPONSE_TYPE = ListTransactionsResponse_v0
-    SCHEMA = Schema(
-        ("state_filters", CompactArray(CompactString("utf-8"))),
-        ("producer_id_filters", CompactArray(Int64)),
-        ("tags", TaggedFields),
-    )
-
-
-_ListStruct: TypeAlias = ListTransactionsRequest_v0
-
-
-class ListTransactionsRequest(Request[_ListStruct]):  # type: ignore[misc]
+class ListTransactionsRequest(_FieldsRequest[ListTransactionsRequest_v0]):  # type: ignore[valid-type]
     API_KEY = 66
 
     def __init__(self, states: list[str]) -> None:
-        self._states = states
-
-    def build(self, request_struct_class: type[_ListStruct]) -> _ListStruct:
-        return request_struct_class(self._states, [], {})
+        super().__init__(states, [])
 
 
-class DescribeTransactionsResponse_v0(Response):  # type: ignore[misc]
-    API_KEY = 65
-    API_VERSION = 0
-    SCHEMA = Schema(
+DescribeTransactionsRequest_v0 = _flexible_v0(
+    "DescribeTransactions",
+    65,
+    Schema(("transactional_ids", _STRINGS), ("tags", TaggedFields)),
+    Schema(
         ("throttle_time_ms", Int32),
         (
             "transaction_states",
@@ -110,31 +137,15 @@ class DescribeTransactionsResponse_v0(Response):  # type: ignore[misc]
             ),
         ),
         ("tags", TaggedFields),
-    )
+    ),
+)
 
 
-class DescribeTransactionsRequest_v0(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 65
-    API_VERSION = 0
-    RESPONSE_TYPE = DescribeTransactionsResponse_v0
-    SCHEMA = Schema(
-        ("transactional_ids", CompactArray(CompactString("utf-8"))),
-        ("tags", TaggedFields),
-    )
-
-
-_DescribeStruct: TypeAlias = DescribeTransactionsRequest_v0
-
-
-class DescribeTransactionsRequest(Request[_DescribeStruct]):  # type: ignore[misc]
+class DescribeTransactionsRequest(_FieldsRequest[DescribeTransactionsRequest_v0]):  # type: ignore[valid-type]
     API_KEY = 65
 
     def __init__(self, transactional_ids: list[str]) -> None:
-        self._ids = transactional_ids
-
-    def build(self, request_struct_class: type[_DescribeStruct]) -> _DescribeStruct:
-        return request_struct_class(self._ids, {})
+        super().__init__(transactional_ids)
 
 
 @dataclass(frozen=True, slots=True)
