@@ -34,12 +34,15 @@ from aiostream_ckpt.errors import AiostreamError
 from aiostream_ckpt.testing.chaos_faults import plan_faults
 from aiostream_ckpt.testing.chaos_windows import plan_round, run_round
 from aiostream_ckpt.validate.proof import (
+    DETERMINISM,
     AppRun,
+    assumptions,
     compare_dirs,
     compare_oracle,
     load_contract,
     plan_outputs,
     reference_run,
+    twin_outputs,
 )
 
 
@@ -57,6 +60,8 @@ class ChaosVerdict:
     #: committed records the fallbacks after a corruption moved aside (retracted)
     retracted: int = 0
     problems: list[str] = field(default_factory=list)
+    #: what the verdict rests on (see :func:`~aiostream_ckpt.validate.proof.assumptions`)
+    assumptions: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -71,6 +76,7 @@ class ChaosVerdict:
         self.faults.update(other.faults)
         self.retracted += other.retracted
         self.problems += other.problems
+        self.assumptions += [a for a in other.assumptions if a not in self.assumptions]
 
     def line(self) -> str:
         c = self.counts
@@ -105,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
     p.add_argument("--keep", action="store_true", help="keep every round's directories")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per round")
+    p.add_argument(
+        "--reference-runs",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): a second failure-free run checks that the app is deterministic",
+    )
     return p
 
 
@@ -121,11 +134,14 @@ def run_chaos(
     timeout: float = 900.0,
     echo: bool = True,
     faults: bool = False,
+    reference_runs: int = 2,
 ) -> ChaosVerdict:
     """Run rounds of planned kills until ``kills`` happened; prove each against one reference.
 
     With ``faults``, each round also injects the faults of
     :func:`~aiostream_ckpt.testing.chaos_faults.plan_faults` between its restarts.
+    With ``reference_runs=2`` a second failure-free run must commit what the
+    first did, or no round runs: the proof assumes a deterministic app.
     """
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -133,6 +149,15 @@ def run_chaos(
     plan_outputs(run, contract, reference)  # fails early when the main output is not set
     ref_seconds = reference_run(run, contract, reference)
     verdict = ChaosVerdict()
+    verdict.assumptions = assumptions(
+        contract, reference_runs, oracle=oracle and contract.oracle is not None
+    )
+    if reference_runs > 1:
+        second = workdir / "reference-2"
+        reference_run(run, contract, second)
+        _check_twins(verdict, run, contract, reference, second)
+        if not keep:
+            shutil.rmtree(second, ignore_errors=True)
     stalled = 0
     while verdict.kills < kills and not verdict.problems:
         r = verdict.rounds
@@ -188,6 +213,21 @@ def run_chaos(
     if not keep:
         shutil.rmtree(reference, ignore_errors=True)
     return verdict
+
+
+def _check_twins(
+    verdict: ChaosVerdict, run: AppRun, contract: ProofContract, first: Path, second: Path
+) -> None:
+    for twin in twin_outputs(run, contract, first, second):
+        c = compare_dirs(twin.actual, twin.reference, contract)
+        if not c.passed:
+            bad = {k: c.counts[k] for k in _FAILURES if c.counts[k]}
+            first_example = next(iter(c.examples.values()), [])[:1]
+            verdict.problems.append(
+                f"{twin.label.removeprefix(DETERMINISM).strip()}: the app is NOT DETERMINISTIC: "
+                f"two failure-free runs differ ({bad}; e.g. {first_example}), so comparing "
+                "with a reference proves nothing for it"
+            )
 
 
 def _round_run(run: AppRun, contract: ProofContract, rdir: Path) -> tuple[AppRun, list[Path]]:
@@ -270,6 +310,7 @@ def chaos_main(argv: list[str]) -> int:
             oracle=args.oracle,
             keep=args.keep,
             timeout=args.timeout,
+            reference_runs=args.reference_runs,
         )
     except AiostreamError as exc:
         print(f"aiostream-ckpt chaos: error: {exc}", file=sys.stderr)
@@ -278,5 +319,7 @@ def chaos_main(argv: list[str]) -> int:
     for p in verdict.problems:
         print(f"chaos: problem: {p}")
     print(verdict.details())
+    for a in verdict.assumptions:
+        print(f"chaos: assumes: {a}")
     print(verdict.line(), flush=True)
     return 0 if verdict.passed else 1

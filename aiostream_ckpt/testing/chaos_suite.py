@@ -156,6 +156,7 @@ def _save(verdict: ChaosVerdict, path: Path) -> None:
     v = verdict
     fields = {"kills": v.kills, "events": v.events, "rounds": v.rounds, "problems": v.problems}
     fields["retracted"] = v.retracted
+    fields["assumptions"] = v.assumptions
     counters = {"counts": v.counts, "windows": v.windows, "faults": v.faults}
     path.write_text(json.dumps({**fields, **counters}))
 
@@ -173,6 +174,7 @@ def _load(path: Path, missing: str) -> ChaosVerdict:
         faults=Counter(raw["faults"]),
         retracted=raw["retracted"],
         problems=raw["problems"],
+        assumptions=raw.get("assumptions", []),
     )
 
 
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in verdict.problems:
         print(f"chaos: problem: {problem}")
     print(verdict.details() + f"; {time.monotonic() - started:.0f}s")
+    for a in verdict.assumptions:
+        print(f"chaos: assumes: {a}")
     print(verdict.line(), flush=True)
     return 0 if verdict.passed else 1
 

@@ -351,6 +351,69 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
     return time.monotonic() - started
 
 
+#: Label prefix of the comparison of the two failure-free runs.
+DETERMINISM = "determinism:"
+
+
+def twin_outputs(
+    run: AppRun, contract: ProofContract, first: Path, second: Path
+) -> list[ComparedOutput]:
+    """Pair each output of two failure-free runs (scratch dirs ``first`` and ``second``).
+
+    The proof compares with one failure-free run, so it means something only
+    if a second one commits the same records: an app that reads processing
+    time, random numbers or a live service shows it here, whatever it declares.
+    """
+    a = plan_outputs(run, contract, first)
+    b = {o.label: o.reference for o in plan_outputs(run, contract, second)}
+    labels = [o.label for o in a] + sorted(b.keys() - {o.label for o in a})
+    firsts = {o.label: o.reference for o in a}
+    return [
+        ComparedOutput(
+            f"{DETERMINISM} {label}",
+            firsts.get(label, first / "dead-letter" / label.split("/", 1)[-1]),
+            b[label] if label in b else second / "dead-letter" / label.split("/", 1)[-1],
+        )
+        for label in labels
+    ]
+
+
+def assumptions(contract: ProofContract, reference_runs: int, *, oracle: bool = False) -> list[str]:
+    """Return what a PASS rests on, in words for the report."""
+    said = "its PROOF declares it" if contract.deterministic else "it declares which fields vary"
+    ignored = (
+        f", apart from the fields {list(contract.ignore_fields)} (compared as absent)"
+        if contract.ignore_fields
+        else ""
+    )
+    return [
+        f"the app is deterministic ({said}): the same input and config commit the same "
+        f"records{ignored}",
+        "checked: a second failure-free run committed the same records (nondeterminism "
+        "that did not show in two runs is not caught)"
+        if reference_runs > 1
+        else "not checked: one reference run only (--reference-runs 1)",
+        "the failure-free reference run is itself right: a fault it shares with the run "
+        "under proof is not seen"
+        + ("; the app's independent recount (oracle) checks the main output" if oracle else ""),
+        f"records are compared as multisets and each {contract.key!r}'s records in commit order"
+        if contract.key is not None
+        else "records are compared as multisets only (the app declares no key, so order is "
+        "not checked)",
+    ]
+
+
+def nondeterminism_note(result: CheckResult) -> None:
+    """Say plainly what a failed twin comparison means."""
+    if result.check.startswith(DETERMINISM) and not result.passed:
+        result.notes.insert(
+            0,
+            "NOT DETERMINISTIC: two failure-free runs on the same input committed different "
+            "records, so a comparison with a reference run proves nothing for this app; fix "
+            "it, or declare deterministic=False and the fields that vary (ignore_fields)",
+        )
+
+
 def _example(examples: dict[str, list[dict[str, Any]]], kind: str, limit: int, **ex: Any) -> None:
     if len(examples[kind]) < limit:
         examples[kind].append(ex)

@@ -23,11 +23,14 @@ from aiostream_ckpt.errors import AiostreamError
 from aiostream_ckpt.validate.errors import ValidationConfigError
 from aiostream_ckpt.validate.proof import (
     AppRun,
+    assumptions,
     fast_results,
     load_contract,
+    nondeterminism_note,
     output_bytes,
     plan_outputs,
     reference_run,
+    twin_outputs,
 )
 from aiostream_ckpt.validate.result import CheckResult, ValidationReport, print_report
 
@@ -48,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", type=Path, help="reference run's directory (default: beside)")
     p.add_argument("--keep-reference", action="store_true")
     p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
+    p.add_argument(
+        "--reference-runs",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2 (default): a second failure-free run checks that the app is deterministic",
+    )
     p.add_argument("--fast-limit-mb", type=float, default=DEFAULT_FAST_LIMIT_MB)
     p.add_argument("--spark", action="store_true", help="compare with PySpark whatever the size")
     p.add_argument("--master", help="Spark master (implies --spark; default local[2])")
@@ -85,6 +95,7 @@ def proof_main(argv: list[str]) -> int:
             spark=args.spark or args.master is not None,
             master=args.master,
             fast_limit_mb=args.fast_limit_mb,
+            reference_runs=args.reference_runs,
         )
     except ValidationConfigError as exc:
         print(f"aiostream-ckpt validate: error: {exc}", file=sys.stderr)
@@ -107,12 +118,17 @@ def prove(
     spark: bool = False,
     master: str | None = None,
     fast_limit_mb: float = DEFAULT_FAST_LIMIT_MB,
+    reference_runs: int = 2,
 ) -> ValidationReport:
-    """Run the reference, then compare every planned output; one report."""
+    """Run the reference (twice: the second checks determinism), then compare; one report."""
     started = time.monotonic()
     plan_outputs(run, contract, scratch)  # a config error stops before the reference run
     ref_seconds = reference_run(run, contract, scratch)
     plan = plan_outputs(run, contract, scratch)
+    if reference_runs > 1:
+        second = scratch / "second-run"
+        reference_run(run, contract, second)
+        plan += twin_outputs(run, contract, scratch, second)
     size = output_bytes(p.actual for p in plan) + output_bytes(p.reference for p in plan)
     use_spark = spark or size > fast_limit_mb * 1e6
     results: list[CheckResult]
@@ -130,4 +146,7 @@ def prove(
     path = "spark" if use_spark else "fast (no Spark)"
     for r in results:
         r.notes.append(f"{path} path; reference run took {ref_seconds:.1f}s")
-    return ValidationReport(results, time.monotonic() - started, startup)
+        nondeterminism_note(r)
+    report = ValidationReport(results, time.monotonic() - started, startup)
+    report.assumptions = assumptions(contract, reference_runs)
+    return report

@@ -45,6 +45,8 @@ class ValidationReport:
     results: list[CheckResult]
     seconds: float = 0.0
     spark_startup_seconds: float = 0.0
+    #: what the verdict rests on (the reference-run proof's premises), printed before it
+    assumptions: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -61,6 +63,7 @@ class ValidationReport:
             "passed": self.passed,
             "seconds": round(self.seconds, 3),
             "spark_startup_seconds": round(self.spark_startup_seconds, 3),
+            "assumptions": self.assumptions,
             "results": [r.to_dict() for r in self.results],
         }
 
@@ -85,6 +88,8 @@ def print_report(
             print(f"  {kind} (first {min(len(examples), SHOWN_EXAMPLES)}):", file=out)
             for ex in examples[:SHOWN_EXAMPLES]:
                 print("    " + " ".join(f"{k}={v}" for k, v in ex.items()), file=out)
+    for a in report.assumptions:
+        print(f"assumes: {a}", file=out)
     if json_path is not None:
         print(f"report: {json_path}", file=out)
     print(report.verdict_line(), file=out)

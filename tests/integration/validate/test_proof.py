@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.api.contract import ProofContract
+from aiostream_ckpt.daemon.chaos import run_chaos
 from aiostream_ckpt.validate.proof import (
     AppRun,
     compare_dirs,
@@ -220,3 +221,53 @@ def test_spark_path_finds_the_same_faults(
     assert fast.counts["reordered_keys"] >= 1
     assert results[0].examples["missing"][0]["canon"] == fast.examples["missing"][0]["record"]
     assert results[1].passed and results[1].counts["records_out"] == EVENTS
+
+
+def test_a_nondeterministic_app_is_caught_not_blamed_on_the_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An app that repeats updates at random but declares PROOF: two reference runs differ."""
+    inp = make_pv_input(tmp_path / "in.jsonl", 20_000, seed=4, keys=30)
+    sets = [
+        f"app.input={inp}",
+        f"app.output={tmp_path / 'out'}",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+    ]
+    _run_app("tests.apps.random_repeats", sets)
+    argv = ["--app", "tests.apps.random_repeats", "--scratch", str(tmp_path / "scratch")]
+    for s in sets:
+        argv += ["--set", s]
+    assert proof_main(argv) == 1
+    text = capsys.readouterr().out
+    assert "[FAIL] determinism: output" in text
+    assert "NOT DETERMINISTIC: two failure-free runs" in text
+    assert "assumes: the app is deterministic (its PROOF declares it)" in text
+    # the same app under chaos: refused before any kill, with the reason
+    verdict = run_chaos(
+        AppRun("tests.apps.random_repeats", sets),
+        load_contract("tests.apps.random_repeats"),
+        kills=2,
+        seed=1,
+        workdir=tmp_path / "chaos",
+        echo=False,
+    )
+    assert verdict.kills == 0 and verdict.rounds == 0
+    assert len(verdict.problems) == 1 and "NOT DETERMINISTIC" in verdict.problems[0]
+
+
+def test_a_pass_states_what_it_assumes(
+    pv_run: tuple[Path, Path, list[str]], tmp_path: Path
+) -> None:
+    _, _, sets = pv_run
+    run = AppRun("apps.pv_count", sets)
+    report = prove(run, PV, tmp_path / "scratch")
+    assert report.passed, report.verdict_line()
+    twins = [r for r in report.results if r.check.startswith("determinism:")]
+    assert [r.check for r in twins] == ["determinism: output", "determinism: dead-letter/events"]
+    assert twins[0].counts["records_out"] == twins[0].counts["reference_records"] == EVENTS
+    said = "\n".join(report.assumptions)
+    assert "checked: a second failure-free run committed the same records" in said
+    assert "each 'app_id''s records in commit order" in said
+    one = prove(run, PV, tmp_path / "scratch1", reference_runs=1)
+    assert one.passed and not any(r.check.startswith("determinism:") for r in one.results)
+    assert "not checked: one reference run only" in "\n".join(one.assumptions)
