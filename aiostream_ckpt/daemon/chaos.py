@@ -44,6 +44,7 @@ from aiostream_ckpt.validate.proof import (
     reference_run,
     twin_outputs,
 )
+from aiostream_ckpt.validate.proof_cli import add_reference_runs
 
 
 @dataclass
@@ -111,13 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
     p.add_argument("--keep", action="store_true", help="keep every round's directories")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per round")
-    p.add_argument(
-        "--reference-runs",
-        type=int,
-        choices=(1, 2),
-        default=2,
-        help="2 (default): a second failure-free run checks that the app is deterministic",
-    )
+    add_reference_runs(p)
     return p
 
 

@@ -51,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scratch", type=Path, help="reference run's directory (default: beside)")
     p.add_argument("--keep-reference", action="store_true")
     p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
+    add_reference_runs(p)
+    p.add_argument("--fast-limit-mb", type=float, default=DEFAULT_FAST_LIMIT_MB)
+    p.add_argument("--spark", action="store_true", help="compare with PySpark whatever the size")
+    p.add_argument("--master", help="Spark master (implies --spark; default local[2])")
+    p.add_argument("--json", metavar="PATH", help="write the full report here")
+    return p
+
+
+def add_reference_runs(p: argparse.ArgumentParser) -> None:
+    """``--reference-runs``: shared by ``validate --app`` and ``chaos``."""
     p.add_argument(
         "--reference-runs",
         type=int,
@@ -58,11 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="2 (default): a second failure-free run checks that the app is deterministic",
     )
-    p.add_argument("--fast-limit-mb", type=float, default=DEFAULT_FAST_LIMIT_MB)
-    p.add_argument("--spark", action="store_true", help="compare with PySpark whatever the size")
-    p.add_argument("--master", help="Spark master (implies --spark; default local[2])")
-    p.add_argument("--json", metavar="PATH", help="write the full report here")
-    return p
 
 
 def run_sets(args: argparse.Namespace, main_output: str) -> list[str]:
