@@ -32,6 +32,12 @@ class ConfigError(AiostreamError):
     """A configuration value is missing, malformed or out of range."""
 
 
+def check_config(cond: bool, key: str, value: object, must: str) -> None:
+    """Raise a :class:`ConfigError` naming ``key`` and its bad ``value`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"invalid config {key}={value!r}: must be {must}")
+
+
 class AppLoadError(AiostreamError):
     """The app module could not be imported or does not build a job."""
 

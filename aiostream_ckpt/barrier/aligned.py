@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiostream_ckpt.barrier.handler import AlignmentState, BarrierDecision, BarrierHandler
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.errors import CheckpointError
-from aiostream_ckpt.runtime.elements import CheckpointBarrier
 
 
 class AlignmentLimitExceeded(CheckpointError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from aiostream_ckpt.runtime.elements import CheckpointBarrier
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 
 
 class AlignmentState(Enum):

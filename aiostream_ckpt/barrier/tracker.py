@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiostream_ckpt.barrier.handler import BarrierDecision, BarrierHandler
-from aiostream_ckpt.runtime.elements import CheckpointBarrier
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 
 
 class CheckpointBarrierTracker(BarrierHandler):

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
+from aiostream_ckpt.checkpoint.config import CheckpointConfig
 from aiostream_ckpt.checkpoint.metadata import (
     METADATA_FILE,
     AbortReason,
@@ -31,8 +33,6 @@ from aiostream_ckpt.checkpoint.metadata import (
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, storage_error, write_atomically
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.errors import CheckpointError
-from aiostream_ckpt.runtime.config import CheckpointConfig
-from aiostream_ckpt.runtime.elements import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)

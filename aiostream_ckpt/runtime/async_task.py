@@ -24,8 +24,9 @@ import asyncio
 from typing import Any
 
 from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
-from aiostream_ckpt.runtime.elements import CheckpointBarrier, Watermark
+from aiostream_ckpt.runtime.elements import Watermark
 from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
 
 

@@ -2,26 +2,14 @@
 
 A batch is a plain ``list`` (the fast path checks ``type(x) is list``); all
 other elements are control elements that every task must forward in order.
+The checkpoint's own elements (barriers) live in ``checkpoint.barriers``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
-
-class CheckpointKind(Enum):
-    CHECKPOINT = "checkpoint"
-    SAVEPOINT = "savepoint"
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointBarrier:
-    """Barrier n: everything before it belongs to snapshot n, nothing after it does."""
-
-    checkpoint_id: int
-    timestamp: float
-    kind: CheckpointKind = CheckpointKind.CHECKPOINT
+from aiostream_ckpt.checkpoint.barriers import CancelCheckpoint, CheckpointBarrier
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +38,6 @@ class ProcessingTimeTick:
 @dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The upstream instance will send no more records (it may still send barriers)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CancelCheckpoint:
-    """Checkpoint n was declined somewhere; drop any alignment for it."""
-
-    checkpoint_id: int
 
 
 END_OF_INPUT = EndOfInput()

@@ -31,6 +31,7 @@ from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.barrier.handler import BarrierHandler
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint, TaskAck
 from aiostream_ckpt.clock import Clock
@@ -44,8 +45,6 @@ from aiostream_ckpt.runtime.elements import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     PROCESSING_TIME_TICK,
-    CheckpointBarrier,
-    CheckpointKind,
     EndOfInput,
     ProcessingTimeTick,
     Watermark,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
+from aiostream_ckpt.checkpoint.config import CheckpointConfig
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.errors import CheckpointError
-from aiostream_ckpt.runtime.config import CheckpointConfig
-from aiostream_ckpt.runtime.elements import CheckpointBarrier
 
 
 class FakeTask:

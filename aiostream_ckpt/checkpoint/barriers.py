@@ -1,0 +1,31 @@
+"""What the coordinator sends through the job: barrier n, its kind, and its cancellation.
+
+The checkpoint protocol's own types, so the coordinator, the barrier handlers
+and the tasks share them without the protocol depending on the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class CheckpointKind(Enum):
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointBarrier:
+    """Barrier n: everything before it belongs to snapshot n, nothing after it does."""
+
+    checkpoint_id: int
+    timestamp: float
+    kind: CheckpointKind = CheckpointKind.CHECKPOINT
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCheckpoint:
+    """Checkpoint n was declined somewhere; drop any alignment for it."""
+
+    checkpoint_id: int

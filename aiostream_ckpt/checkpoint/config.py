@@ -1,0 +1,58 @@
+"""Checkpointing knobs (``checkpoint.*``), validated once at startup.
+
+Part of the job configuration (``runtime.config.JobConfig.checkpoint``), kept
+here so the coordinator reads its own knobs without importing the runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from aiostream_ckpt.errors import check_config as _check
+
+
+class CheckpointingMode(Enum):
+    EXACTLY_ONCE = "exactly_once"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpointing knobs (seconds for durations; ``interval`` 0 disables periodic ones)."""
+
+    directory: Path | None = None
+    interval: float = 1.0
+    timeout: float = 60.0
+    max_concurrent: int = 1
+    min_pause: float = 0.0
+    tolerable_failures: int = 3
+    retained: int = 2
+    mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE
+    full_every: int = 10
+    max_delta_ratio: float = 0.5
+    alignment_max_buffered_batches: int = 4096
+
+    def validate(self) -> None:
+        _check(self.interval >= 0, "checkpoint.interval", self.interval, ">= 0")
+        _check(self.timeout > 0, "checkpoint.timeout", self.timeout, "> 0")
+        _check(self.max_concurrent >= 1, "checkpoint.max_concurrent", self.max_concurrent, ">= 1")
+        _check(self.min_pause >= 0, "checkpoint.min_pause", self.min_pause, ">= 0")
+        _check(
+            self.tolerable_failures >= 0,
+            "checkpoint.tolerable_failures",
+            self.tolerable_failures,
+            ">= 0",
+        )
+        _check(self.retained >= 1, "checkpoint.retained", self.retained, ">= 1")
+        _check(self.full_every >= 1, "checkpoint.full_every", self.full_every, ">= 1")
+        _check(
+            self.max_delta_ratio >= 0, "checkpoint.max_delta_ratio", self.max_delta_ratio, ">= 0"
+        )
+        _check(
+            self.alignment_max_buffered_batches >= 1,
+            "checkpoint.alignment_max_buffered_batches",
+            self.alignment_max_buffered_batches,
+            ">= 1",
+        )
