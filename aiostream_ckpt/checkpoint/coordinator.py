@@ -50,6 +50,19 @@ class CheckpointListener(Protocol):
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
 
 
+async def _to_the_end(work: asyncio.Future[None]) -> None:
+    """Await file work in an executor thread; if cancelled, still wait for it to end.
+
+    A thread cannot be stopped: returning at once would let the caller's
+    cleanup race the file operations still running. Cancellation is re-raised.
+    """
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise
+
+
 class CheckpointCoordinator:
     """One per job run. Start it with ``async with`` or :meth:`start`/:meth:`stop`."""
 
@@ -82,6 +95,7 @@ class CheckpointCoordinator:
         self._last_completion = -float("inf")
         self._slot_free = asyncio.Event()
         self._bg = BackgroundTasks(self._fail)
+        self._finalize_lock = asyncio.Lock()
         self._periodic: asyncio.Task[None] | None = None
         self._started = False
         self._final_pending = False
@@ -278,29 +292,57 @@ class CheckpointCoordinator:
     # -- completion -----------------------------------------------------------------
 
     async def _complete(self, pending: PendingCheckpoint) -> None:
+        """Write the metadata of a fully acknowledged checkpoint, then tell the tasks.
+
+        One metadata write or retention pass runs at a time (``_finalize_lock``):
+        retention then sees exactly the checkpoints this coordinator completed,
+        never one whose metadata a write is still making durable. Once the write
+        starts the checkpoint is FINALIZING: no timeout, newer checkpoint or stop
+        aborts it, because a durable checkpoint is what the next run restores --
+        aborting it would unpin its files and roll back its transactions.
+        """
+        async with self._finalize_lock:
+            if pending.status is not CheckpointStatus.PENDING:
+                return  # expired or subsumed while the previous write ran
+            pending.transition(CheckpointStatus.FINALIZING)
+            cid = pending.checkpoint_id
+            sp = self._savepoint_dirs.get(cid)
+            directory = sp if sp is not None else self.storage.checkpoint_dir(cid)
+            completed = self._build_completed(pending, directory)
+            if sp is not None:
+                data = encode_metadata(completed.to_json())
+                write = self._in_executor(write_atomically, sp / METADATA_FILE, data)
+            else:
+                write = self._in_executor(self.storage.write_completed, completed)
+            try:
+                await _to_the_end(write)
+            except CheckpointError as exc:
+                log.error("checkpoint %d: %s", cid, exc)
+                self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc))
+                return
+            except asyncio.CancelledError:  # the job stops; the write has ended (_to_the_end)
+                failed = write.cancelled() or write.exception() is not None
+                if failed:
+                    self._abort(cid, AbortReason.STORAGE_FAILED, detail="while stopping")
+                else:  # durable: the next run restores it, as after a crash
+                    self._settle_completed(pending, completed, notify=False)
+                raise
+            if sp is None:
+                failpoints.hit("final_metadata_durable" if pending.is_final else "metadata_durable")
+            self._settle_completed(pending, completed, notify=True)
+            if sp is None:
+                retention = self._in_executor(self.storage.apply_retention, self.config.retained)
+                await _to_the_end(retention)
+
+    def _in_executor(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _settle_completed(
+        self, pending: PendingCheckpoint, completed: CompletedCheckpoint, *, notify: bool
+    ) -> None:
+        """Mark a checkpoint with durable metadata completed; ``notify`` tasks (sinks commit)."""
         cid = pending.checkpoint_id
         sp = self._savepoint_dirs.get(cid)
-        directory = sp if sp is not None else self.storage.checkpoint_dir(cid)
-        completed = self._build_completed(pending, directory)
-        loop = asyncio.get_running_loop()
-        try:
-            if sp is not None:
-                await loop.run_in_executor(
-                    self._executor,
-                    write_atomically,
-                    sp / METADATA_FILE,
-                    encode_metadata(completed.to_json()),
-                )
-            else:
-                await loop.run_in_executor(self._executor, self.storage.write_completed, completed)
-        except CheckpointError as exc:
-            log.error("checkpoint %d: %s", cid, exc)
-            self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc))
-            return
-        if pending.status is not CheckpointStatus.PENDING:
-            return  # expired while the metadata was being written; discarded already
-        if sp is None:
-            failpoints.hit("final_metadata_durable" if pending.is_final else "metadata_durable")
         pending.transition(CheckpointStatus.COMPLETED)
         del self._pending[cid]
         self._slot_free.set()
@@ -308,11 +350,12 @@ class CheckpointCoordinator:
         self._last_completion = self._clock.monotonic()
         self._record(completed, "completed")
         log.info(
-            "%s %d completed in %.0f ms (%d bytes)",
+            "%s %d completed in %.0f ms (%d bytes)%s",
             "savepoint" if sp else "checkpoint",
             cid,
             completed.duration_seconds * 1000,
             completed.size_bytes,
+            "" if notify else "; the job stops: its sinks commit when the next run restores it",
         )
         waiter = self._waiters.pop(cid, None)
         if sp is None:
@@ -320,16 +363,13 @@ class CheckpointCoordinator:
             older_ids = [c for c, p in self._pending.items() if c < cid and not p.is_savepoint]
             for older in older_ids:
                 self._abort(older, AbortReason.SUBSUMED, count=False)
-            for listener in self._listeners:
-                listener.notify_checkpoint_complete(cid)
+            if notify:
+                for listener in self._listeners:
+                    listener.notify_checkpoint_complete(cid)
         if waiter is not None and not waiter.done():
             waiter.set_result(completed)
-        if pending.is_final and not self.finished.done():
+        if notify and pending.is_final and not self.finished.done():
             self.finished.set_result(cid)
-        if sp is None:
-            await loop.run_in_executor(
-                self._executor, self.storage.apply_retention, self.config.retained
-            )
 
     def _build_completed(self, pending: PendingCheckpoint, directory: Path) -> CompletedCheckpoint:
         operators: dict[str, dict[str, Any]] = {}
@@ -373,9 +413,13 @@ class CheckpointCoordinator:
     def _abort(
         self, checkpoint_id: int, reason: AbortReason, *, detail: str = "", count: bool = True
     ) -> None:
-        pending = self._pending.pop(checkpoint_id, None)
+        pending = self._pending.get(checkpoint_id)
         if pending is None:
             return
+        finalizing = pending.status is CheckpointStatus.FINALIZING
+        if finalizing and reason is not AbortReason.STORAGE_FAILED:
+            return  # its metadata write decides (see _complete)
+        del self._pending[checkpoint_id]
         pending.transition(CheckpointStatus.ABORTED)
         self._slot_free.set()
         if not pending.is_savepoint:

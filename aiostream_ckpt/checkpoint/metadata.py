@@ -23,11 +23,18 @@ METADATA_VERSION = 1
 
 class CheckpointStatus(Enum):
     PENDING = "pending"
+    #: Every task acknowledged; the metadata is being written. Nothing aborts it now
+    #: but a failed write: once durable, the next run would restore it.
+    FINALIZING = "finalizing"
     COMPLETED = "completed"
     ABORTED = "aborted"
 
     def can_become(self, other: CheckpointStatus) -> bool:
-        return self is CheckpointStatus.PENDING and other is not CheckpointStatus.PENDING
+        if self is CheckpointStatus.PENDING:
+            return other is not CheckpointStatus.PENDING
+        if self is CheckpointStatus.FINALIZING:
+            return other in (CheckpointStatus.COMPLETED, CheckpointStatus.ABORTED)
+        return False
 
 
 class AbortReason(Enum):
