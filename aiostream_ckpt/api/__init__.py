@@ -1,6 +1,11 @@
 """The public API: build jobs on a :class:`StreamEnvironment`."""
 
 from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry
+from aiostream_ckpt.api.broadcast import (
+    BroadcastProcessFunction,
+    BroadcastStream,
+    KeyedBroadcastProcessFunction,
+)
 from aiostream_ckpt.api.co_functions import CoProcessFunction, KeyedCoProcessFunction
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.api.functions import (
@@ -23,9 +28,12 @@ from aiostream_ckpt.state.descriptors import (
 __all__ = [
     "AsyncFunction",
     "AsyncRetry",
+    "BroadcastProcessFunction",
+    "BroadcastStream",
     "CoProcessFunction",
     "Collector",
     "Context",
+    "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",

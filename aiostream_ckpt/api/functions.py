@@ -27,6 +27,13 @@ from aiostream_ckpt.state.descriptors import (
 if TYPE_CHECKING:
     from aiostream_ckpt.runtime.side_outputs import OutputTag
 
+
+class BroadcastStates(Protocol):
+    """The broadcast states an operator instance hands its function (``runtime.broadcast``)."""
+
+    def get(self, descriptor: MapStateDescriptor[Any, Any]) -> Any: ...
+
+
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 
@@ -133,16 +140,18 @@ class Context:
     cost a slot load, not a property call.
     """
 
-    __slots__ = ("_side", "_timers", "current_key")
+    __slots__ = ("_broadcast", "_side", "_timers", "current_key")
 
     def __init__(
         self,
         timers: TimerService | None = None,
         side_output: list[tuple[Any, Any]] | None = None,
+        broadcast: BroadcastStates | None = None,
     ) -> None:
         self.current_key: Any = None
         self._timers = timers
         self._side = side_output
+        self._broadcast = broadcast
 
     def output(self, tag: OutputTag[Any], value: Any) -> None:
         """Emit ``value`` to side output ``tag`` (read by ``stream.get_side_output(tag)``).
@@ -154,6 +163,15 @@ class Context:
         side = self._side
         if side is not None:
             side.append((tag, value))
+
+    def get_broadcast_state(self, descriptor: MapStateDescriptor[Any, Any]) -> Any:
+        """Return the broadcast state of ``descriptor`` (writable on the broadcast side)."""
+        if self._broadcast is None:
+            raise TypeError(
+                "broadcast state needs a (Keyed)BroadcastProcessFunction on a stream connected "
+                "to stream.broadcast(descriptor)"
+            )
+        return self._broadcast.get(descriptor)
 
     def timer_service(self) -> TimerService:
         """Event- and processing-time timers of the current key."""
@@ -175,8 +193,9 @@ class OnTimerContext(Context):
         timers: TimerService | None,
         time_domain: TimeDomain = TimeDomain.EVENT_TIME,
         side_output: list[tuple[Any, Any]] | None = None,
+        broadcast: BroadcastStates | None = None,
     ) -> None:
-        super().__init__(timers, side_output)
+        super().__init__(timers, side_output, broadcast)
         self.time_domain = time_domain
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from aiostream_ckpt.api.async_functions import (
     AsyncFunction,
@@ -29,8 +29,10 @@ from aiostream_ckpt.api.transformations import (
 )
 from aiostream_ckpt.connectors.base import Sink
 from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
 if TYPE_CHECKING:
+    from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
     from aiostream_ckpt.api.connected import ConnectedStreams
     from aiostream_ckpt.api.environment import StreamEnvironment
     from aiostream_ckpt.runtime.side_outputs import OutputTag
@@ -175,11 +177,30 @@ class Stream(Generic[T]):
         node = self._add(TransformKind.PROCESS, name, fn=function, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
 
-    def connect(self, other: Stream[R]) -> ConnectedStreams[T, R]:
-        """Connect ``other`` for a two-input operator (``.process(CoProcessFunction)``)."""
+    @overload
+    def connect(self, other: BroadcastStream[R]) -> BroadcastConnectedStream[T, R]: ...
+
+    @overload
+    def connect(self, other: Stream[R]) -> ConnectedStreams[T, R]: ...
+
+    def connect(
+        self, other: Stream[R] | BroadcastStream[R]
+    ) -> ConnectedStreams[T, R] | BroadcastConnectedStream[T, R]:
+        """Connect ``other`` for a two-input operator (``.process(CoProcessFunction)``).
+
+        ``other`` made by ``stream.broadcast(descriptor)``: ``.process`` takes a
+        (Keyed)BroadcastProcessFunction with broadcast state (see
+        :mod:`~aiostream_ckpt.api.broadcast`).
+        """
+        from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
         from aiostream_ckpt.api.connected import ConnectedStreams
 
+        if isinstance(other, BroadcastStream):
+            return BroadcastConnectedStream(self, other, self._connect_key())
         return ConnectedStreams(self, other)
+
+    def _connect_key(self) -> Callable[[Any], Any] | None:
+        return None
 
     def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
         """Partition by key: records with equal keys go to the same instance and state."""
@@ -189,8 +210,26 @@ class Stream(Generic[T]):
         """Spread batches round-robin over the next operator's instances."""
         return _Repartitioned(self._env, self._node, Partitioning.REBALANCE)
 
-    def broadcast(self) -> Stream[T]:
-        """Send every record to every instance of the next operator."""
+    @overload
+    def broadcast(self) -> Stream[T]: ...
+
+    @overload
+    def broadcast(
+        self, descriptor: MapStateDescriptor[Any, Any], /, *more: MapStateDescriptor[Any, Any]
+    ) -> BroadcastStream[T]: ...
+
+    def broadcast(
+        self, *descriptors: MapStateDescriptor[Any, Any]
+    ) -> Stream[T] | BroadcastStream[T]:
+        """Send every record to every instance of the next operator.
+
+        With descriptors: a :class:`~aiostream_ckpt.api.broadcast.BroadcastStream`
+        to ``connect`` to, whose function keeps those maps as broadcast state.
+        """
+        if descriptors:
+            from aiostream_ckpt.api.broadcast import BroadcastStream
+
+            return BroadcastStream(self, descriptors)
         return _Repartitioned(self._env, self._node, Partitioning.BROADCAST)
 
     def union(self, *others: Stream[T]) -> Stream[T]:
@@ -261,6 +300,9 @@ class KeyedStream(Stream[T], Generic[T, K]):
         kw["partitioning"] = Partitioning.HASH
         kw["key_selector"] = self._key_selector
         return super()._add(kind, name, **kw)
+
+    def _connect_key(self) -> Callable[[Any], Any] | None:
+        return self._key_selector
 
     def process(  # type: ignore[override]
         self,

@@ -18,6 +18,8 @@ class TransformKind(Enum):
     KEYED_PROCESS = "keyed_process"
     CO_PROCESS = "co_process"
     KEYED_CO_PROCESS = "keyed_co_process"
+    BROADCAST_PROCESS = "broadcast_process"
+    KEYED_BROADCAST_PROCESS = "keyed_broadcast_process"
     REDUCE = "reduce"
     UNION = "union"
     SINK = "sink"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,10 @@ from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
+from aiostream_ckpt.runtime.broadcast import (
+    BroadcastProcessOperator,
+    KeyedBroadcastProcessOperator,
+)
 from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
 from aiostream_ckpt.runtime.co_process import (
     CoProcessOperator,
@@ -103,7 +107,8 @@ def _resolve(inp: Transformation) -> list[tuple[Transformation, Any]]:
     return [(inp, None)]
 
 
-_TWO_INPUTS = (TransformKind.CO_PROCESS, TransformKind.KEYED_CO_PROCESS)
+_BROADCAST = (TransformKind.BROADCAST_PROCESS, TransformKind.KEYED_BROADCAST_PROCESS)
+_TWO_INPUTS = (TransformKind.CO_PROCESS, TransformKind.KEYED_CO_PROCESS, *_BROADCAST)
 
 
 def plan_chains(transformations: list[Transformation], config: JobConfig) -> list[Chain]:
@@ -120,7 +125,9 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
             ks = keys[side] if keys is not None else t.key_selector
             for inp, tag in _resolve(direct):
                 how = t.partitioning
-                if how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
+                if side == 1 and t.kind in _BROADCAST:
+                    how = Partitioning.BROADCAST  # every instance gets the whole stream
+                elif how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
                     how = Partitioning.REBALANCE
                 edges.append(Edge(inp, t, how, ks, tag, side if two else 0))
     consumers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
@@ -175,6 +182,11 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return CoProcessOperator(t.uid, copy.deepcopy(t.fn.function))
     if kind is TransformKind.KEYED_CO_PROCESS:
         return KeyedCoProcessOperator(t.uid, copy.deepcopy(t.fn.function), t.fn.key_selectors)
+    if kind is TransformKind.BROADCAST_PROCESS:
+        return BroadcastProcessOperator(t.uid, replace(t.fn, function=copy.deepcopy(t.fn.function)))
+    if kind is TransformKind.KEYED_BROADCAST_PROCESS:
+        spec = replace(t.fn, function=copy.deepcopy(t.fn.function))
+        return KeyedBroadcastProcessOperator(t.uid, spec)
     if kind is TransformKind.ASYNC_MAP:
         return AsyncWaitOperator(t.uid, t.fn, t.key_selector)
     if kind is TransformKind.FLAT_MAP:
