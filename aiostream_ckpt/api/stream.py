@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from aiostream_ckpt.api.connected import ConnectedStreams
     from aiostream_ckpt.api.environment import StreamEnvironment
     from aiostream_ckpt.runtime.side_outputs import OutputTag
+    from aiostream_ckpt.time.interval_join import IntervalJoin
     from aiostream_ckpt.time.windowed_stream import WindowedStream
     from aiostream_ckpt.time.windows import WindowAssigner
 
@@ -301,8 +302,21 @@ class KeyedStream(Stream[T], Generic[T, K]):
         kw["key_selector"] = self._key_selector
         return super()._add(kind, name, **kw)
 
+    @property
+    def key_selector(self) -> Callable[[T], K]:
+        return self._key_selector
+
     def _connect_key(self) -> Callable[[Any], Any] | None:
         return self._key_selector
+
+    def interval_join(self, other: KeyedStream[R, K]) -> IntervalJoin[T, R]:
+        """Join with ``other`` on key and event time: ``.between(lower, upper).process(fn)``.
+
+        See :mod:`aiostream_ckpt.time.interval_join`.
+        """
+        from aiostream_ckpt.time.interval_join import IntervalJoin
+
+        return IntervalJoin(self, other)
 
     def process(  # type: ignore[override]
         self,

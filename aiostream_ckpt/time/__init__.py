@@ -11,6 +11,7 @@ from aiostream_ckpt.api.functions import OnTimerContext, TimeDomain, TimerServic
 from aiostream_ckpt.runtime.elements import MAX_WATERMARK, MIN_WATERMARK
 from aiostream_ckpt.runtime.side_outputs import OutputTag
 from aiostream_ckpt.time.functions import AggregateFunction, ProcessWindowFunction, WindowContext
+from aiostream_ckpt.time.interval_join import JoinContext, ProcessJoinFunction
 from aiostream_ckpt.time.watermarks import WatermarkStrategy
 from aiostream_ckpt.time.windowed_stream import WindowedStream
 from aiostream_ckpt.time.windows import (
@@ -26,8 +27,10 @@ __all__ = [
     "MIN_WATERMARK",
     "AggregateFunction",
     "EventTimeSessionWindows",
+    "JoinContext",
     "OnTimerContext",
     "OutputTag",
+    "ProcessJoinFunction",
     "ProcessWindowFunction",
     "SlidingEventTimeWindows",
     "TimeDomain",
