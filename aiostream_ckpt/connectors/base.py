@@ -38,9 +38,26 @@ class RestoreInfo:
     tag: str
     #: newer checkpoints whose output may be committed: the restore replays their records
     newer: tuple[int, ...] = ()
+    #: ``--allow-duplicate-output``: repeating committed output is accepted (with a warning)
+    allow_duplicate_output: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "id": self.checkpoint_id, "path": self.path}
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "restoring nothing (every checkpoint was set aside)"
+        return f"restoring {self.kind} {self.checkpoint_id} ({self.path})"
+
+
+def duplicate_output_refusal(what: str, kept: str) -> str:
+    """Say why a restore (``what``) that would repeat committed output (``kept``) is refused."""
+    return (
+        f"{what} would write again output that read_committed consumers have already seen: "
+        f"{kept}; nothing was changed. Either restore the newer checkpoint if it can be "
+        "repaired, or write to a new topic (the job starts a fresh output there from the "
+        "restore point), or run again with --allow-duplicate-output to accept those records twice"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,7 +261,12 @@ class JobRunner:
         if restored is not None and not restored.is_savepoint:
             coordinator.latest_completed = restored
         fallback = restored is None and self.restore_points.after_set_aside()
-        restore = restore_info(restored, fallback=fallback, storage=self.storage)
+        restore = restore_info(
+            restored,
+            fallback=fallback,
+            storage=self.storage,
+            allow_duplicates=config.allow_duplicate_output,
+        )
         tasks: list[StreamTask] = []
         try:
             specs = build_chain_specs(

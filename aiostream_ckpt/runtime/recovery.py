@@ -35,7 +35,7 @@ from typing import Any
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
-from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
+from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo, duplicate_output_refusal
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError, RestoreRefusedError
 from aiostream_ckpt.runtime.task import StreamTask
 
@@ -106,7 +106,11 @@ class RestorePoints:
 
 
 def restore_info(
-    restored: CompletedCheckpoint | None, *, fallback: bool, storage: CheckpointStorage
+    restored: CompletedCheckpoint | None,
+    *,
+    fallback: bool,
+    storage: CheckpointStorage,
+    allow_duplicates: bool = False,
 ) -> RestoreInfo | None:
     """Describe the restore for writers that retract or keep output (None on a fresh start)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
@@ -114,11 +118,13 @@ def restore_info(
         if not fallback:
             return None
         tag = f"{stamp}-restored-nothing-{secrets.token_hex(3)}"
-        return RestoreInfo("none", 0, "", tag, tuple(storage.committed_after(0)))
+        newer = tuple(storage.committed_after(0))
+        return RestoreInfo("none", 0, "", tag, newer, allow_duplicates)
     kind = "savepoint" if restored.is_savepoint else "checkpoint"
     tag = f"{stamp}-restored-{kind}-{restored.checkpoint_id}-{secrets.token_hex(3)}"
     newer = tuple(storage.committed_after(restored.checkpoint_id))
-    return RestoreInfo(kind, restored.checkpoint_id, str(restored.directory), tag, newer)
+    path = str(restored.directory)
+    return RestoreInfo(kind, restored.checkpoint_id, path, tag, newer, allow_duplicates)
 
 
 async def _all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -172,13 +178,7 @@ def _kept_refusal(restored: CompletedCheckpoint | None, kept: list[str]) -> str:
     else:
         kind = "savepoint" if restored.is_savepoint else "checkpoint"
         what = f"restoring {kind} {restored.checkpoint_id} ({restored.directory})"
-    return (
-        f"{what} would write again output that read_committed consumers have already seen: "
-        f"{'; '.join(sorted(set(kept)))}; nothing was changed. Either restore the newer "
-        "checkpoint if it can be repaired, or write to a new topic (the job starts a fresh "
-        "output there from the restore point), or run again with --allow-duplicate-output "
-        "to accept those records twice"
-    )
+    return duplicate_output_refusal(what, "; ".join(sorted(set(kept))))
 
 
 def _refusal(restored: CompletedCheckpoint, retract: list[tuple[str, str, int]]) -> str:

@@ -16,6 +16,11 @@ transactions would be lost, so the rule is:
   convention, subtask 0 also what belongs to subtasks at or above the new
   parallelism), so no instance aborts what another may still commit.
 
+A writer may name ``shared_state_keys``: state that only all old instances
+together make true (the Kafka sink's ``output_end``, where the old run's
+checkpointed output ends in each partition). Instance i then gets those keys
+from the merged state even when the parallelism is unchanged.
+
 A writer without ``merge_states`` cannot be rescaled safely: that is a
 :class:`StateMigrationError` at startup rather than silently lost output.
 """
@@ -55,11 +60,16 @@ def restored_writer_state(
         return None
     states = old_states(restored, uid, key)
     old_p = int(restored.operators.get(uid, {}).get("parallelism", parallelism))
+    merge: MergeFn | None = getattr(writer, "merge_states", None)
     if old_p == parallelism:
-        return states.get(subtask)
+        own = states.get(subtask)
+        shared: tuple[str, ...] = getattr(writer, "shared_state_keys", ())
+        if own is None or not shared or not callable(merge):
+            return own
+        merged = merge([states.get(i) for i in range(old_p)])
+        return {**own, **{k: merged[k] for k in shared if k in merged}}
     if not states:
         return None
-    merge: MergeFn | None = getattr(writer, "merge_states", None)
     if not callable(merge):
         raise StateMigrationError(
             f"operator {uid!r}: {key} state was taken at parallelism {old_p} and cannot be "

@@ -206,16 +206,19 @@ class Committer:
             "and the broker's transaction.max.timeout.ms, which caps it"
         )
 
-    async def _visible(self, entry: PendingTxn) -> bool:
-        """Whether the first record of ``entry`` can be read with ``read_committed``."""
-        assert entry.ranges is not None
-        consumer = AIOKafkaConsumer(
+    def _consumer(self) -> Any:
+        return AIOKafkaConsumer(
             bootstrap_servers=self._sink.bootstrap_servers,
             isolation_level="read_committed",
             enable_auto_commit=False,
             auto_offset_reset="none",
             **client_kwargs(self._sink.producer_config),
         )
+
+    async def _visible(self, entry: PendingTxn) -> bool:
+        """Whether the first record of ``entry`` can be read with ``read_committed``."""
+        assert entry.ranges is not None
+        consumer = self._consumer()
         await consumer.start()
         try:
             partition, (first, last) = min(entry.ranges.items())
@@ -238,14 +241,74 @@ class Committer:
                     return bool(records[0].offset <= last)
                 if await consumer.position(tp) > last:
                     return False
-            raise ConnectorError(
-                f"{self._label}: cannot check transaction {entry.txn.transactional_id} of "
-                f"checkpoint {entry.checkpoint_id}: {tp.topic}[{partition}] stays held back by "
-                f"an open transaction for {self._sink.commit_timeout_s:g}s",
-                retriable=True,
+            raise self._held_back(
+                f"check transaction {entry.txn.transactional_id} of checkpoint "
+                f"{entry.checkpoint_id}",
+                tp,
             )
         finally:
             await consumer.stop()
+
+    async def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Return the log end offset (high watermark) of each of the topic's ``partitions``."""
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self._sink.topic, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_end(*tps)
+            return {tp.partition: await consumer.position(tp) for tp in tps}
+        finally:
+            await consumer.stop()
+
+    async def committed_after(self, ends: Mapping[int, int]) -> dict[int, int]:
+        """Partition -> first offset at or after ``ends[p]`` that ``read_committed`` can read.
+
+        What an earlier run committed past the restored checkpoint's output.
+        Run after fencing: every open transaction of this sink has been
+        aborted, so the read reaches the partitions' end; control records and
+        aborted records are skipped by the consumer.
+        """
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tps = {TopicPartition(self._sink.topic, p): end for p, end in ends.items()}
+            consumer.assign(list(tps))
+            for tp, end in tps.items():
+                consumer.seek(tp, end)
+            todo = dict(tps)
+            found: dict[int, int] = {}
+            deadline = time.monotonic() + self._sink.commit_timeout_s
+            while todo:
+                if time.monotonic() > deadline:
+                    raise self._held_back("check the output after the restore point", *todo)
+                try:
+                    got = await consumer.getmany(*todo, timeout_ms=200, max_records=1)
+                except kafka_errors.OffsetOutOfRangeError:
+                    log.warning(
+                        "%s: output past the restore point was deleted (retention): not checked",
+                        self._label,
+                    )
+                    return found
+                for tp, records in got.items():
+                    if records:
+                        found[tp.partition] = records[0].offset
+                        del todo[tp]
+                for tp in list(todo):
+                    high = consumer.highwater(tp)
+                    if high is not None and await consumer.position(tp) >= high:
+                        del todo[tp]
+            return found
+        finally:
+            await consumer.stop()
+
+    def _held_back(self, what: str, *tps: TopicPartition) -> ConnectorError:
+        where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in tps)
+        return ConnectorError(
+            f"{self._label}: cannot {what}: {where} stays held back by an open transaction "
+            f"for {self._sink.commit_timeout_s:g}s",
+            retriable=True,
+        )
 
     async def commit_slot(self, slot: Slot) -> None:
         """Commit ``slot``'s pre-committed transaction through its producer, else by EndTxn."""

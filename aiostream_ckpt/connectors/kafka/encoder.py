@@ -43,6 +43,8 @@ class RecordEncoder:
         self._key_fn = sink.key_fn
         self._headers_fn = sink.headers_fn
         self._partitions = partitions
+        #: the topic's partitions, as the metadata listed them at start
+        self.partitions = tuple(partitions)
         self._partitioner = DefaultPartitioner()
         self._key_partition: dict[bytes, int] = {}
         self._round_robin = 0

@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import errors as kafka_errors
 
-from aiostream_ckpt.connectors.base import ConnectorContext, OutputSurvey
+from aiostream_ckpt.connectors.base import (
+    ConnectorContext,
+    OutputSurvey,
+    duplicate_output_refusal,
+)
 from aiostream_ckpt.connectors.kafka.committer import (
     Committer,
     PendingTxn,
@@ -40,7 +44,7 @@ from aiostream_ckpt.connectors.kafka.txn_admin import (
     ListingUnsupportedError,
     list_transactional_ids,
 )
-from aiostream_ckpt.errors import ConnectorError
+from aiostream_ckpt.errors import ConnectorError, RestoreRefusedError
 
 if TYPE_CHECKING:
     from aiostream_ckpt.connectors.kafka.sink import KafkaSink
@@ -117,6 +121,9 @@ class _WriterBase:
 class TransactionalKafkaWriter(_WriterBase):
     """Exactly-once writer of one subtask; see :mod:`aiostream_ckpt.connectors.kafka.sink`."""
 
+    #: where the checkpointed output of *all* subtasks ends (see ``runtime.writer_state``)
+    shared_state_keys = ("output_end",)
+
     def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
         super().__init__(sink, ctx)
         self._base = sink.transactional_id_prefix or f"{ctx.job_name}-{ctx.operator_uid}"
@@ -130,6 +137,8 @@ class TransactionalKafkaWriter(_WriterBase):
         self._open: Slot | None = None
         self._pending: list[Slot] = []
         self._committer: Committer | None = None
+        #: partition -> offset past the last record of the checkpointed output
+        self._output_end: dict[int, int] = {}
 
     @property
     def transactional_ids(self) -> list[str]:
@@ -196,6 +205,7 @@ class TransactionalKafkaWriter(_WriterBase):
                 == ctx.subtask_index
             ]
         )
+        await self._check_output_end(state)
         self._recovered = True
         log.info(
             "%s: recovered from checkpoint %s; %d transactional producers %s-%d-0..%d ready",
@@ -207,20 +217,66 @@ class TransactionalKafkaWriter(_WriterBase):
             len(self._pool.slots) - 1,
         )
 
+    async def _check_output_end(self, state: Mapping[str, Any]) -> None:
+        """Refuse a restore whose topic has committed output newer than the restored state's.
+
+        An older savepoint restored into a fresh checkpoint directory has no
+        newer checkpoints to tell it that a later run went on writing: only the
+        topic can. The state records where the checkpointed output of all
+        subtasks ends per partition (``output_end``); a record that
+        ``read_committed`` reads at or past it, once this job's transactions are
+        fenced, was committed after the restore point and would be written
+        again. Subtask 0 checks, for the whole sink. Flink cannot tell (its
+        sink keeps no positions); we promise no duplicates, so we ask the topic.
+        """
+        assert self._committer is not None and self._encoder is not None
+        ends = {int(p): int(o) for p, o in state.get("output_end", {}).items()}
+        if not ends or state.get("topic", self._sink.topic) != self._sink.topic:
+            # a fresh start, a new topic, or a state from before output_end: start here
+            self._output_end = await self._committer.end_offsets(self._encoder.partitions)
+            return
+        self._output_end = ends
+        restore = self._ctx.restore
+        if self._ctx.subtask_index != 0 or restore is None:
+            return
+        newer = await self._committer.committed_after(ends)
+        if not newer:
+            return
+        kept = (
+            f"kafka topic {self._sink.topic} holds records committed after the restored "
+            "output ("
+            + ", ".join(f"partition {p} from offset {o}" for p, o in sorted(newer.items()))
+            + "), by a later run of this job or another writer of the topic"
+        )
+        if not restore.allow_duplicate_output:
+            raise RestoreRefusedError(duplicate_output_refusal(restore.describe(), kept))
+        log.warning(
+            "%s: %s; their records are written again (--allow-duplicate-output): "
+            "read_committed consumers see them twice",
+            self._label,
+            kept,
+        )
+
     @staticmethod
     def merge_states(states: Sequence[Mapping[str, Any] | None]) -> dict[str, Any]:
         """Merge old instances' states for a restore at another parallelism.
 
         Committing a listed transaction is idempotent (EndTxn on a committed
-        transaction succeeds), so every new instance may get every one.
+        transaction succeeds), so every new instance may get every one. The
+        output ends per partition are the furthest any instance reached.
         """
         pending: dict[str, list[Any]] = {}
         for state in states:
             for entry in (state or {}).get("pending", []):
                 pending.setdefault(f"{entry[1]}/{entry[2]}/{entry[3]}", list(entry))
         topics = [s["topic"] for s in states if s and "topic" in s]
+        ends: dict[str, int] = {}
+        for state in states:
+            for p, end in (state or {}).get("output_end", {}).items():
+                ends[p] = max(ends.get(p, 0), int(end))
         return {
             "pending": sorted(pending.values(), key=lambda e: int(e[0])),
+            **({"output_end": ends} if ends else {}),
             "pools": {str(i): int(s.get("pool_size", 0)) for i, s in enumerate(states) if s},
             **({"topic": topics[0]} if topics else {}),
         }
@@ -326,6 +382,8 @@ class TransactionalKafkaWriter(_WriterBase):
             await self._flush(slot.producer, slot.transactional_id)
             slot.prepared = prepared_transaction(slot.producer)
             slot.ranges = self._encoder.take_ranges()
+            for p, (_, last) in slot.ranges.items():
+                self._output_end[p] = max(self._output_end.get(p, 0), last + 1)
             slot.checkpoint_id = checkpoint_id
             slot.advance(SlotState.PRECOMMITTED)
             self._pending.append(slot)
@@ -346,6 +404,7 @@ class TransactionalKafkaWriter(_WriterBase):
             "pool_size": len(self._pool.slots),
             "prefix": self._base,
             "topic": self._sink.topic,
+            "output_end": {str(p): end for p, end in sorted(self._output_end.items())},
         }
 
     async def commit(self, checkpoint_id: int) -> None:

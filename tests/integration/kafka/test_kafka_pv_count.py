@@ -371,3 +371,54 @@ def chk_id(chk: Path) -> int:
 
 def job_events(job: KafkaJob) -> int:
     return sum(1 for line in job.input_file.read_bytes().splitlines() if line.strip())
+
+
+async def test_older_restore_point_into_a_fresh_directory_is_refused(kafka_job, read_topic):
+    """A retained checkpoint restored into a new checkpoint directory, same output topic.
+
+    The new directory knows no newer checkpoints, so only the topic can tell
+    that a later run went on committing. On main the restore went ahead and
+    read_committed consumers saw every record after the restore point twice.
+    Now the sink compares the restored state's output end with what
+    read_committed reads past it, refuses naming the options, and changes no
+    committed output; ``--allow-duplicate-output`` proceeds, with exactly the
+    replayed records twice. (``--from-savepoint`` takes a retained checkpoint
+    as a savepoint, as Flink does: the same restore path.)
+    """
+    job = await kafka_job(300_000, seed=17)
+    sets = ("restart.strategy=none", "checkpoint.retained=6", "checkpoint.full_every=1")
+    cmd = job.cmd(*(a for s in sets for a in ("--set", s)), interval="100ms")
+    first = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=180, cwd=REPO
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    await assert_exactly_once(read_topic, job)
+    before = await read_topic(job.output_topic, timeout_s=60)
+    chks = sorted(
+        c for c in (job.work / "ckpt").glob("chk-??????????") if (c / "_metadata").exists()
+    )
+    events = job_events(job)
+    older = max((c for c in chks if consumed(c) < events), default=None)
+    assert older is not None, [consumed(c) for c in chks]
+    replayed = events - consumed(older)
+    fresh = ("--set", f"checkpoint.dir={job.work / 'ckpt-fresh'}", "--from-savepoint", str(older))
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cmd, *fresh, *extra], capture_output=True, text=True, timeout=180, cwd=REPO
+        )
+
+    refused = await asyncio.to_thread(run)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert f"restoring checkpoint {chk_id(older)} ({older})" in last, last
+    assert f"kafka topic {job.output_topic} holds records committed after" in last, last
+    assert "--allow-duplicate-output" in last and "new topic" in last, last
+    assert await read_topic(job.output_topic, timeout_s=60) == before, "nothing may change"
+
+    allowed = await asyncio.to_thread(run, "--allow-duplicate-output")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "WARNING" in allowed.stderr and "twice" in allowed.stderr, allowed.stderr[-3000:]
+    after = await read_topic(job.output_topic, timeout_s=60)
+    assert len(after) - len(before) == replayed
+    assert set(after) == set(before), "the duplicates are records already committed, nothing new"
