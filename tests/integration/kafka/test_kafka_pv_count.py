@@ -343,12 +343,9 @@ async def test_fallback_behind_committed_transactions_is_refused(kafka_job, read
     lo, hi = newer_ids[0], newer_ids[-1]
     span = f"checkpoints {lo}..{hi}" if len(newer) > 1 else f"checkpoint {lo}"
 
-    refused = await asyncio.to_thread(run)
-    assert refused.returncode == 1, refused.stderr[-3000:]
-    last = refused.stderr.strip().splitlines()[-1]
+    last = refusal(await asyncio.to_thread(run))
     assert f"restoring checkpoint {older_id}" in last, last
     assert f"{span} on topic {job.output_topic}" in last, last
-    assert "--allow-duplicate-output" in last and "new topic" in last, last
     assert {f"chk-{i:010d}.bad" for i in newer_ids} <= {p.name for p in ckpt.iterdir()}
     assert await read_topic(job.output_topic, timeout_s=60) == before, "nothing may change"
     # Refused again on the next start: the set-aside checkpoint still counts.
@@ -363,6 +360,14 @@ async def test_fallback_behind_committed_transactions_is_refused(kafka_job, read
     duplicates = len(after) - len(set(after))
     assert duplicates == replayed, (duplicates, replayed)
     assert set(after) == set(before), "the duplicates are records already committed, nothing new"
+
+
+def refusal(proc: subprocess.CompletedProcess[str]) -> str:
+    """The last line of a refused restore, checked to name the ways on."""
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "--allow-duplicate-output" in last and "new topic" in last, last
+    return last
 
 
 def chk_id(chk: Path) -> int:
@@ -408,12 +413,9 @@ async def test_older_restore_point_into_a_fresh_directory_is_refused(kafka_job, 
             [*cmd, *fresh, *extra], capture_output=True, text=True, timeout=180, cwd=REPO
         )
 
-    refused = await asyncio.to_thread(run)
-    assert refused.returncode == 1, refused.stderr[-3000:]
-    last = refused.stderr.strip().splitlines()[-1]
+    last = refusal(await asyncio.to_thread(run))
     assert f"restoring checkpoint {chk_id(older)} ({older})" in last, last
     assert f"kafka topic {job.output_topic} holds records committed after" in last, last
-    assert "--allow-duplicate-output" in last and "new topic" in last, last
     assert await read_topic(job.output_topic, timeout_s=60) == before, "nothing may change"
 
     allowed = await asyncio.to_thread(run, "--allow-duplicate-output")
