@@ -123,9 +123,44 @@ def _short(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
 
 
+async def run_to_end(aw: Awaitable[T], *, timeout_s: float | None) -> T:
+    """Await ``aw`` to its end even when the caller is cancelled, then re-raise the cancel.
+
+    Why: aiokafka's ``AIOKafkaProducer.stop()`` and ``AIOKafkaConsumer.stop()``
+    mark the client closed *before* they flush and close its connections, and
+    a second call returns at once. A stop cut short by a cancel (a task
+    cancelled while it closes, a recycle cancelled by ``close()``) is never
+    finished: its sockets stay open until garbage collection, when asyncio logs
+    ``Unclosed AIOKafkaConnection``. So ``aw`` runs in its own task, shielded;
+    only ``timeout_s`` (a broker that no longer answers) cancels it
+    (``TimeoutError``).
+    """
+    task = asyncio.ensure_future(aw)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    cancelled = False
+    while not task.done():
+        left = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            await asyncio.wait({task}, timeout=left)  # a cancel here does not reach ``task``
+        except asyncio.CancelledError:
+            cancelled = True  # finish the step first
+            continue
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not cancelled:
+                raise TimeoutError(f"did not finish within {timeout_s:g}s")
+    if cancelled:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("Kafka client cleanup failed while cancelled: %r", task.exception())
+        raise asyncio.CancelledError
+    return task.result()
+
+
 async def _quiet_stop(stop: Callable[[T], Awaitable[None]], client: T) -> None:
     try:
-        await asyncio.wait_for(stop(client), 5.0)
+        await run_to_end(stop(client), timeout_s=5.0)
     except Exception as exc:  # cleanup after a failed start must not mask its cause
         log.debug("ignoring error while closing a half-started Kafka client: %r", exc)
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaProducer
 
-from aiostream_ckpt.connectors.kafka.common import start_with_deadline
+from aiostream_ckpt.connectors.kafka.common import run_to_end, start_with_deadline
 from aiostream_ckpt.connectors.kafka.transactions import PreparedTransaction
 from aiostream_ckpt.errors import ConnectorError
 
@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 
 #: Larger than aiokafka's 16 KiB default: batches are built here, a write at a time.
 MAX_BATCH_SIZE = 512 * 1024
-#: How long close() lets a producer replacement finish before cancelling it.
-_RECYCLE_GRACE_S = 5.0
 
 
 class SlotState(enum.Enum):
@@ -124,9 +122,13 @@ async def start_producer(sink: KafkaSink, transactional_id: str | None) -> Any:
 
 
 async def quietly(aw: Any, what: str, timeout_s: float = 10.0) -> None:
-    """Await a cleanup step; log, don't raise: closing after a failure must not hide it."""
+    """Await a cleanup step to its end (see ``run_to_end``); log, don't raise.
+
+    Closing after a failure must not hide it, and a cleanup step cut short
+    (stopping a producer) would leak its connections.
+    """
     try:
-        await asyncio.wait_for(aw, timeout_s)
+        await run_to_end(aw, timeout_s=timeout_s)
     except Exception as exc:
         log.warning("Kafka sink: error while %s: %r", what, exc)
 
@@ -234,8 +236,8 @@ class ProducerPool:
         Pre-committed transactions stay: their checkpoint may have completed,
         and the next recovery commits or fences them.
         """
-        if self._bg:  # let a recycle finish (a cancelled stop() would leak its connections)
-            await asyncio.wait(list(self._bg), timeout=_RECYCLE_GRACE_S)
+        # A cancelled recycle still finishes stopping the old producer (``quietly``),
+        # and a replacement cancelled while it starts is stopped by ``start_with_deadline``.
         for task in list(self._bg):
             task.cancel()
         await asyncio.gather(*self._bg, return_exceptions=True)

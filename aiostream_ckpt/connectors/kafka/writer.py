@@ -29,6 +29,7 @@ from aiostream_ckpt.connectors.kafka.common import (
     bootstrap_client,
     connector_error,
     require_topics,
+    run_to_end,
 )
 from aiostream_ckpt.connectors.kafka.encoder import RecordEncoder
 from aiostream_ckpt.connectors.kafka.pool import (
@@ -111,6 +112,16 @@ class _WriterBase:
             raise ConnectorError(f"{self._label}: writer used before recover()")
         if self._closed:
             raise ConnectorError(f"{self._label}: writer used after close()")
+
+    async def close(self) -> None:
+        """Close once, to the end even if the task is cancelled meanwhile (``run_to_end``)."""
+        if self._closed:
+            return
+        self._closed = True
+        await run_to_end(self._close(), timeout_s=None)
+
+    async def _close(self) -> None:
+        raise NotImplementedError
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
@@ -428,15 +439,12 @@ class TransactionalKafkaWriter(_WriterBase):
             else ConnectorError(f"{self._label}: {exc!r}", retriable=True)
         )
 
-    async def close(self) -> None:
+    async def _close(self) -> None:
         """Abort the open transaction (no checkpoint covers it); keep pre-committed ones.
 
         A pre-committed transaction's checkpoint may have completed: the next
         recovery commits or fences it, so closing must not abort it.
         """
-        if self._closed:
-            return
-        self._closed = True
         slot, self._open = self._open, None
         await self._pool.close(slot)
         if slot is not None and self._encoder is not None:
@@ -477,10 +485,7 @@ class AtLeastOnceKafkaWriter(_WriterBase):
     async def commit(self, checkpoint_id: int) -> None:
         return None
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             await quietly(producer.stop(), "stopping the producer")

@@ -7,6 +7,8 @@ stay alive: a zombie), then recovers a new writer from an older state.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import uuid
 from collections import Counter
 
@@ -254,3 +256,36 @@ def test_bad_bootstrap_string_is_a_config_error():
     for bad in ("", "nohostport", "host:notaport", "host:99999", "a:1,,b:2"):
         with pytest.raises(ConfigError, match="bootstrap"):
             KafkaSink("t", bad)
+
+
+def open_connections() -> set[int]:
+    """Ids of the aiokafka connections in this process whose socket is open."""
+    from aiokafka.conn import AIOKafkaConnection
+
+    gc.collect()
+    return {id(o) for o in gc.get_objects() if isinstance(o, AIOKafkaConnection) and o.connected()}
+
+
+async def test_a_close_cancelled_midway_still_closes_every_connection(new_topic, sink_factory):
+    """The sink's task is cancelled while the writer closes, just after a commit.
+
+    aiokafka's ``stop()`` marks a producer closed before it closes its
+    connections, and a second call returns at once: a stop cut short by a
+    cancel was never finished, its sockets stayed open, and asyncio logged
+    ``Unclosed AIOKafkaConnection`` once they were collected (#15 item 5, at
+    the end of a recovered run: ``close()`` cancelled the producer replacement
+    the last commit had started). Every cleanup step now runs to its end.
+    """
+    topic = await new_topic(2)
+    before = open_connections()  # the fixture's admin client keeps its own
+    w = sink_factory(topic).create_writer(ctx())
+    await w.recover(None, None)
+    await w.write(recs("a", 10))
+    await w.prepare_commit(1)
+    await w.commit(1)  # the committed slot's producer is replaced in the background
+    closing = asyncio.ensure_future(w.close())
+    await asyncio.sleep(0)  # closing has begun
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert open_connections() - before == set()
