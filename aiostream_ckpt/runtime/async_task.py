@@ -42,6 +42,7 @@ class AsyncWaitTask(StreamTask):
         op = spec.operators[0]
         assert isinstance(op, AsyncWaitOperator) and spec.input_gate is not None
         self._async = op
+        self._started_seen = 0  # op.calls_started when this loop last yielded for them
 
     async def restore_state(self) -> None:
         await super().restore_state()
@@ -117,8 +118,21 @@ class AsyncWaitTask(StreamTask):
                     await asyncio.gather(fut, return_exceptions=True)
 
     async def _emit_ready(self) -> None:
-        """Send what the operator lets go of now through the rest of the chain."""
-        for item in self._async.pop_ready():
+        """Send what the operator lets go of now through the rest of the chain.
+
+        Popping frees room, and the operator starts the next calls at once; a
+        task's first step runs only when this loop yields, so it yields once
+        before the chain runs on the results: the calls' waits overlap with
+        that work instead of starting after it. Without it a full round of
+        ``capacity`` calls took ``latency + capacity x CPU per record`` (12.3 k
+        rec/s for 10 ms, capacity 200, 28 us a record: 0.77 x the target).
+        """
+        op = self._async
+        ready = op.pop_ready()
+        if op.calls_started != self._started_seen:  # calls started here or since input came
+            await asyncio.sleep(0)
+            self._started_seen = op.calls_started
+        for item in ready:
             if type(item) is list:
                 await self._push_tail(item)
             elif isinstance(item, Watermark):
