@@ -1,6 +1,6 @@
 """The public API: build jobs on a :class:`StreamEnvironment`."""
 
-from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry
+from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry, KeyedAsyncFunction
 from aiostream_ckpt.api.broadcast import (
     BroadcastProcessFunction,
     BroadcastStream,
@@ -33,6 +33,7 @@ __all__ = [
     "CoProcessFunction",
     "Collector",
     "Context",
+    "KeyedAsyncFunction",
     "KeyedBroadcastProcessFunction",
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",

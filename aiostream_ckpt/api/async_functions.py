@@ -52,6 +52,34 @@ class AsyncFunction(Generic[IN, OUT]):
         """Release resources; called after the calls still in flight were cancelled."""
 
 
+class KeyedAsyncFunction(AsyncFunction[IN, OUT]):
+    """An async function on a keyed stream with keyed value state, one call per key at a time.
+
+    ``key_by(f).map_async(fn)``: value states from ``ctx.get_state(ValueStateDescriptor)``
+    in :meth:`open` are read and written inside :meth:`invoke` for the key of the
+    record being handled. A call's writes take effect when its result is emitted
+    (a failed call's never do), so they are exactly-once like the result; the
+    next record of a key is issued once the previous one was emitted, so it sees
+    those writes (records of other keys go on meanwhile).
+
+    >>> import asyncio
+    >>> from aiostream_ckpt.api.environment import StreamEnvironment
+    >>> from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+    >>> class NumberPerKey(KeyedAsyncFunction):
+    ...     async def open(self, ctx):
+    ...         self.seen = ctx.get_state(ValueStateDescriptor("seen", int, default=0))
+    ...     async def invoke(self, value):
+    ...         await asyncio.sleep(0.001)  # a lookup
+    ...         n = self.seen.value() + 1
+    ...         self.seen.update(n)
+    ...         return (value, n)
+    >>> env = StreamEnvironment("doc")
+    >>> s = env.from_collection(["a", "b", "a", "a"]).key_by(lambda v: v)
+    >>> env.execute_and_collect(s.map_async(NumberPerKey(), capacity=4, uid="n"))
+    [('a', 1), ('b', 1), ('a', 2), ('a', 3)]
+    """
+
+
 class _Wrapped(AsyncFunction[Any, Any]):
     """A plain ``async def`` as an :class:`AsyncFunction`."""
 

@@ -19,6 +19,7 @@ from aiostream_ckpt.api.async_functions import (
     AsyncFunction,
     AsyncRetry,
     AsyncSpec,
+    KeyedAsyncFunction,
     as_async_function,
 )
 from aiostream_ckpt.api.functions import KeyedProcessFunction, ProcessFunction
@@ -133,6 +134,11 @@ class Stream(Generic[T]):
         [{'id': 1, 'sq': 1}, {'id': 2, 'sq': 4}, {'id': 3, 'sq': 9}, {'id': 4, 'sq': 16}]
         """
         spec = AsyncSpec(as_async_function(fn), capacity, timeout, ordered, retry, serializer)
+        if isinstance(spec.function, KeyedAsyncFunction) and self._connect_key() is None:
+            raise JobGraphError(
+                f"{type(spec.function).__name__} is a KeyedAsyncFunction: run it on a keyed "
+                "stream, key_by(...).map_async(...), so that it gets keyed state"
+            )
         node = self._add(TransformKind.ASYNC_MAP, name, fn=spec, uid=uid, parallelism=parallelism)
         return Stream(self._env, node)
 

@@ -53,7 +53,7 @@ class AsyncWaitTask(StreamTask):
                 subtask_index=spec.subtask,
                 parallelism=spec.parallelism,
                 params=self._params,
-                backend=None,
+                backend=self._async.backend,
             ),
             self._clock,
         )

@@ -55,10 +55,23 @@ class AsyncCallError(RecordError):
 
 
 class _Entry:
-    __slots__ = ("done", "error", "record", "result", "segment", "task", "timed_out")
+    __slots__ = (
+        "done",
+        "error",
+        "key",
+        "record",
+        "result",
+        "segment",
+        "task",
+        "timed_out",
+        "writes",
+    )
 
     def __init__(self, record: Any) -> None:
         self.record = record
+        #: keyed variant (``runtime.async_keyed``): the record's key, its buffered state writes
+        self.key: Any = None
+        self.writes: dict[str, Any] | None = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -225,19 +238,33 @@ class AsyncWaitOperator(StreamOperator):
             return
         queue = self._queue
         loop = asyncio.get_running_loop()
-        timeout = self._timeout
-        deadline = loop.time() + timeout if timeout is not None else 0.0
-        deadlines = self._deadlines
+        deadline = self._deadline(loop)
         while pending and self._size < self._capacity:
             entry = _Entry(pending.popleft())
             queue.push(entry)
             self._size += 1
-            self.calls_started += 1
-            entry.task = loop.create_task(self._call(entry))
-            if timeout is not None:
-                deadlines.append((deadline, entry))
+            if self._admitted(entry):
+                self._start(entry, loop, deadline)
+        self._arm_expiry(loop)
+
+    def _arm_expiry(self, loop: asyncio.AbstractEventLoop) -> None:
+        deadlines = self._deadlines
         if deadlines and self._expiry is None:
             self._expiry = loop.call_at(deadlines[0][0], self._expire)
+
+    def _admitted(self, entry: _Entry) -> bool:
+        """Whether ``entry``'s call starts now (the keyed variant may hold it back)."""
+        return True
+
+    def _deadline(self, loop: asyncio.AbstractEventLoop) -> float:
+        return loop.time() + self._timeout if self._timeout is not None else 0.0
+
+    def _start(self, entry: _Entry, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Start ``entry``'s call; it times out at ``deadline`` (deadlines must ascend)."""
+        self.calls_started += 1
+        entry.task = loop.create_task(self._call(entry))
+        if self._timeout is not None:
+            self._deadlines.append((deadline, entry))
 
     def _expire(self) -> None:
         """Cancel the calls past their deadline; they fail with a timeout (see ``_call``)."""
@@ -338,6 +365,7 @@ class AsyncWaitOperator(StreamOperator):
         for item in items:
             if type(item) is _Entry:
                 self._size -= 1
+                self._emitted(item)
                 if item.error is None:
                     batch.append(item.result)
                     continue
@@ -349,6 +377,9 @@ class AsyncWaitOperator(StreamOperator):
             out.append(batch)
         self.admit()
         return out
+
+    def _emitted(self, entry: _Entry) -> None:
+        """``entry`` leaves the operator (its result, or its failure, goes out now)."""
 
     def _failure(self, entry: _Entry) -> AsyncCallError:
         exc = entry.error

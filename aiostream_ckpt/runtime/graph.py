@@ -21,7 +21,7 @@ from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.errors import JobGraphError
-from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator
+from aiostream_ckpt.runtime.async_keyed import make_async_operator
 from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
     KeyedBroadcastProcessOperator,
@@ -188,7 +188,10 @@ def _make_operator(t: Transformation) -> StreamOperator:
         spec = replace(t.fn, function=copy.deepcopy(t.fn.function))
         return KeyedBroadcastProcessOperator(t.uid, spec)
     if kind is TransformKind.ASYNC_MAP:
-        return AsyncWaitOperator(t.uid, t.fn, t.key_selector)
+        # one function object per instance, as for process functions: its open()
+        # keeps per-instance things (a session, its states)
+        spec = replace(t.fn, function=copy.deepcopy(t.fn.function))
+        return make_async_operator(t.uid, spec, t.key_selector)
     if kind is TransformKind.FLAT_MAP:
         return FlatMapOperator(t.uid, t.fn)
     if kind is TransformKind.PROCESS:
