@@ -23,6 +23,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY aiostream_ckpt ./aiostream_ckpt
+COPY aiostream_ckpt_dev ./aiostream_ckpt_dev
 # Wheels of the package and every dependency: the runtime stage needs no compiler.
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-SRC    := aiostream_ckpt apps tests bench
+SRC    := aiostream_ckpt aiostream_ckpt_dev apps tests bench
 
 .PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka bench-quick clean
 
@@ -35,7 +35,7 @@ test-integration: setup
 
 # >= 100 kill -9 across the checkpoint windows, proven by a recount (minutes; not in `test`)
 chaos: setup
-	$(BIN)/python -m aiostream_ckpt.testing.chaos_suite
+	$(BIN)/python -m aiostream_ckpt_dev.chaos.suite
 
 # The image built and run by a real Docker engine (health, stop/start, kill -9,
 # read-only root, exposed REST); not part of `make test`. Without a reachable

@@ -31,7 +31,7 @@ import yarl
 
 from aiostream_ckpt.api import AsyncFunction, AsyncRetry, RuntimeContext, StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
-from aiostream_ckpt.testing.lookup_service import segment_of
+from aiostream_ckpt_dev.lookup_service import segment_of
 from apps.pv_count import event_source
 
 

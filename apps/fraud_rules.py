@@ -48,8 +48,8 @@ from aiostream_ckpt.api import (
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.api.functions import Collector, Context, OnTimerContext
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
-from aiostream_ckpt.testing.lookup_service import segment_of
 from aiostream_ckpt.time import WatermarkStrategy
+from aiostream_ckpt_dev.lookup_service import segment_of
 
 Txn = dict[str, Any]
 #: rule id -> its versions ``[ts, max_amount or None, segment or None]``, in time order

@@ -4,7 +4,7 @@
 runs ``apps/enrich.py`` (JSON-lines file source -> lookup -> exactly-once file
 sink, 1 s exactly-once checkpoints, one subtask) four ways: ``map_async`` and a
 blocking ``map``, each against the real HTTP lookup service
-(``aiostream_ckpt.testing.lookup_service``, aiohttp, on a loopback port, in
+(``aiostream_ckpt_dev.lookup_service``, aiohttp, on a loopback port, in
 this process) and against a simulated service (an ``asyncio.sleep`` /
 ``time.sleep`` of the same latency inside the job, no HTTP: the operator's
 own ceiling). Throughput is committed output records over the steady window
@@ -29,7 +29,7 @@ from typing import Any
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import committed_files, read_committed_output
-from aiostream_ckpt.testing.lookup_service import LookupService
+from aiostream_ckpt_dev.lookup_service import LookupService
 from bench.stats import steady_window
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ watermark counts records of open transactions too, so it moves as the
 records are written, not in 1 s steps at commits.
 
 Exactly-once: after each run the output topic is read ``read_committed`` and
-recounted against the input (:func:`aiostream_ckpt.testing.recount.check_pv_updates`:
+recounted against the input (:func:`aiostream_ckpt_dev.recount.check_pv_updates`:
 each key's committed updates are exactly 1..n in order); in full mode (or
 ``--validator spark``) the project's Spark validator reads every output topic
 too, in one session, after all timed runs and before the broker stops.
@@ -47,7 +47,7 @@ from typing import Any
 
 import orjson
 
-from aiostream_ckpt.connectors.kafka.broker import recv_exactly
+from aiostream_ckpt_dev.broker.process import recv_exactly
 from bench import runner
 from bench.monitor import ProcessRecord, run_monitored, wait_for_quiet
 from bench.results import RunResult, unavailable
@@ -210,7 +210,7 @@ def recount_values(values: Iterable[bytes], expected: Any, malformed: int = 0) -
     >>> v.passed, v.counts["records_out"]
     (False, 2)
     """
-    from aiostream_ckpt.testing.recount import check_pv_updates
+    from aiostream_ckpt_dev.recount import check_pv_updates
 
     records: list[dict[str, Any]] = []
     bad = 0
@@ -244,8 +244,8 @@ def recount_values(values: Iterable[bytes], expected: Any, malformed: int = 0) -
 
 def _recount_main(argv: Sequence[str]) -> None:
     """Child-process entry: read one output topic read_committed, recount, print the verdict."""
-    from aiostream_ckpt.daemon.demo_kafka import read_topic_values
-    from aiostream_ckpt.testing.recount import recount_inputs
+    from aiostream_ckpt_dev.demo.kafka import read_topic_values
+    from aiostream_ckpt_dev.recount import recount_inputs
 
     bootstrap, topic, input_path = argv
     expected, malformed = recount_inputs([Path(input_path)])
@@ -362,7 +362,7 @@ class OursKafka(KafkaSystem):
         return Ours().version()
 
     def command(self, spec: KafkaSpec, ckpt_dir: Path) -> list[str]:
-        from aiostream_ckpt.daemon.demo_kafka import worker_flags
+        from aiostream_ckpt_dev.demo.kafka import worker_flags
 
         wl = spec.workload
         sets = [
@@ -573,7 +573,7 @@ def system_for(name: str) -> KafkaSystem | None:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int = PARTITIONS) -> None:
-    from aiostream_ckpt.daemon.demo_kafka import create_topics
+    from aiostream_ckpt_dev.demo.kafka import create_topics
 
     asyncio.run(create_topics(bootstrap, {topic: partitions}))
 
@@ -717,8 +717,8 @@ class KafkaPlan:
 
 def run_kafka_path(plan: KafkaPlan) -> list[RunResult]:
     """Start the broker, load the input topic once, measure every system, validate, stop."""
-    from aiostream_ckpt.connectors.kafka.broker import KafkaBroker
-    from aiostream_ckpt.daemon.demo_kafka import load_jsonl
+    from aiostream_ckpt_dev.broker.process import KafkaBroker
+    from aiostream_ckpt_dev.demo.kafka import load_jsonl
 
     broker_dir = plan.work / "kafka-broker"
     shutil.rmtree(broker_dir, ignore_errors=True)

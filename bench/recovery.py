@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from bench.monitor import _Progress
 from bench.stats import median
 from bench.systems import Ours, RunSpec, ours_env_cwd

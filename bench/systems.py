@@ -194,7 +194,7 @@ class Ours(System):
         if spec.full_every is not None:
             sets.append(f"checkpoint.full_every={spec.full_every}")
         sets += spec.sets
-        from aiostream_ckpt.daemon.demo_kafka import worker_flags
+        from aiostream_ckpt_dev.demo.kafka import worker_flags
 
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", spec.app]
         for s in sets:

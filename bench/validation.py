@@ -2,7 +2,7 @@
 
 Both check the same thing: per key the committed values are exactly 1..n in
 order, n being the key's count in the input. The Spark validator
-(``aiostream_ckpt.validate``) is preferred when it imports and its JVM starts;
+(``aiostream_ckpt_dev.validate``) is preferred when it imports and its JVM starts;
 all outputs are checked in one Spark session, after the timed runs, so the
 JVM never competes with a measured worker for the two cores.
 """
@@ -95,8 +95,8 @@ def python_recount(
 
 _SPARK_SCRIPT = r"""
 import json, sys
-from aiostream_ckpt.validate import get_spark, pv_count_check, read_file_sink_output
-from aiostream_ckpt.validate.readers import read_kafka_output
+from aiostream_ckpt_dev.validate import get_spark, pv_count_check, read_file_sink_output
+from aiostream_ckpt_dev.validate.readers import read_kafka_output
 jobs = json.loads(sys.argv[1])
 spark = get_spark(kafka=any("kafka_topic" in job for job in jobs))
 for job in jobs:
@@ -118,9 +118,9 @@ def spark_available() -> str | None:
     try:
         import pyspark  # noqa: F401
 
-        import aiostream_ckpt.validate  # noqa: F401
+        import aiostream_ckpt_dev.validate  # noqa: F401
     except Exception as exc:
-        return f"aiostream_ckpt.validate not importable: {exc!r}"
+        return f"aiostream_ckpt_dev.validate not importable: {exc!r}"
     return None
 
 

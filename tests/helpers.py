@@ -15,7 +15,7 @@ import orjson
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.recount import recount_inputs
+from aiostream_ckpt_dev.recount import recount_inputs
 
 REPO = Path(__file__).resolve().parent.parent
 

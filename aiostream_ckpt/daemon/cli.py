@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,16 @@ from aiostream_ckpt import failpoints
 from aiostream_ckpt.errors import AiostreamError, JobFailedError
 
 log = logging.getLogger("aiostream_ckpt")
+
+#: Dev tooling's subcommands (package ``aiostream_ckpt_dev``), by entry point: named, not
+#: imported, so the engine never imports its tooling and ``run`` never loads it.
+TOOLING_COMMANDS = {
+    "broker": "aiostream_ckpt_dev.broker.process:broker_main",
+    "chaos": "aiostream_ckpt_dev.chaos.cli:chaos_main",
+    "demo": "aiostream_ckpt_dev.demo.files:demo_main",
+    "demo-kafka": "aiostream_ckpt_dev.demo.kafka:demo_kafka_main",
+    "validate": "aiostream_ckpt_dev.validate.cli:validate_main",
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -234,30 +246,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     try:
         # subcommands with their own parsers get the rest of the line untouched
-        if argv and argv[0] == "broker":
-            from aiostream_ckpt.connectors.kafka.broker import broker_main
-
-            return broker_main(argv[1:])
-        if argv and argv[0] == "validate":
-            from aiostream_ckpt.validate.cli import validate_main
-
-            return validate_main(argv[1:])
-        if argv and argv[0] == "demo-kafka":
-            from aiostream_ckpt.daemon.demo_kafka import demo_kafka_main
-
-            return demo_kafka_main(argv[1:])
         if argv and argv[0] == "config-reference":
             from aiostream_ckpt.daemon.config_reference import config_reference_main
 
             return config_reference_main(argv[1:])
-        if argv and argv[0] == "chaos":
-            from aiostream_ckpt.daemon.chaos import chaos_main
-
-            return chaos_main(argv[1:])
-        if argv and argv[0] == "demo":
-            from aiostream_ckpt.daemon.demo import demo_main
-
-            return demo_main(argv[1:])
+        if argv and argv[0] in TOOLING_COMMANDS:
+            module, function = TOOLING_COMMANDS[argv[0]].split(":")
+            command: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+            return command(argv[1:])
         args = _parser().parse_args(argv)
         if args.command == "run":
             return _run(args)

@@ -1,4 +1,4 @@
-"""A testing kit for app authors (and the project's own chaos harnesses).
+"""A testing kit for app authors.
 
 Public kit (like Flink's operator test harnesses and ``bytewax.testing``):
 
@@ -11,8 +11,8 @@ Public kit (like Flink's operator test harnesses and ``bytewax.testing``):
   record, with explicit watermarks, a manual processing-time clock, state
   access and snapshot/restore.
 
-The other modules here (``chaos``, ``recount``, ...) are the project's own
-harnesses, not part of the kit.
+The project's own harnesses (kill -9 loops, recount, ``make chaos``) live in
+the dev tooling, ``aiostream_ckpt_dev``.
 """
 
 from aiostream_ckpt.testing.harness import HarnessSnapshot, KeyedFunctionHarness

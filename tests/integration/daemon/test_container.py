@@ -102,6 +102,10 @@ def test_dockerfile_shape() -> None:
     assert last("HEALTHCHECK").endswith('CMD ["aiostream-ckpt", "health"]')
     ignored = (REPO / ".dockerignore").read_text()
     assert "!aiostream_ckpt/" in ignored and "!apps/" in ignored
+    # the dev tooling ships too: `docker run ... aiostream-ckpt demo` needs it
+    assert "!aiostream_ckpt_dev/" in ignored
+    copies = [args for word, args in instructions() if word == "COPY"]
+    assert "aiostream_ckpt_dev ./aiostream_ckpt_dev" in copies
 
 
 def test_entrypoint_runs_embedded_pv_count_and_answers_health(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.daemon.demo import make_workdir, worker_env
-from aiostream_ckpt.testing.recount import check_pv_count
+from aiostream_ckpt_dev.demo.files import make_workdir, worker_env
+from aiostream_ckpt_dev.recount import check_pv_count
 from tests.helpers import REPO, cli_cmd, make_pv_input
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from aiostream_ckpt.connectors.kafka.broker import (
+from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt_dev.broker.process import (
     KAFKA_VERSION,
     KafkaBroker,
     broker_main,
@@ -15,7 +16,6 @@ from aiostream_ckpt.connectors.kafka.broker import (
     ensure_kafka_jars,
     metadata_broker_count,
 )
-from aiostream_ckpt.errors import ConfigError, ConnectorError
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

@@ -15,7 +15,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ProducerFenced
 
-from aiostream_ckpt.connectors.kafka.broker import KafkaBroker
 from aiostream_ckpt.connectors.kafka.transactions import (
     EndTxnOutcome,
     PreparedTransaction,
@@ -23,6 +22,7 @@ from aiostream_ckpt.connectors.kafka.transactions import (
     commit_prepared_transaction,
     prepared_transaction,
 )
+from aiostream_ckpt_dev.broker.process import KafkaBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

@@ -22,11 +22,11 @@ import pytest
 
 from aiostream_ckpt.checkpoint.storage import read_checkpoint
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
-from aiostream_ckpt.connectors.kafka.broker import free_port
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.daemon.demo_kafka import load_jsonl, worker_flags
-from aiostream_ckpt.testing.chaos import run_with_kills
-from aiostream_ckpt.testing.recount import check_pv_updates, recount_inputs
+from aiostream_ckpt_dev.broker.process import free_port
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
+from aiostream_ckpt_dev.demo.kafka import load_jsonl, worker_flags
+from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 from tests.helpers import REPO, cli_cmd
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]

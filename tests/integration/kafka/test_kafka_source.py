@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from aiostream_ckpt.connectors.base import ConnectorContext
-from aiostream_ckpt.connectors.kafka.broker import free_port
 from aiostream_ckpt.connectors.kafka.source import KafkaSource
 from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt_dev.broker.process import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

@@ -20,12 +20,12 @@ from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.generator import GeneratorSource, write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.sink import KafkaSink
-from aiostream_ckpt.daemon.demo_kafka import load_jsonl
 from aiostream_ckpt.daemon.rest import build_app
 from aiostream_ckpt.daemon.service import JobDaemon
 from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.runtime.config import CheckpointConfig, JobConfig
-from aiostream_ckpt.testing.recount import check_pv_updates, recount_inputs
+from aiostream_ckpt_dev.demo.kafka import load_jsonl
+from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 from apps.pv_count import CountPageViews, app_id
 from tests.helpers import REPO, cli, cli_cmd, stable_equals_high_watermark, wait_until
 

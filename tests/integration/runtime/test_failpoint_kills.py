@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.daemon.chaos import run_chaos
 from aiostream_ckpt.failpoints import POINTS
-from aiostream_ckpt.testing.chaos_windows import Kill, run_round
-from aiostream_ckpt.validate.proof import (
+from aiostream_ckpt_dev.chaos.cli import run_chaos
+from aiostream_ckpt_dev.chaos.windows import Kill, run_round
+from aiostream_ckpt_dev.validate.proof import (
     AppRun,
     compare_dirs,
     compare_oracle,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.helpers import (
     REPO,
     DaemonProcess,

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.apps.interval_pairs import LOWER, UPPER
 from tests.helpers import REPO, DaemonProcess, cli_cmd
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.helpers import REPO, DaemonProcess, check_pv_output, cli_cmd, make_pv_input, recount
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.helpers import REPO, check_pv_output, cli_cmd, make_pv_input, recount
 
 pytestmark = pytest.mark.integration

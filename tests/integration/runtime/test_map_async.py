@@ -25,8 +25,8 @@ from aiostream_ckpt.runtime.config import (
     RestartStrategyKind,
 )
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
-from aiostream_ckpt.testing.chaos import run_with_kills
-from aiostream_ckpt.testing.lookup_service import LookupService, segment_of
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
+from aiostream_ckpt_dev.lookup_service import LookupService, segment_of
 from apps.enrich import HttpLookup
 from tests.helpers import REPO, ScriptedSource, cli_cmd, make_pv_input, wait_until
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.chaos import read_fraction, run_with_kills
+from aiostream_ckpt_dev.chaos.kills import read_fraction, run_with_kills
 from tests.apps import late_windows as app
 from tests.helpers import REPO, cli_cmd
 

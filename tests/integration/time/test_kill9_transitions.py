@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt.testing.chaos import run_with_kills
+from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from apps import transitions_per_hour as app
 from tests.helpers import REPO, cli_cmd
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from aiostream_ckpt.validate import ValidationError, get_spark, stop_spark
+from aiostream_ckpt_dev.validate import ValidationError, get_spark, stop_spark
 
 # Lines the job dead-letters; a blank line is skipped (neither event nor dead letter).
 MALFORMED = [

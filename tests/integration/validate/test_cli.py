@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import aiostream_ckpt
-from aiostream_ckpt.validate import validate_main
+from aiostream_ckpt_dev.validate import validate_main
 
 from .conftest import Case, build_case
 
@@ -28,7 +28,7 @@ def args(case: Case, *extra: str) -> list[str]:
 def run_module(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}
     return subprocess.run(
-        [sys.executable, "-m", "aiostream_ckpt.validate", *argv],
+        [sys.executable, "-m", "aiostream_ckpt_dev.validate", *argv],
         capture_output=True,
         text=True,
         env=full_env,
@@ -101,7 +101,7 @@ def test_no_java_exits_2_naming_java_home(case: Case, tmp_path: Path) -> None:
     assert "JAVA_HOME" in r.stderr and r.stdout == ""
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     r = subprocess.run(
-        [sys.executable, "-m", "aiostream_ckpt.validate", *args(case)],
+        [sys.executable, "-m", "aiostream_ckpt_dev.validate", *args(case)],
         capture_output=True,
         text=True,
         check=False,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.validate import ValidationConfigError
-from aiostream_ckpt.validate.jars import artifact_of
-from aiostream_ckpt.validate.parse import count_parser, input_parser, position_parser
-from aiostream_ckpt.validate.readers import committed_name
-from aiostream_ckpt.validate.session import find_java
+from aiostream_ckpt_dev.validate import ValidationConfigError
+from aiostream_ckpt_dev.validate.jars import artifact_of
+from aiostream_ckpt_dev.validate.parse import count_parser, input_parser, position_parser
+from aiostream_ckpt_dev.validate.readers import committed_name
+from aiostream_ckpt_dev.validate.session import find_java
 
 
 @pytest.mark.parametrize(

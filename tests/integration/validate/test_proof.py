@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.api.contract import ProofContract
-from aiostream_ckpt.daemon.chaos import run_chaos
-from aiostream_ckpt.validate.proof import (
+from aiostream_ckpt_dev.chaos.cli import run_chaos
+from aiostream_ckpt_dev.validate.proof import (
     AppRun,
     compare_dirs,
     load_contract,
@@ -22,7 +22,7 @@ from aiostream_ckpt.validate.proof import (
     plan_outputs,
     reference_run,
 )
-from aiostream_ckpt.validate.proof_cli import proof_main, prove
+from aiostream_ckpt_dev.validate.proof_cli import proof_main, prove
 from apps import transitions_per_hour as transitions
 from tests.helpers import cli, make_pv_input
 
@@ -198,9 +198,9 @@ def test_spark_path_finds_the_same_faults(
     pv_run: tuple[Path, Path, list[str]], tmp_path: Path
 ) -> None:
     """One Spark run over an output with a planted duplicate, loss and reorder."""
-    from aiostream_ckpt.validate.proof import ComparedOutput
-    from aiostream_ckpt.validate.proof_spark import spark_results
-    from aiostream_ckpt.validate.session import get_spark
+    from aiostream_ckpt_dev.validate.proof import ComparedOutput
+    from aiostream_ckpt_dev.validate.proof_spark import spark_results
+    from aiostream_ckpt_dev.validate.session import get_spark
 
     out, ref, _ = pv_run
     bad = _copy(out, tmp_path / "out")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from aiostream_ckpt.validate import CheckResult, pv_count_check, read_file_sink_output
+from aiostream_ckpt_dev.validate import CheckResult, pv_count_check, read_file_sink_output
 
 from .conftest import Case, build_case
 

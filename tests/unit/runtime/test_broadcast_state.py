@@ -26,7 +26,7 @@ from aiostream_ckpt.runtime.broadcast import (
 )
 from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.state.codecs import StateTypeError
-from aiostream_ckpt.testing.lookup_service import segment_of
+from aiostream_ckpt_dev.lookup_service import segment_of
 from apps.fraud_rules import FraudCheck, expected_output, write_inputs
 from tests.helpers import completed_checkpoint
 from tests.unit.time.support import strategy

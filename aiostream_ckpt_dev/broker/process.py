@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
-from aiostream_ckpt.maven import (
+from aiostream_ckpt_dev.maven import (
     DEPENDENCY_PLUGIN_VERSION,
     cache_root,
     copy_dependencies,

@@ -7,7 +7,7 @@
    checkpoint in that attempt), restart it on the same checkpoint directory,
    until it finishes.
 3. Check the committed output against a recount of the input: with Spark
-   (``aiostream_ckpt.validate``) when PySpark is installed, else in Python.
+   (``aiostream_ckpt_dev.validate``) when PySpark is installed, else in Python.
    Prints ``exactly-once verified: ...`` or exits non-zero; when Spark cannot
    run here (no PySpark, no Java) it says so and which check ran instead.
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.daemon.config import ENV_PREFIX
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.testing.chaos import ChaosResult, run_with_kills
-from aiostream_ckpt.testing.recount import check_pv_count
+from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
+from aiostream_ckpt_dev.recount import check_pv_count
 
 MALFORMED_LINES = 3
 

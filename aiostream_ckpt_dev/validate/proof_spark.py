@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.api.contract import ProofContract
-from aiostream_ckpt.validate import parse
-from aiostream_ckpt.validate.proof import (
+from aiostream_ckpt_dev.validate import parse
+from aiostream_ckpt_dev.validate.proof import (
     MAX_EXAMPLES,
     ComparedOutput,
     Comparison,
     output_files,
     to_result,
 )
-from aiostream_ckpt.validate.readers import _read_lines
-from aiostream_ckpt.validate.result import CheckResult
+from aiostream_ckpt_dev.validate.readers import _read_lines
+from aiostream_ckpt_dev.validate.result import CheckResult
 
 _EMPTY = "canon string, key string, parsed boolean, forder long, blk long, mid long, file string"
 

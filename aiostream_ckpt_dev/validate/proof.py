@@ -34,9 +34,9 @@ from typing import Any
 import orjson
 
 from aiostream_ckpt.api.contract import ProofContract
-from aiostream_ckpt.validate.errors import ValidationConfigError
-from aiostream_ckpt.validate.parse import canonical
-from aiostream_ckpt.validate.result import CheckResult
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError
+from aiostream_ckpt_dev.validate.parse import canonical
+from aiostream_ckpt_dev.validate.result import CheckResult
 
 _NUMBERS = re.compile(r"\d+")
 MAX_EXAMPLES = 20

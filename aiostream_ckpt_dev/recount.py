@@ -1,6 +1,6 @@
 """Checking pv_count output against its input: Spark when available, else Python.
 
-The Spark path is the proof (``aiostream_ckpt.validate``); the Python recount
+The Spark path is the proof (``aiostream_ckpt_dev.validate``); the Python recount
 is the same check for machines without Java/PySpark, and the one place that
 defines it for the demos and tests: an input line counts when it is a JSON
 object with a string ``app_id`` (everything else is dead-lettered by the job),
@@ -95,8 +95,8 @@ def spark_unavailable() -> str | None:
     """Why the Spark check cannot run here (PySpark or Java missing), or None when it can."""
     if importlib.util.find_spec("pyspark") is None:
         return "PySpark is not installed (pip install 'aiostream-ckpt[validate]')"
-    from aiostream_ckpt.validate.errors import ValidationConfigError
-    from aiostream_ckpt.validate.session import find_java
+    from aiostream_ckpt_dev.validate.errors import ValidationConfigError
+    from aiostream_ckpt_dev.validate.session import find_java
 
     try:
         find_java()
@@ -117,7 +117,7 @@ def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: P
         if skipped is not None:
             verdict.report = f"spark check skipped: {skipped}\n{verdict.report}"
         return verdict
-    from aiostream_ckpt.validate.cli import validate_main
+    from aiostream_ckpt_dev.validate.cli import validate_main
 
     buf = io.StringIO()
     json_path = work / "validation.json"

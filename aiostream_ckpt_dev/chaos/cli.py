@@ -3,9 +3,9 @@
 1. Run the app once failure-free, embedded, as the reference (:mod:`.proof`).
 2. Rounds, each on fresh checkpoint and output directories: run the app as
    a worker process under a plan of kills aimed at the windows of
-   :mod:`aiostream_ckpt.testing.chaos_windows` (fail points and input
+   :mod:`aiostream_ckpt_dev.chaos.windows` (fail points and input
    position), with ``faults`` also those of
-   :mod:`aiostream_ckpt.testing.chaos_faults` between restarts, until it
+   :mod:`aiostream_ckpt_dev.chaos.faults` between restarts, until it
    finishes, then compare each declared output and the dead letters with the
    reference; with ``--oracle``, also the main output with the app's
    independent recount from the input.
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.errors import AiostreamError
-from aiostream_ckpt.testing.chaos_faults import plan_faults
-from aiostream_ckpt.testing.chaos_windows import plan_round, run_round
-from aiostream_ckpt.validate.proof import (
+from aiostream_ckpt_dev.chaos.faults import plan_faults
+from aiostream_ckpt_dev.chaos.windows import plan_round, run_round
+from aiostream_ckpt_dev.validate.proof import (
     DETERMINISM,
     AppRun,
     assumptions,
@@ -44,7 +44,7 @@ from aiostream_ckpt.validate.proof import (
     reference_run,
     twin_outputs,
 )
-from aiostream_ckpt.validate.proof_cli import add_reference_runs
+from aiostream_ckpt_dev.validate.proof_cli import add_reference_runs
 
 
 @dataclass
@@ -56,12 +56,12 @@ class ChaosVerdict:
     rounds: int = 0
     counts: Counter[str] = field(default_factory=Counter)
     windows: Counter[str] = field(default_factory=Counter)
-    #: faults injected between restarts (:mod:`aiostream_ckpt.testing.chaos_faults`), by kind
+    #: faults injected between restarts (:mod:`aiostream_ckpt_dev.chaos.faults`), by kind
     faults: Counter[str] = field(default_factory=Counter)
     #: committed records the fallbacks after a corruption moved aside (retracted)
     retracted: int = 0
     problems: list[str] = field(default_factory=list)
-    #: what the verdict rests on (see :func:`~aiostream_ckpt.validate.proof.assumptions`)
+    #: what the verdict rests on (see :func:`~aiostream_ckpt_dev.validate.proof.assumptions`)
     assumptions: list[str] = field(default_factory=list)
 
     @property
@@ -134,7 +134,7 @@ def run_chaos(
     """Run rounds of planned kills until ``kills`` happened; prove each against one reference.
 
     With ``faults``, each round also injects the faults of
-    :func:`~aiostream_ckpt.testing.chaos_faults.plan_faults` between its restarts.
+    :func:`~aiostream_ckpt_dev.chaos.faults.plan_faults` between its restarts.
     With ``reference_runs=2`` a second failure-free run must commit what the
     first did, or no round runs: the proof assumes a deterministic app.
     """

@@ -13,8 +13,8 @@ import sys
 import time
 from typing import NoReturn
 
-from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
-from aiostream_ckpt.validate.readers import ISOLATION_LEVELS, OutputSource
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
+from aiostream_ckpt_dev.validate.readers import ISOLATION_LEVELS, OutputSource
 
 CHECKS = ("pv_count", "positions")
 
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def validate_main(argv: list[str]) -> int:
     """Run ``aiostream-ckpt validate`` with ``argv``; return the exit code."""
     if any(a == "--app" or a.startswith("--app=") for a in argv):
-        from aiostream_ckpt.validate.proof_cli import proof_main
+        from aiostream_ckpt_dev.validate.proof_cli import proof_main
 
         return proof_main(argv)  # the reference-run proof of any app
     try:
@@ -94,14 +94,14 @@ def validate_main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace, kafka: bool) -> int:
-    from aiostream_ckpt.validate.checks import positions_check, pv_count_check
-    from aiostream_ckpt.validate.readers import (
+    from aiostream_ckpt_dev.validate.checks import positions_check, pv_count_check
+    from aiostream_ckpt_dev.validate.readers import (
         input_files,
         read_file_sink_output,
         read_kafka_output,
     )
-    from aiostream_ckpt.validate.result import ValidationReport, print_report
-    from aiostream_ckpt.validate.session import get_spark
+    from aiostream_ckpt_dev.validate.result import ValidationReport, print_report
+    from aiostream_ckpt_dev.validate.session import get_spark
 
     input_files(args.input)  # fail on a bad path before paying for a JVM
     started = time.monotonic()

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.errors import AiostreamError
-from aiostream_ckpt.validate.errors import ValidationConfigError
-from aiostream_ckpt.validate.proof import (
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError
+from aiostream_ckpt_dev.validate.proof import (
     AppRun,
     assumptions,
     fast_results,
@@ -32,7 +32,7 @@ from aiostream_ckpt.validate.proof import (
     reference_run,
     twin_outputs,
 )
-from aiostream_ckpt.validate.result import CheckResult, ValidationReport, print_report
+from aiostream_ckpt_dev.validate.result import CheckResult, ValidationReport, print_report
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 DEFAULT_FAST_LIMIT_MB = 512.0
@@ -139,8 +139,8 @@ def prove(
     results: list[CheckResult]
     startup = 0.0
     if use_spark:
-        from aiostream_ckpt.validate.proof_spark import spark_results
-        from aiostream_ckpt.validate.session import get_spark
+        from aiostream_ckpt_dev.validate.proof_spark import spark_results
+        from aiostream_ckpt_dev.validate.session import get_spark
 
         t = time.monotonic()
         session = get_spark(master)

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from aiostream_ckpt.validate.errors import ValidationConfigError
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 
 DEFAULT_MASTER = "local[2]"
 
@@ -53,7 +53,7 @@ def get_spark(
     """Return the process's SparkSession, starting it if needed.
 
     ``kafka=True`` puts Spark's Kafka source on the classpath (fetched once,
-    see :mod:`aiostream_ckpt.validate.jars`). A session that already has it
+    see :mod:`aiostream_ckpt_dev.validate.jars`). A session that already has it
     is reused for file-only validations too.
     """
     global _session, _session_key
@@ -88,7 +88,7 @@ def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int
         raise ValidationConfigError(
             f"pyspark is not installed ({exc}); install aiostream-ckpt[validate]"
         ) from exc
-    from aiostream_ckpt.validate import parse
+    from aiostream_ckpt_dev.validate import parse
 
     # The UDFs run in Python workers that may not have this package on their
     # path (it is not installed in the venv during development): ship by value.
@@ -111,7 +111,7 @@ def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int
             "spark.driver.bindAddress", "127.0.0.1"
         )
     if kafka:
-        from aiostream_ckpt.validate.jars import spark_kafka_jars
+        from aiostream_ckpt_dev.validate.jars import spark_kafka_jars
 
         builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
     spark = builder.getOrCreate()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiostream_ckpt.failpoints import ENV_VAR
-from aiostream_ckpt.testing import chaos_faults
-from aiostream_ckpt.testing.chaos import read_fraction
+from aiostream_ckpt_dev.chaos import faults as chaos_faults
+from aiostream_ckpt_dev.chaos.kills import read_fraction
 
 #: Windows where the job moves on before the kill.
 PROGRESS_WINDOWS = ("snapshot_write", "metadata_durable", "sink_commit", "position")
@@ -56,7 +56,7 @@ class RoundResult:
     kills: Counter[str] = field(default_factory=Counter)
     #: planned kills whose window the job never reached
     missed: Counter[str] = field(default_factory=Counter)
-    #: faults injected (:mod:`.chaos_faults`), by kind, and what they showed wrong
+    #: faults injected (:mod:`.faults`), by kind, and what they showed wrong
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     #: committed records a fallback moved aside (found in the log)
@@ -98,7 +98,7 @@ def run_round(
 ) -> RoundResult:
     """Run ``cmd`` once per planned kill, then once to the end; see the module docstring.
 
-    ``faults`` (by run index, see :func:`.chaos_faults.plan_faults`) are
+    ``faults`` (by run index, see :func:`.faults.plan_faults`) are
     injected before those runs; ``corrupt_newest`` needs ``checkpoint_dir``.
     """
     result = RoundResult()

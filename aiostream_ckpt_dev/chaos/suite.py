@@ -1,13 +1,13 @@
 """``make chaos``: the project's own chaos suite, ≥ 100 kill -9 across the dangerous windows.
 
-Runs :func:`aiostream_ckpt.daemon.chaos.run_chaos` over pv_count and the
+Runs :func:`aiostream_ckpt_dev.chaos.cli.run_chaos` over pv_count and the
 windowed transitions_per_hour app, at parallelism 1 and 2, with kills at
 every fail point window (snapshot write, metadata durable, sink commit,
 recovery, end of input) and by input position. Each round's output is proven
 against a failure-free reference run and against the app's own recount of
 the input (``PROOF.oracle``), read by the proof's file reader: no code is
 shared with the sink being checked. A last pv_count part also injects the
-faults of :mod:`.chaos_faults` between its restarts (two successors at once,
+faults of :mod:`.faults` between its restarts (two successors at once,
 a corrupt newest checkpoint); its proof reads the committed output a reader
 sees, not what a fallback moved aside. Prints one verdict line::
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
-from aiostream_ckpt.daemon.chaos import ChaosVerdict, run_chaos
-from aiostream_ckpt.validate.proof import AppRun, load_contract
+from aiostream_ckpt_dev.chaos.cli import ChaosVerdict, run_chaos
+from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Part:
     share: float  # of the kills
     make_inputs: Callable[[Path, int], list[Path]]
     sets: tuple[str, ...] = ()
-    faults: bool = False  # inject testing.chaos_faults between the restarts
+    faults: bool = False  # inject chaos.faults between the restarts
 
 
 def _pv_inputs(d: Path, parallelism: int) -> list[Path]:
@@ -69,7 +69,7 @@ def _transitions_inputs(d: Path, parallelism: int) -> list[Path]:
     return paths
 
 
-_MODULE = "aiostream_ckpt.testing.chaos_suite"  # __name__ is __main__ under -m
+_MODULE = "aiostream_ckpt_dev.chaos.suite"  # __name__ is __main__ under -m
 
 PARTS = (
     Part("apps.pv_count", 1, 0.35, _pv_inputs),

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiostream_ckpt.validate import parse
-from aiostream_ckpt.validate.readers import ORDER, OutputSource, Place, read_input
-from aiostream_ckpt.validate.result import CheckResult
+from aiostream_ckpt_dev.validate import parse
+from aiostream_ckpt_dev.validate.readers import ORDER, OutputSource, Place, read_input
+from aiostream_ckpt_dev.validate.result import CheckResult
 
 MAX_EXAMPLES = 20
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.runtime.ownership import LOCK_FILE
-from aiostream_ckpt.validate import parse
-from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
+from aiostream_ckpt_dev.validate import parse
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
 
 OUTPUT_SCHEMA = "value string, o1 long, o2 long, o3 long, o4 long"
 #: The columns that order output records and say where each one is.

@@ -24,8 +24,14 @@ import tempfile
 from pathlib import Path
 
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.maven import MAVEN_CENTRAL, cache_root, copy_dependencies, file_lock, find_mvn
-from aiostream_ckpt.validate.errors import ValidationConfigError, ValidationError
+from aiostream_ckpt_dev.maven import (
+    MAVEN_CENTRAL,
+    cache_root,
+    copy_dependencies,
+    file_lock,
+    find_mvn,
+)
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
 
 _MANIFEST = "jars.txt"
 _JAR_NAME = re.compile(r"(?P<artifact>.+?)-(?P<version>\d[^/]*)\.jar")

@@ -7,7 +7,7 @@
    SIGKILL it at random moments and start it again on the same checkpoints.
 3. Read the output topic with ``read_committed`` and compare with a recount of
    the input: every key's updates are exactly ``1..n`` in order, ``n`` its
-   input count. With Spark (``aiostream_ckpt.validate``) when it runs here,
+   input count. With Spark (``aiostream_ckpt_dev.validate``) when it runs here,
    else in Python; the output says which.
 4. Stop the broker, also on failure.
 
@@ -31,8 +31,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
-from aiostream_ckpt.daemon.demo import run_demo_worker
-from aiostream_ckpt.testing.recount import check_pv_updates, recount_inputs
+from aiostream_ckpt_dev.demo.files import run_demo_worker
+from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 
 _LOAD_BLOCK = 4 << 20
 _LOAD_BATCH_LINES = 4000
@@ -191,11 +191,11 @@ def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[
     try:
         import pyspark  # noqa: F401
 
-        import aiostream_ckpt.validate  # noqa: F401
+        import aiostream_ckpt_dev.validate  # noqa: F401
     except ImportError as exc:
         print(f"demo-kafka: Spark validator not available ({exc}); Python check only")
         return None
-    cmd = [sys.executable, "-m", "aiostream_ckpt.validate", "--check", "pv_count"]
+    cmd = [sys.executable, "-m", "aiostream_ckpt_dev.validate", "--check", "pv_count"]
     cmd += ["--input", str(inputs), "--kafka-bootstrap", bootstrap, "--kafka-topic", topic]
     cmd += ["--json", str(work / "validation.json")]
     log = work / "spark.log"
@@ -214,7 +214,7 @@ def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[
 
 
 def demo_kafka_main(argv: list[str]) -> int:
-    from aiostream_ckpt.connectors.kafka.broker import KafkaBroker
+    from aiostream_ckpt_dev.broker.process import KafkaBroker
 
     args = _parser().parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000

@@ -1,0 +1,1 @@
+"""``aiostream-ckpt demo`` (:mod:`.files`) and ``aiostream-ckpt demo-kafka`` (:mod:`.kafka`)."""
