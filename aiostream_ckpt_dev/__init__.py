@@ -4,6 +4,8 @@ What is here proves and shows the engine; none of it runs inside a job:
 
 - ``broker/``: a real local Kafka broker (Maven-resolved jars, the JVM
   process, ``aiostream-ckpt broker start|stop|status``);
+- ``kafka_wire.py``: the one hand-written Kafka wire codec (framing, the
+  broker's Metadata readiness probe, ListOffsets for the bench);
 - ``demo/``: ``aiostream-ckpt demo`` (file sink) and ``demo-kafka``;
 - ``chaos/``: kill -9 harnesses, fault injection, ``aiostream-ckpt chaos``
   and ``make chaos``;

@@ -3,25 +3,15 @@
 The bench starts one real broker (:class:`KafkaBroker`, KRaft, loopback) for
 the whole Kafka path, creates the input topic (4 partitions) and loads the
 seeded events into it once (the same JSONL as the embedded path), then runs
-each system on it with a fresh output topic per run:
+each system of :mod:`bench.kafka_systems` (ours, bare-aiokafka, quixstreams,
+faust) on it with a fresh output topic per run.
 
-* ``aiostream-ckpt``: ``apps.pv_count`` in Kafka mode (KafkaSource ->
-  keyed count -> two-phase-commit KafkaSink), exactly-once, 1 s checkpoints;
-* ``bare-aiokafka``: ``bench/peers/bare_aiokafka.py``, the ceiling;
-* ``quixstreams``: ``bench/peers/quix_pv_count.py`` in its own venv;
-* ``faust``: ``bench/peers/faust_pv_count.py`` in its own venv.
-
-Throughput is measured from outside and alike for all: the bench samples the
-output topic's end offsets (high watermark, summed over its partitions, one
-ListOffsets request on a raw socket every 100 ms). Every system writes one
-update per input event, so that sum is its progress in events; the rate
-over the steady window (10 % .. 90 % of the events) is the figure. The high
-watermark counts records of open transactions too, so it moves as the
-records are written, not in 1 s steps at commits.
+Throughput is measured from outside and alike for all, from the output
+topic's end offsets (:mod:`bench.kafka_offsets`); the rate over the steady
+window (10 % .. 90 % of the events) is the figure.
 
 Exactly-once: after each run the output topic is read ``read_committed`` and
-recounted against the input (:func:`aiostream_ckpt_dev.recount.check_pv_updates`:
-each key's committed updates are exactly 1..n in order); in full mode (or
+recounted against the input (:mod:`bench.kafka_recount`); in full mode (or
 ``--validator spark``) the project's Spark validator reads every output topic
 too, in one session, after all timed runs and before the broker stops.
 """
@@ -30,41 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import shutil
-import socket
-import struct
-import subprocess
-import sys
 import time
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import orjson
-
-from aiostream_ckpt_dev.broker.process import recv_exactly
 from bench import runner
-from bench.monitor import ProcessRecord, run_monitored, wait_for_quiet
+from bench.kafka_offsets import SAMPLE_EVERY_S, EndOffsetSampler
+from bench.kafka_recount import overall_verdict, recount_topic
+from bench.kafka_systems import KafkaSpec, KafkaSystem, KafkaWorkload, system_for
+from bench.monitor import wait_for_quiet
 from bench.results import RunResult, unavailable
 from bench.runner import Measured, describe_median, say, summarize_repeats, validate_with_spark
 from bench.stats import steady_window
-from bench.systems import (
-    PEERS_DIR,
-    REPO,
-    Attempt,
-    Ours,
-    Workload,
-    _CheckpointPoller,
-    _PeerSystem,
-    completed_from_lines,
-    ours_env_cwd,
-)
-from bench.validation import Verdict
+from bench.systems import Workload
 
 #: Every system that runs on the Kafka path, ours first.
 KAFKA_SYSTEMS = ("aiostream-ckpt", "bare-aiokafka", "quixstreams", "faust")
@@ -72,8 +43,6 @@ KAFKA_SYSTEMS = ("aiostream-ckpt", "bare-aiokafka", "quixstreams", "faust")
 KAFKA_ONLY = KAFKA_SYSTEMS[1:]
 #: Partitions of the input and of every output topic.
 PARTITIONS = 4
-#: Seconds between two samples of the output topic's end offsets.
-SAMPLE_EVERY_S = 0.1
 
 
 # -- which paths a bench run covers ------------------------------------------------------
@@ -108,465 +77,6 @@ def select_paths(
 def not_run(systems: Iterable[str], reason: str) -> list[RunResult]:
     """``unavailable`` results for Kafka systems when the Kafka path was not selected."""
     return [unavailable(s, "kafka", reason) for s in systems if s in KAFKA_SYSTEMS]
-
-
-# -- the output topic's end offsets, from outside -----------------------------------------
-
-
-def encode_list_offsets(
-    topic: str, partitions: Sequence[int], correlation_id: int, client_id: bytes = b"bench"
-) -> bytes:
-    """A framed ListOffsets v2 request for the latest offsets (read_uncommitted: high watermark).
-
-    >>> encode_list_offsets("t", [0], 7)[:4] == struct.pack(">i", 43)
-    True
-    """
-    header = struct.pack(">hhih", 2, 2, correlation_id, len(client_id)) + client_id
-    name = topic.encode()
-    body = struct.pack(">ib", -1, 0) + struct.pack(">ih", 1, len(name)) + name
-    body += struct.pack(">i", len(partitions))
-    for p in partitions:
-        body += struct.pack(">iq", p, -1)
-    msg = header + body
-    return struct.pack(">i", len(msg)) + msg
-
-
-def decode_list_offsets(body: bytes, correlation_id: int) -> dict[int, int]:
-    """``{partition: offset}`` from a ListOffsets v2 response body (after the size prefix)."""
-    cid, _throttle, n_topics = struct.unpack_from(">iii", body, 0)
-    if cid != correlation_id:
-        raise OSError(f"ListOffsets: correlation id {cid}, expected {correlation_id}")
-    pos = 12
-    out: dict[int, int] = {}
-    for _ in range(n_topics):
-        (name_len,) = struct.unpack_from(">h", body, pos)
-        pos += 2 + name_len
-        (n_parts,) = struct.unpack_from(">i", body, pos)
-        pos += 4
-        for _ in range(n_parts):
-            part, err, _ts, offset = struct.unpack_from(">ihqq", body, pos)
-            pos += 22
-            if err != 0:
-                raise OSError(f"ListOffsets: partition {part} error code {err}")
-            out[part] = offset
-    return out
-
-
-class EndOffsetSampler:
-    """Sum of a topic's end offsets, sampled into ``samples`` as (seconds since start, records).
-
-    Called by :func:`bench.monitor.run_monitored` every 50 ms with the time
-    since the worker started; asks the broker every :data:`SAMPLE_EVERY_S`.
-    A sample that fails (broker busy, socket closed) is skipped.
-    """
-
-    def __init__(self, host: str, port: int, topic: str, partitions: int) -> None:
-        self.addr = (host, port)
-        self.topic = topic
-        self.partitions = list(range(partitions))
-        self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
-        self._sock: socket.socket | None = None
-        self._cid = 0
-        self._last = -1.0
-
-    def read(self) -> int:
-        if self._sock is None:
-            self._sock = socket.create_connection(self.addr, timeout=2.0)
-        self._cid = (self._cid + 1) & 0x7FFFFFFF
-        self._sock.sendall(encode_list_offsets(self.topic, self.partitions, self._cid))
-        (size,) = struct.unpack(">i", recv_exactly(self._sock, 4))
-        offsets = decode_list_offsets(recv_exactly(self._sock, size), self._cid)
-        return sum(offsets.values())
-
-    def __call__(self, now: float) -> None:
-        if now - self._last >= SAMPLE_EVERY_S:
-            self.sample_at(now)
-
-    def sample_at(self, now: float) -> None:
-        self._last = now
-        try:
-            value = float(self.read())
-        except (OSError, struct.error):
-            self.close()
-            return
-        self.samples.append((now, max(value, self.samples[-1][1])))
-
-    def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
-
-
-# -- exactly-once: read_committed recount ---------------------------------------------------
-
-
-def recount_values(values: Iterable[bytes], expected: Any, malformed: int = 0) -> Verdict:
-    """The read_committed output values checked with the project's recount, as a bench Verdict.
-
-    >>> import collections
-    >>> v = recount_values([b'{"app_id":"a","pv":1}', b'{"app_id":"a","pv":1}'],
-    ...                    collections.Counter({"a": 1}))
-    >>> v.passed, v.counts["records_out"]
-    (False, 2)
-    """
-    from aiostream_ckpt_dev.recount import check_pv_updates
-
-    records: list[dict[str, Any]] = []
-    bad = 0
-    for raw in values:
-        try:
-            rec = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            bad += 1
-            continue
-        if isinstance(rec, dict) and "app_id" in rec and "pv" in rec:
-            records.append(rec)
-        else:
-            bad += 1
-    v = check_pv_updates(records, expected, malformed=malformed, label="read_committed recount")
-    counts = {
-        "records_out": v.records + bad,
-        "events_in": v.events,
-        "keys": v.keys,
-        "problems": len(v.problems),
-        "malformed_out": bad,
-    }
-    passed = v.passed and bad == 0
-    if passed:
-        summary = "exactly-once"
-    else:
-        first = "; ".join(v.problems[:3])
-        summary = f"{v.summary}" + (f", {bad} malformed records" if bad else "")
-        summary += f" ({first})" if first else ""
-    return Verdict("python", passed, counts, summary)
-
-
-def _recount_main(argv: Sequence[str]) -> None:
-    """Child-process entry: read one output topic read_committed, recount, print the verdict."""
-    from aiostream_ckpt_dev.demo.kafka import read_topic_values
-    from aiostream_ckpt_dev.recount import recount_inputs
-
-    bootstrap, topic, input_path = argv
-    expected, malformed = recount_inputs([Path(input_path)])
-    values = asyncio.run(read_topic_values(bootstrap, topic))
-    v = recount_values(values, expected, malformed)
-    print("BENCH-RECOUNT " + json.dumps(v.to_json()), flush=True)
-
-
-def recount_topic(bootstrap: str, topic: str, input_path: Path) -> Verdict:
-    """:func:`recount_values` over the whole output topic, in a child process.
-
-    A child, so the million values never enter the bench process: a worker
-    forked from a big parent inherits its RSS as the start of ``ru_maxrss``.
-    ``passed`` is None (unchecked, not refused) when the recount itself fails.
-    """
-    code = "import sys; from bench.kafka import _recount_main; _recount_main(sys.argv[1:])"
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", code, bootstrap, topic, str(input_path)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=600,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return Verdict("python", None, {}, "read_committed recount timed out after 600s")
-    for line in r.stdout.splitlines():
-        if line.startswith("BENCH-RECOUNT "):
-            d = json.loads(line[len("BENCH-RECOUNT ") :])
-            return Verdict("python", d["passed"], d["counts"], d["summary"])
-    tail = " | ".join(r.stderr.strip().splitlines()[-3:])[-400:]
-    return Verdict(
-        "python", None, {}, f"read_committed recount failed (exit {r.returncode}): {tail}"
-    )
-
-
-def overall_verdict(passed: Sequence[bool | None]) -> bool | None:
-    """False if any run's output failed the check, None if any went unchecked, else True.
-
-    >>> overall_verdict([True, True]), overall_verdict([True, None]), overall_verdict([None, False])
-    (True, None, False)
-    """
-    if any(p is False for p in passed):
-        return False
-    if any(p is None for p in passed):
-        return None
-    return True
-
-
-# -- the topic workload --------------------------------------------------------------------
-
-
-@dataclass
-class KafkaWorkload:
-    """The broker, the loaded input topic, and the JSONL it was loaded from."""
-
-    bootstrap: str
-    input_topic: str
-    partitions: int
-    source: Workload
-    load_s: float = 0.0
-
-    @property
-    def events(self) -> int:
-        return self.source.events
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, port = self.bootstrap.rsplit(":", 1)
-        return host, int(port)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **self.source.describe(),
-            "input_topic": self.input_topic,
-            "partitions": self.partitions,
-            "load_s": round(self.load_s, 2),
-        }
-
-
-@dataclass
-class KafkaSpec:
-    workload: KafkaWorkload
-    run_dir: Path
-    output_topic: str
-    interval_s: float = 1.0
-    mode: str = "exactly_once"
-    sets: list[str] = field(default_factory=list)
-    timeout: float = 600.0
-
-
-class KafkaSystem(ABC):
-    name = ""
-    path = "kafka"
-
-    def unavailable_reason(self) -> str | None:
-        return None
-
-    def version(self) -> str | None:
-        return None
-
-    @abstractmethod
-    def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:
-        """Run the system once on ``spec`` and report what was measured."""
-
-
-class OursKafka(KafkaSystem):
-    """``aiostream-ckpt run apps.pv_count`` in Kafka mode, bounded by the input's end offsets."""
-
-    name = "aiostream-ckpt"
-
-    def version(self) -> str | None:
-        return Ours().version()
-
-    def command(self, spec: KafkaSpec, ckpt_dir: Path) -> list[str]:
-        from aiostream_ckpt_dev.demo.kafka import worker_flags
-
-        wl = spec.workload
-        sets = [
-            f"job.name=bench-{spec.output_topic}",
-            f"checkpoint.dir={ckpt_dir}",
-            f"checkpoint.interval={spec.interval_s}",
-            f"checkpoint.mode={spec.mode}",
-            "job.parallelism=1",
-            f"app.kafka_bootstrap={wl.bootstrap}",
-            f"app.input_topic={wl.input_topic}",
-            f"app.output_topic={spec.output_topic}",
-            "app.stop_at_end=1",
-            *spec.sets,
-        ]
-        cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count"]
-        for s in sets:
-            cmd += ["--set", s]
-        flags = worker_flags() or ["--set", "rest.enabled=false"]
-        return cmd + flags
-
-    def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:
-        ckpt_dir = spec.run_dir / "ckpt"
-        poller = _CheckpointPoller(ckpt_dir)
-
-        def on_sample(now: float) -> None:
-            sampler(now)
-            poller(now)
-
-        env, cwd = ours_env_cwd()
-        rec = run_monitored(
-            self.command(spec, ckpt_dir),
-            cwd=cwd,
-            env=env,
-            timeout=spec.timeout,
-            log_path=spec.run_dir / "worker.log",
-            on_sample=on_sample,
-        )
-        poller(0.0)
-        return Attempt(
-            rec,
-            spec.run_dir,
-            {
-                "app": "apps.pv_count (Kafka mode, stop_at_end=1)",
-                "parallelism": 1,
-                "checkpoint_interval_s": spec.interval_s,
-                "mode": spec.mode,
-                "rest": "disabled",
-            },
-            f"checkpoints every {spec.interval_s:g}s, {spec.mode}, LMDB state; KafkaSource "
-            "offsets in the checkpoint; two-phase-commit KafkaSink (one transaction per "
-            "checkpoint, committed when it completes)",
-            poller.seen,
-            completed_from_lines(rec.lines),
-        )
-
-
-class BareAiokafka(KafkaSystem):
-    """The ceiling: consume -> dict count -> transactional produce, offsets in the transaction."""
-
-    name = "bare-aiokafka"
-
-    def version(self) -> str | None:
-        from importlib.metadata import version
-
-        return f"aiokafka {version('aiokafka')}"
-
-    def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:
-        wl = spec.workload
-        interval = spec.interval_s if spec.interval_s > 0 else 1.0
-        cmd = [
-            sys.executable,
-            str(PEERS_DIR / "bare_aiokafka.py"),
-            wl.bootstrap,
-            wl.input_topic,
-            spec.output_topic,
-            f"{interval:g}",
-            str(wl.partitions),
-        ]
-        rec = run_monitored(
-            cmd, timeout=spec.timeout, log_path=spec.run_dir / "worker.log", on_sample=sampler
-        )
-        return Attempt(
-            rec,
-            spec.run_dir,
-            {"transaction_interval_s": interval, "max_records": 2048, "uvloop": True},
-            f"one Kafka transaction per {interval:g}s carrying the consumed offsets "
-            "(send_offsets_to_transaction); counts not checkpointed (ceiling)",
-        )
-
-
-def _peer_env(spec: KafkaSpec, interval: float) -> dict[str, str]:
-    """What every Kafka peer job reads from its environment."""
-    wl = spec.workload
-    return {
-        **os.environ,
-        "BENCH_BOOTSTRAP": wl.bootstrap,
-        "BENCH_INPUT_TOPIC": wl.input_topic,
-        "BENCH_OUTPUT_TOPIC": spec.output_topic,
-        "BENCH_INTERVAL_S": f"{interval:g}",
-        "BENCH_EVENTS": str(wl.events),
-    }
-
-
-def _run_peer(
-    cmd: list[str], env: dict[str, str], spec: KafkaSpec, sampler: EndOffsetSampler
-) -> ProcessRecord:
-    """Run a Kafka peer job in its run directory, sampled like every system."""
-    return run_monitored(
-        cmd,
-        env=env,
-        cwd=spec.run_dir,
-        timeout=spec.timeout,
-        log_path=spec.run_dir / "worker.log",
-        on_sample=sampler,
-    )
-
-
-class QuixStreams(_PeerSystem, KafkaSystem):
-    """Quix Streams with ``processing_guarantee="exactly-once"``, 1 s commit interval."""
-
-    name = "quixstreams"
-    path = "kafka"
-    env_name = dist = "quixstreams"
-
-    def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:  # type: ignore[override]
-        env = self.env()
-        assert env.python is not None
-        interval = spec.interval_s if spec.interval_s > 0 else 1.0
-        run_env = {
-            **_peer_env(spec, interval),
-            "BENCH_GROUP": f"quix-{spec.output_topic}",
-            "BENCH_STATE_DIR": str(spec.run_dir / "state"),
-        }
-        rec = _run_peer(
-            [str(env.python), str(PEERS_DIR / "quix_pv_count.py")], run_env, spec, sampler
-        )
-        return Attempt(
-            rec,
-            spec.run_dir,
-            {
-                "processing_guarantee": "exactly-once",
-                "commit_interval_s": interval,
-                "commit_every": 0,
-                "use_changelog_topics": True,
-                "state": "RocksDB",
-                "job": "dataframe -> group_by('app_id') -> apply(stateful count) -> to_topic",
-            },
-            f"exactly-once: one Kafka transaction per checkpoint every {interval:g}s "
-            "(outputs, repartition, changelog, offsets); RocksDB state with changelog topic",
-        )
-
-
-class Faust(_PeerSystem, KafkaSystem):
-    """faust-streaming with ``processing_guarantee="exactly_once"``, 1 s commit interval."""
-
-    name = "faust"
-    path = "kafka"
-    env_name = "faust"
-    dist = "faust-streaming"
-
-    def run(self, spec: KafkaSpec, sampler: EndOffsetSampler) -> Attempt:  # type: ignore[override]
-        env = self.env()
-        assert env.python is not None
-        wl = spec.workload
-        interval = spec.interval_s if spec.interval_s > 0 else 1.0
-        run_env = {
-            **_peer_env(spec, interval),
-            "BENCH_APP_ID": f"faust-{spec.output_topic}",
-            "BENCH_DATADIR": str(spec.run_dir / "faust-data"),
-            "BENCH_PARTITIONS": str(wl.partitions),
-        }
-        rec = _run_peer(
-            [str(env.python), str(PEERS_DIR / "faust_pv_count.py"), "worker", "-l", "warn"],
-            run_env,
-            spec,
-            sampler,
-        )
-        return Attempt(
-            rec,
-            spec.run_dir,
-            {
-                "processing_guarantee": "exactly_once",
-                "broker_commit_interval_s": interval,
-                "broker_commit_every": "off (2**40)",
-                "store": "memory:// (changelog topic)",
-                "stream_buffer_maxsize": 32768,
-                "producer_linger_s": 0.005,
-                "producer_max_batch_size": 512 * 1024,
-                "job": "agent: stream.group_by(app_id) -> Table count -> topic.send",
-            },
-            f"exactly-once: transactional producer per partition, commits every {interval:g}s "
-            "with offsets; in-memory table backed by its changelog topic",
-        )
-
-
-def system_for(name: str) -> KafkaSystem | None:
-    classes: dict[str, type[KafkaSystem]] = {
-        "aiostream-ckpt": OursKafka,
-        "bare-aiokafka": BareAiokafka,
-        "quixstreams": QuixStreams,
-        "faust": Faust,
-    }
-    cls = classes.get(name)
-    return cls() if cls is not None else None
 
 
 # -- running it --------------------------------------------------------------------------
@@ -717,7 +227,7 @@ class KafkaPlan:
 
 def run_kafka_path(plan: KafkaPlan) -> list[RunResult]:
     """Start the broker, load the input topic once, measure every system, validate, stop."""
-    from aiostream_ckpt_dev.broker.process import KafkaBroker
+    from aiostream_ckpt_dev.broker import KafkaBroker
     from aiostream_ckpt_dev.demo.kafka import load_jsonl
 
     broker_dir = plan.work / "kafka-broker"

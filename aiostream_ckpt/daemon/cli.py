@@ -30,7 +30,7 @@ log = logging.getLogger("aiostream_ckpt")
 #: Dev tooling's subcommands (package ``aiostream_ckpt_dev``), by entry point: named, not
 #: imported, so the engine never imports its tooling and ``run`` never loads it.
 TOOLING_COMMANDS = {
-    "broker": "aiostream_ckpt_dev.broker.process:broker_main",
+    "broker": "aiostream_ckpt_dev.broker.cli:broker_main",
     "chaos": "aiostream_ckpt_dev.chaos.cli:chaos_main",
     "demo": "aiostream_ckpt_dev.demo.files:demo_main",
     "demo-kafka": "aiostream_ckpt_dev.demo.kafka:demo_kafka_main",

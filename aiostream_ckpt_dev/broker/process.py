@@ -1,15 +1,11 @@
-"""A real single-node Apache Kafka broker (KRaft), built from Maven Central jars.
+"""A real single-node Apache Kafka broker (KRaft): the JVM process, on loopback ports.
 
 Tests, CI, the demo and the bench need a broker that really runs transactions
 and ``read_committed`` fetches. Fakes (Tansu and friends) drop the aborted
-transactions list on Fetch, so they can't check exactly-once. Debian ships no
-Kafka, so we resolve ``kafka_2.13`` and its runtime dependencies with Maven
-into a cache outside the repo, once. Then we start ``kafka.Kafka`` as a
-combined broker+controller node on free loopback ports.
-
-The POM leaves out a logging binding (Kafka adds it only to the release
-tarball), so we add ``log4j-slf4j-impl`` and ``log4j-core``. Without them
-the broker logs nothing.
+transactions list on Fetch, so they can't check exactly-once. We start
+``kafka.Kafka`` from the jars of :mod:`.jars` as a combined broker+controller
+node on free loopback ports, and call it ready when it answers a Metadata
+request (:func:`~aiostream_ckpt_dev.kafka_wire.metadata_broker_count`).
 
 The API is synchronous on purpose: pytest session fixtures, the CLI and
 scripts use it, and none of them should need an event loop.
@@ -17,17 +13,13 @@ scripts use it, and none of them should need an event loop.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
-import json
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,64 +29,11 @@ from pathlib import Path
 from types import TracebackType
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
-from aiostream_ckpt_dev.maven import (
-    DEPENDENCY_PLUGIN_VERSION,
-    cache_root,
-    copy_dependencies,
-    file_lock,
-    find_mvn,
-)
+from aiostream_ckpt_dev.broker.jars import ensure_kafka_jars
+from aiostream_ckpt_dev.kafka_wire import metadata_broker_count
 
-KAFKA_VERSION = "4.1.1"
-SCALA_VERSION = "2.13"
-# Kafka 4.1 builds against log4j2 2.24.3; the binding must be the SLF4J 1.x
-# one (log4j-slf4j-impl, not -slf4j2-), because Kafka pins slf4j-api 1.7.36.
-LOG4J_VERSION = "2.24.3"
-# Maven 3.8's default dependency plugin (2.8) predates features we rely on.
-
-_STAMP = ".complete"
-_LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.1"
 _NODE_ID = 1
-
-_POM = f"""\
-<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0"
-         xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-         xsi:schemaLocation="http://maven.apache.org/POM/4.0.0
-                             http://maven.apache.org/xsd/maven-4.0.0.xsd">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>io.aiostream-ckpt</groupId>
-  <artifactId>kafka-broker-libs</artifactId>
-  <version>{KAFKA_VERSION}</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka_{SCALA_VERSION}</artifactId>
-      <version>{KAFKA_VERSION}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-slf4j-impl</artifactId>
-      <version>{LOG4J_VERSION}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.apache.logging.log4j</groupId>
-      <artifactId>log4j-core</artifactId>
-      <version>{LOG4J_VERSION}</version>
-    </dependency>
-  </dependencies>
-  <build>
-    <plugins>
-      <plugin>
-        <groupId>org.apache.maven.plugins</groupId>
-        <artifactId>maven-dependency-plugin</artifactId>
-        <version>{DEPENDENCY_PLUGIN_VERSION}</version>
-      </plugin>
-    </plugins>
-  </build>
-</project>
-"""
 
 # Root at INFO into a file only: the tail of that file is what a failed start
 # reports. The per-request and state-change loggers are the noisy ones.
@@ -119,47 +58,6 @@ _LOG4J2_XML = """\
 """
 
 
-def ensure_kafka_jars(cache_dir: Path | None = None) -> Path:
-    """Return a directory holding the broker's classpath, resolving it with Maven once.
-
-    ``cache_dir`` defaults to ``cache_root()/kafka-<version>``; the jars go to
-    its ``libs``. A stamp file is written only after Maven succeeded, so an
-    interrupted download is redone. A file lock keeps two concurrent callers
-    (parallel test sessions, CLI and tests) from both running Maven.
-    """
-    base = cache_dir if cache_dir is not None else cache_root() / f"kafka-{KAFKA_VERSION}"
-    libs = base / "libs"
-    stamp = libs / _STAMP
-    if stamp.exists():
-        return libs
-    base.mkdir(parents=True, exist_ok=True)
-    with file_lock(base / ".lock"):
-        if stamp.exists():  # another caller finished while we waited
-            return libs
-        find_mvn("the Kafka broker's jars")
-        staging = base / "libs.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(libs, ignore_errors=True)
-        staging.mkdir()
-        pom = base / "pom.xml"
-        pom.write_text(_POM)
-        proc = copy_dependencies(pom, staging)
-        if proc.returncode != 0:
-            output = (proc.stdout + proc.stderr).strip().splitlines()
-            tail = "\n".join(output[-25:])
-            raise ConnectorError(
-                f"mvn failed (exit {proc.returncode}) resolving kafka_{SCALA_VERSION}:"
-                f"{KAFKA_VERSION}:\n{tail}",
-                retriable=True,
-            )
-        jars = sorted(p.name for p in staging.glob("*.jar"))
-        if not any(j.startswith(f"kafka_{SCALA_VERSION}-") for j in jars):
-            raise ConnectorError(f"mvn succeeded but {staging} holds no kafka_{SCALA_VERSION} jar")
-        staging.rename(libs)
-        stamp.write_text("\n".join(jars) + "\n")
-    return libs
-
-
 def java_executable() -> str:
     """Return the ``java`` to run: ``$JAVA_HOME/bin/java``, else the one on PATH."""
     home = os.environ.get("JAVA_HOME")
@@ -176,7 +74,7 @@ def java_executable() -> str:
 def free_port() -> int:
     """Return a loopback TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((_LOOPBACK, 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 
 
@@ -250,7 +148,7 @@ class KafkaBroker:
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{_LOOPBACK}:{self.port}"
+        return f"{LOOPBACK}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -374,16 +272,16 @@ class KafkaBroker:
 
     def _server_properties(self) -> dict[str, str]:
         listeners = (
-            f"PLAINTEXT://{_LOOPBACK}:{self._port},CONTROLLER://{_LOOPBACK}:{self._controller_port}"
+            f"PLAINTEXT://{LOOPBACK}:{self._port},CONTROLLER://{LOOPBACK}:{self._controller_port}"
         )
         props = {
             "process.roles": "broker,controller",
             "node.id": str(_NODE_ID),
             # Static voters: the quorum lives in the config, not in the formatted
             # log, so a data dir can be reused on other ports.
-            "controller.quorum.voters": f"{_NODE_ID}@{_LOOPBACK}:{self._controller_port}",
+            "controller.quorum.voters": f"{_NODE_ID}@{LOOPBACK}:{self._controller_port}",
             "listeners": listeners,
-            "advertised.listeners": f"PLAINTEXT://{_LOOPBACK}:{self._port}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{self._port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -479,7 +377,7 @@ class KafkaBroker:
                     f"\n{self.log_tail()}"
                 )
             try:
-                if metadata_broker_count(_LOOPBACK, self.port, timeout_s=2.0) > 0:
+                if metadata_broker_count(LOOPBACK, self.port, timeout_s=2.0) > 0:
                     return
                 last_error = "metadata lists no live broker yet"
             except OSError as exc:
@@ -493,188 +391,7 @@ class KafkaBroker:
             time.sleep(0.1)
 
 
-def metadata_broker_count(host: str, port: int, *, timeout_s: float) -> int:
-    """Send a Metadata v1 request for no topics and return how many brokers it lists.
-
-    A raw socket instead of aiokafka keeps the readiness check free of an
-    event loop. A KRaft broker answers only once it's unfenced; before that
-    the listener accepts the connection but stays silent.
-    """
-    client_id = b"aiostream-ckpt-probe"
-    # Request header v1: api_key=3 (Metadata), version 1, correlation id, client id.
-    # Body: topics = empty array, meaning "no topics" (null would mean all).
-    msg = struct.pack(">hhih", 3, 1, 7, len(client_id)) + client_id + struct.pack(">i", 0)
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
-        sock.sendall(struct.pack(">i", len(msg)) + msg)
-        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
-        body = recv_exactly(sock, size)
-    correlation_id, n_brokers = struct.unpack_from(">ii", body)
-    if correlation_id != 7:
-        raise OSError(f"bad correlation id {correlation_id} in Metadata response")
-    return int(n_brokers)
-
-
 def _tail(text: str, lines: int) -> str:
     """Return the last ``lines`` lines without Java stack frames, which bury the cause."""
     kept = [ln for ln in text.strip().splitlines() if not ln.lstrip().startswith("at ")]
     return "\n".join(kept[-lines:])
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    """Read exactly ``n`` bytes of a Kafka response (a closed socket is an error)."""
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("connection closed by broker")
-        buf += chunk
-    return bytes(buf)
-
-
-# -- CLI: aiostream-ckpt broker start|stop|status --------------------------
-
-
-def _state_path() -> Path:
-    return cache_root() / "broker" / "state.json"
-
-
-def _read_state() -> dict[str, object] | None:
-    try:
-        state = json.loads(_state_path().read_text())
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # Like Java's server sockets, so TIME_WAIT leftovers don't count as taken.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((_LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def _is_our_broker(pid: int, data_dir: str) -> bool:
-    """Tell whether ``pid`` is still the broker we started (pids get reused)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return b"kafka.Kafka" in cmdline and any(data_dir.encode() in arg for arg in cmdline)
-
-
-def _running_state() -> dict[str, object] | None:
-    state = _read_state()
-    if state is None:
-        return None
-    pid, data_dir = state.get("pid"), state.get("data_dir")
-    if isinstance(pid, int) and isinstance(data_dir, str) and _is_our_broker(pid, data_dir):
-        return state
-    return None
-
-
-def broker_main(argv: list[str]) -> int:
-    """Run ``aiostream-ckpt broker start|stop|status``; return the exit code.
-
-    ``start`` runs a detached broker whose data and ports survive
-    ``stop``/``start`` (``--fresh`` wipes the data). The state file (pid,
-    bootstrap, log) lives in ``cache_root()/broker``. ``status`` exits 0 if
-    running, 3 if not (the LSB convention).
-    """
-    parser = argparse.ArgumentParser(prog="aiostream-ckpt broker")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_start = sub.add_parser("start", help="start a local Kafka broker in the background")
-    p_start.add_argument("--port", type=int, help="broker port (default: a free one)")
-    p_start.add_argument("--fresh", action="store_true", help="wipe topics and data first")
-    p_start.add_argument("--timeout", type=float, default=300.0, help="seconds to wait")
-    sub.add_parser("stop", help="stop the background broker")
-    sub.add_parser("status", help="print the bootstrap address if running")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "start":
-            return _cli_start(args.port, fresh=args.fresh, timeout_s=args.timeout)
-        if args.command == "stop":
-            return _cli_stop()
-        return _cli_status()
-    except (ConfigError, ConnectorError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-def _cli_start(port: int | None, *, fresh: bool, timeout_s: float) -> int:
-    running = _running_state()
-    if running is not None:
-        print(f"already running (pid {running['pid']})", file=sys.stderr)
-        print(running["bootstrap_servers"])
-        return 0
-    data_dir = cache_root() / "broker" / "data"
-    if fresh:
-        shutil.rmtree(data_dir, ignore_errors=True)
-    # Reuse the last ports when free, so clients configured for the previous
-    # run find the broker again.
-    last = _read_state() or {}
-    last_port, last_controller = last.get("port"), last.get("controller_port")
-    controller_port = None
-    if (
-        port is None
-        and isinstance(last_port, int)
-        and isinstance(last_controller, int)
-        and _port_free(last_port)
-        and _port_free(last_controller)
-    ):
-        port, controller_port = last_port, last_controller
-    broker = KafkaBroker(
-        data_dir,
-        port=port,
-        controller_port=controller_port,
-        detach=True,
-        start_timeout_s=timeout_s,
-    )
-    broker.start()
-    state = {
-        "pid": broker.pid,
-        "bootstrap_servers": broker.bootstrap_servers,
-        "port": broker.port,
-        "controller_port": broker.controller_port,
-        "data_dir": str(broker.data_dir),
-        "log_path": str(broker.log_path),
-        "kafka_version": KAFKA_VERSION,
-    }
-    tmp = _state_path().with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(_state_path())
-    print(broker.bootstrap_servers)
-    return 0
-
-
-def _cli_stop(timeout_s: float = 30.0) -> int:
-    state = _running_state()
-    if state is None:
-        print("not running", file=sys.stderr)
-        return 0
-    pid = state["pid"]
-    assert isinstance(pid, int)
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _is_our_broker(pid, str(state["data_dir"])) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _is_our_broker(pid, str(state["data_dir"])):
-        os.kill(pid, signal.SIGKILL)
-    print(f"stopped (pid {pid})", file=sys.stderr)
-    return 0
-
-
-def _cli_status() -> int:
-    state = _running_state()
-    if state is None:
-        print("not running")
-        return 3
-    print(f"{state['bootstrap_servers']} (pid {state['pid']}, log {state['log_path']})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(broker_main(sys.argv[1:]))

@@ -214,7 +214,7 @@ def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[
 
 
 def demo_kafka_main(argv: list[str]) -> int:
-    from aiostream_ckpt_dev.broker.process import KafkaBroker
+    from aiostream_ckpt_dev.broker import KafkaBroker
 
     args = _parser().parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000

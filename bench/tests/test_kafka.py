@@ -6,18 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import kafka
-from bench.kafka import (
-    EndOffsetSampler,
-    KafkaSpec,
-    KafkaWorkload,
-    OursKafka,
-    decode_list_offsets,
-    encode_list_offsets,
-    not_run,
-    recount_values,
-    select_paths,
-)
+from aiostream_ckpt_dev.kafka_wire import decode_list_offsets, encode_list_offsets
+from bench import kafka, kafka_systems
+from bench.kafka import not_run, select_paths
+from bench.kafka_offsets import EndOffsetSampler
+from bench.kafka_recount import recount_values
+from bench.kafka_systems import KafkaSpec, KafkaWorkload, OursKafka
 from bench.systems import Workload
 
 
@@ -180,6 +174,6 @@ def test_ours_kafka_command(tmp_path: Path) -> None:
 
 def test_every_kafka_system_has_a_runner() -> None:
     for name in kafka.KAFKA_SYSTEMS:
-        system = kafka.system_for(name)
+        system = kafka_systems.system_for(name)
         assert system is not None and system.name == name
-    assert kafka.system_for("bytewax") is None
+    assert kafka_systems.system_for("bytewax") is None

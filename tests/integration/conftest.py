@@ -23,7 +23,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 import aiostream_ckpt
 from aiostream_ckpt.connectors.kafka.transactions import PreparedTransaction
 from aiostream_ckpt.errors import AiostreamError
-from aiostream_ckpt_dev.broker.process import KafkaBroker
+from aiostream_ckpt_dev.broker import KafkaBroker
 
 REPO_ROOT = Path(aiostream_ckpt.__file__).resolve().parent.parent
 CRASH_CHILD = Path(__file__).parent / "kafka" / "txn_crash_child.py"

@@ -22,7 +22,7 @@ from aiostream_ckpt.connectors.kafka.transactions import (
     commit_prepared_transaction,
     prepared_transaction,
 )
-from aiostream_ckpt_dev.broker.process import KafkaBroker
+from aiostream_ckpt_dev.broker import KafkaBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 

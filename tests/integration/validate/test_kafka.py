@@ -11,7 +11,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from aiostream_ckpt_dev.broker.process import KafkaBroker
+from aiostream_ckpt_dev.broker import KafkaBroker
 from aiostream_ckpt_dev.validate import get_spark, pv_count_check, read_kafka_output
 
 from .conftest import build_case

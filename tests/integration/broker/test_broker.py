@@ -8,14 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
-from aiostream_ckpt_dev.broker.process import (
-    KAFKA_VERSION,
-    KafkaBroker,
-    broker_main,
-    cache_root,
-    ensure_kafka_jars,
-    metadata_broker_count,
-)
+from aiostream_ckpt_dev.broker import KafkaBroker
+from aiostream_ckpt_dev.broker.cli import broker_main
+from aiostream_ckpt_dev.broker.jars import KAFKA_VERSION, ensure_kafka_jars
+from aiostream_ckpt_dev.kafka_wire import metadata_broker_count
+from aiostream_ckpt_dev.maven import cache_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
