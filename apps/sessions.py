@@ -24,7 +24,7 @@ from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.api.functions import Collector
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.time import (
-    AggregateFunction,
+    CountAggregate,
     EventTimeSessionWindows,
     OutputTag,
     ProcessWindowFunction,
@@ -45,20 +45,6 @@ def event_ts(event: Event) -> int:
 
 def user_id(event: Event) -> Any:
     return event["user_id"]
-
-
-class CountEvents(AggregateFunction[Event, int, int]):
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Event, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
 
 
 class SessionResult(ProcessWindowFunction[int, Event, Any]):
@@ -84,7 +70,7 @@ def build(env: StreamEnvironment) -> None:
         .window(EventTimeSessionWindows.with_gap(int(p.get("gap", 30_000))))
         .allowed_lateness(int(p.get("lateness", 0)))
         .side_output_late_data(LATE)
-        .aggregate(CountEvents(), SessionResult(), uid="sessions")
+        .aggregate(CountAggregate(), SessionResult(), uid="sessions")
     )
     sessions.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="sink")
     if "late_output" in p:

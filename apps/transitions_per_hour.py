@@ -37,7 +37,7 @@ from aiostream_ckpt.api.functions import Collector, Context, OnTimerContext, Run
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aiostream_ckpt.time import (
-    AggregateFunction,
+    CountAggregate,
     ProcessWindowFunction,
     TumblingEventTimeWindows,
     WatermarkStrategy,
@@ -80,20 +80,6 @@ class DetectTransitions(KeyedProcessFunction[Event, Event]):
         self.last.update(last)
 
 
-class CountTransitions(AggregateFunction[Event, int, int]):
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Event, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
-
-
 class HourlyResult(ProcessWindowFunction[int, Event, Any]):
     def process(
         self, key: Any, context: WindowContext, elements: Iterable[int], out: Collector[Event]
@@ -117,7 +103,7 @@ def build(env: StreamEnvironment) -> None:
     hourly = (
         transitions.key_by(user_id)
         .window(TumblingEventTimeWindows.of(HOUR_MS), timestamp_assigner=event_ts)
-        .aggregate(CountTransitions(), HourlyResult(), uid="hourly")
+        .aggregate(CountAggregate(), HourlyResult(), uid="hourly")
     )
     hourly.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="sink")
 

@@ -27,6 +27,7 @@ from aiostream_ckpt.api.functions import Collector
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.connectors.generator import GeneratorSource
 from aiostream_ckpt.time import (
+    CountAggregate,
     EventTimeSessionWindows,
     ProcessWindowFunction,
     TumblingEventTimeWindows,
@@ -34,11 +35,8 @@ from aiostream_ckpt.time import (
     WindowAssigner,
     WindowContext,
 )
-from apps.transitions_per_hour import CountTransitions
 
 Event = dict[str, Any]
-#: counts the elements of a window, whatever they are
-Count = CountTransitions
 event_ts = itemgetter("ts")
 
 
@@ -87,6 +85,6 @@ def build(env: StreamEnvironment) -> None:
     counts = (
         events.key_by(itemgetter(key_field))
         .window(assigner)
-        .aggregate(Count(), WindowResult(), uid="window-count")
+        .aggregate(CountAggregate(), WindowResult(), uid="window-count")
     )
     counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="window-sink")

@@ -46,6 +46,7 @@ when it cannot change (an exact scalar), else its encoding as a ``bytearray``
 from __future__ import annotations
 
 import pickle
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -129,7 +130,7 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or repr(tp)
 
 
-class ValueCodec:
+class ValueCodec(ABC):
     """How one state stores its values: ``dumps``/``loads`` and the check at the write."""
 
     __slots__ = ("dumps", "ints_as_text", "loads", "name")
@@ -141,13 +142,13 @@ class ValueCodec:
         #: ``b"%d" % v`` is this codec's encoding of an int (the snapshot's fast path).
         self.ints_as_text = ints_as_text
 
+    @abstractmethod
     def capture(self, value: Any, state: str) -> Any:
         """Return the write-set entry of ``value`` (itself or its encoding); refuse misfits."""
-        raise NotImplementedError
 
+    @abstractmethod
     def check(self, value: Any, state: str) -> None:
         """Refuse ``value`` unless it reads back the same (list elements: stored later)."""
-        raise NotImplementedError
 
 
 class UntypedJsonCodec(ValueCodec):

@@ -10,7 +10,12 @@ and savepoint and are restored after a crash.
 from aiostream_ckpt.api.functions import OnTimerContext, TimeDomain, TimerService
 from aiostream_ckpt.runtime.elements import MAX_WATERMARK, MIN_WATERMARK
 from aiostream_ckpt.runtime.side_outputs import OutputTag
-from aiostream_ckpt.time.functions import AggregateFunction, ProcessWindowFunction, WindowContext
+from aiostream_ckpt.time.functions import (
+    AggregateFunction,
+    CountAggregate,
+    ProcessWindowFunction,
+    WindowContext,
+)
 from aiostream_ckpt.time.interval_join import JoinContext, ProcessJoinFunction
 from aiostream_ckpt.time.watermarks import WatermarkStrategy
 from aiostream_ckpt.time.windowed_stream import WindowedStream
@@ -26,6 +31,7 @@ __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
     "AggregateFunction",
+    "CountAggregate",
     "EventTimeSessionWindows",
     "JoinContext",
     "OnTimerContext",

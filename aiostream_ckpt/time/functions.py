@@ -52,6 +52,27 @@ class AggregateFunction(Generic[IN, ACC, OUT]):
         raise TypeError(f"{type(self).__name__} must override merge (session windows merge)")
 
 
+class CountAggregate(AggregateFunction[IN, int, int]):
+    """Counts the records of a window, whatever they are; merges by adding.
+
+    >>> c = CountAggregate()
+    >>> c.get_result(c.merge(c.add("x", c.create_accumulator()), 2))
+    3
+    """
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: IN, accumulator: int) -> int:
+        return accumulator + 1
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
 class WindowContext:
     """What a window function knows when its window fires."""
 

@@ -17,7 +17,7 @@ import orjson
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
 from aiostream_ckpt.time import (
-    AggregateFunction,
+    CountAggregate,
     OutputTag,
     ProcessWindowFunction,
     TumblingEventTimeWindows,
@@ -28,20 +28,6 @@ WINDOW_MS = 10_000
 MAX_DELAY_MS = 1_000
 #: How far behind the newest event a very late record is: past any window's end.
 LATE_BY_MS = 600_000
-
-
-class Count(AggregateFunction):  # type: ignore[type-arg]
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, accumulator: int) -> int:
-        return accumulator + 1
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
 
 
 class Describe(ProcessWindowFunction):  # type: ignore[type-arg]
@@ -97,7 +83,7 @@ def build(env: StreamEnvironment) -> None:
         .key_by(itemgetter("k"))
         .window(TumblingEventTimeWindows.of(WINDOW_MS))
         .side_output_late_data(late)
-        .aggregate(Count(), Describe(), uid="counts")
+        .aggregate(CountAggregate(), Describe(), uid="counts")
     )
     windows.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="counts-sink")
     windows.get_side_output(late).sink_to(

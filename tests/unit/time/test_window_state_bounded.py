@@ -9,24 +9,10 @@ from typing import Any
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
-from aiostream_ckpt.time import AggregateFunction, EventTimeSessionWindows
+from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
 from aiostream_ckpt.time.window_operator import WINDOW_CONTENTS, WindowKind, WindowSpec
 
 MAXP = 128
-
-
-class Count(AggregateFunction):
-    def create_accumulator(self):
-        return 0
-
-    def add(self, value, accumulator):
-        return accumulator + 1
-
-    def get_result(self, accumulator):
-        return accumulator
-
-    def merge(self, a, b):
-        return a + b
 
 
 def _session_operator(tmp: Path, lateness: int) -> tuple[Any, LmdbStateBackend]:
@@ -34,7 +20,7 @@ def _session_operator(tmp: Path, lateness: int) -> tuple[Any, LmdbStateBackend]:
         assigner=EventTimeSessionWindows.with_gap(1_000),
         kind=WindowKind.AGGREGATE,
         timestamp_assigner=lambda e: e["ts"],
-        function=Count(),
+        function=CountAggregate(),
         allowed_lateness=lateness,
     )
     op = spec.create_operator("sessions", lambda e: e["user"])
