@@ -123,22 +123,56 @@ class WindowOperator(StreamOperator):
                 if not self._add_to_session(rec, tsf(rec)):
                     self._late(rec)
             return out
+        return self._add_batch(batch, out)
+
+    def _add_batch(self, batch: list[Any], out: list[Any]) -> list[Any]:
+        """Fold a batch into fixed windows: one state read and write per (key, window).
+
+        Why: a record's window is mostly one that other records of the batch
+        share (a busy key's current window), and a state read and put cost more
+        than the fold itself. The watermark does not move within a batch, so
+        whether a window is due is fixed for the batch: a due window (late
+        firing: it fires again per record) takes the per-record path, every
+        other window is folded here and written back once, at the end.
+        """
+        kc = self._kc
+        ks = self._key_selector
+        tsf = self._ts
         bounds = self.spec.assigner.bounds
-        add, after_add = self._add, self._after_add
+        contents = self._contents
+        fold, fold_owned = self._fold, self._fold_owned
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
-        for rec in batch:
-            kc.key = ks(rec)
-            skipped = True
-            for window in bounds(tsf(rec)):
-                max_ts = window[1] - 1
-                if max_ts + lateness <= watermark:
-                    continue
-                skipped = False
-                # a window that was there and is not due yet has its timers set already
-                if add(window, rec) or max_ts <= watermark:
-                    after_add(window)
-            if skipped:
-                self._late(rec)
+        folded: dict[tuple[Any, tuple[int, int]], Any] = {}
+        try:
+            for rec in batch:
+                key = ks(rec)
+                skipped = True
+                for window in bounds(tsf(rec)):
+                    max_ts = window[1] - 1
+                    if max_ts + lateness <= watermark:
+                        continue
+                    skipped = False
+                    if max_ts <= watermark:  # due: fires now, with this record in it
+                        kc.key = key
+                        contents.put(window, fold(contents.get(window, _MISSING), rec))
+                        self._after_add(window)
+                        continue
+                    kw = (key, window)
+                    acc = folded.get(kw, _MISSING)
+                    if acc is _MISSING:
+                        kc.key = key
+                        acc = contents.get(window, _MISSING)
+                        if acc is _MISSING:
+                            self._set_timers(max_ts)
+                        folded[kw] = fold(acc, rec)
+                    else:
+                        folded[kw] = fold_owned(acc, rec)
+                if skipped:
+                    self._late(rec)
+        finally:
+            for (key, window), acc in folded.items():
+                kc.key = key
+                contents.put(window, acc)
         return out
 
     def _late(self, record: Any) -> None:
@@ -147,13 +181,6 @@ class WindowOperator(StreamOperator):
             side.append((self.spec.late_tag, record))
         else:
             self.late_dropped += 1
-
-    def _add(self, window: tuple[int, int], record: Any) -> bool:
-        """Add ``record`` to the key's ``window`` (a plain tuple: the JSON map key); True if new."""
-        contents = self._contents
-        current = contents.get(window, _MISSING)
-        contents.put(window, self._fold(current, record))
-        return current is _MISSING
 
     def _fold(self, current: Any, record: Any) -> Any:
         """Return a window's contents with ``record`` added (``_MISSING``: a new window)."""
@@ -166,15 +193,30 @@ class WindowOperator(StreamOperator):
         # A new list each time: the state may still hold the old one for a snapshot.
         return [record] if current is _MISSING else [*current, record]
 
+    def _fold_owned(self, current: Any, record: Any) -> Any:
+        """Like :meth:`_fold`, for contents the batch owns: a list ``_fold`` made grows in place."""
+        if self.spec.kind is WindowKind.PROCESS:
+            current.append(record)
+            return current
+        return self._fold(current, record)
+
     def _after_add(self, window: tuple[int, int]) -> None:
         """Set the window's timers, or fire it now if its time has passed (late firing)."""
+        max_ts = window[1] - 1
+        if max_ts > self.watermark:
+            self._set_timers(max_ts)
+            return
+        self._fire(TimeWindow(*window), self._contents.get(window))
+        if self._lateness:
+            timers = self._timers
+            assert timers is not None
+            timers.register_event_time_timer(max_ts + self._lateness)
+
+    def _set_timers(self, max_ts: int) -> None:
+        """Set a window's timers: fire at ``max_ts``, clean up after the lateness."""
         timers = self._timers
         assert timers is not None
-        max_ts = window[1] - 1
-        if max_ts <= self.watermark:
-            self._fire(TimeWindow(*window), self._contents.get(window))
-        else:
-            timers.register_event_time_timer(max_ts)
+        timers.register_event_time_timer(max_ts)
         if self._lateness:
             timers.register_event_time_timer(max_ts + self._lateness)
 

@@ -25,7 +25,7 @@ does not leak into a snapshot.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
@@ -51,6 +51,8 @@ class MapStateImpl(KeyedStateBase):
 
     __slots__ = ("_check_all_keys", "_cleared", "_complete", "_key_loads", "_keys")
     kind = "map"
+    #: Entries that expire (TTL): every read goes through :meth:`_live`.
+    _expiring: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -65,7 +67,7 @@ class MapStateImpl(KeyedStateBase):
     # -- entry hooks (overridden for TTL) -------------------------------------
     def _wrap(self, value: Any) -> tuple[Any, Any]:
         """``(cache entry, write-set entry)`` for a value being put."""
-        return value, self._capture(value)
+        return value, self._codec.capture(value, self.name)
 
     def _live(self, key: Any, m: dict[Any, Any], map_key: Any, entry: Any) -> Any:
         """User value of a cached entry, or ``_DELETED``."""
@@ -151,22 +153,42 @@ class MapStateImpl(KeyedStateBase):
         return m
 
     def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
-        return list(self._full_map(key).items())  # complete: no markers, every entry live
+        m = self._cache.get(key)
+        if m is None or key not in self._complete:
+            m = self._full_map(key)
+        return list(m.items())  # complete: no markers, every entry live
 
     # -- MapState protocol -------------------------------------------------------
+    # get, put and items inline the cache lookups: they are per record for windows and timers
     def get(self, map_key: Any, default: Any = None) -> Any:
         key = self._ctx.key
-        m = self._map(key)
-        v = self._live(key, m, map_key, self._entry(key, m, map_key))
+        m = self._cache.get(key)
+        if m is None:
+            m = self._map(key)
+        v = m.get(map_key, _MISS)
+        if v is _MISS:
+            v = self._entry(key, m, map_key)
+        if self._expiring:
+            v = self._live(key, m, map_key, v)
         return default if v is _DELETED else v
 
     def put(self, map_key: Any, value: Any) -> None:
-        if self._check_all_keys or map_key.__class__ not in EXACT_SCALARS:
-            self._keys.check(map_key, self._map_key_bytes(map_key), self.name)
         key = self._ctx.key
+        m = self._cache.get(key)
+        if m is None:
+            m = self._map(key)
+        # an untyped key the map holds was checked when it was put (or read back from LMDB)
+        if self._check_all_keys or (
+            map_key.__class__ not in EXACT_SCALARS and m.get(map_key, _DELETED) is _DELETED
+        ):
+            self._keys.check(map_key, self._map_key_bytes(map_key), self.name)
         cached, captured = self._wrap(value)
-        self._map(key)[map_key] = cached
-        self._mark(key, map_key, captured)
+        m[map_key] = cached
+        dirty = self._dirty.get(key)
+        if dirty is None:
+            self._dirty[key] = {map_key: captured}
+        else:
+            dirty[map_key] = captured
 
     def contains(self, map_key: Any) -> bool:
         key = self._ctx.key
@@ -287,6 +309,7 @@ class TtlMapState(TtlCodec, MapStateImpl):
 
     __slots__ = ()
     _ABSENT = _DELETED
+    _expiring = True
 
     def _live_items(self, key: Any) -> list[tuple[Any, Any]]:
         m = self._full_map(key)

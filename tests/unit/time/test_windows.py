@@ -162,6 +162,37 @@ def test_allowed_lateness_refires_and_late_records_go_to_the_side_output(tmp_pat
     assert late_sink.results == [events[-2], events[-1]]
 
 
+def test_a_batch_refires_due_windows_per_record_and_folds_the_others(tmp_path: Path) -> None:
+    # one batch holds records of a window past its end (each fires it again, with
+    # itself added) and of a current one (folded, fired once by the watermark)
+    env = StreamEnvironment("batch", config=config(tmp_path, batch_size=4))
+    events = [
+        {"k": "a", "ts": 1_000, "v": 1},
+        {"k": "a", "ts": 15_000, "v": 10},
+        {"k": "b", "ts": 3_000, "v": 100},
+        {"k": "b", "ts": 15_500, "v": 1000},  # watermark 15 499: both [0, 10 s) fire
+        {"k": "a", "ts": 5_000, "v": 2},
+        {"k": "a", "ts": 16_000, "v": 20},
+        {"k": "a", "ts": 6_000, "v": 3},
+        {"k": "a", "ts": 17_000, "v": 30},
+    ]
+    s = (
+        env.from_source(CollectionSource(events), uid="src", watermark_strategy=strategy())
+        .key_by(lambda e: e["k"])
+        .window(TumblingEventTimeWindows.of(10_000))
+        .allowed_lateness(10_000)
+        .aggregate(Sum(), Describe(), uid="win")
+    )
+    assert env.execute_and_collect(s) == [
+        ("a", 0, 10_000, 1),
+        ("b", 0, 10_000, 100),
+        ("a", 0, 10_000, 3),
+        ("a", 0, 10_000, 6),
+        ("a", 10_000, 20_000, 60),
+        ("b", 10_000, 20_000, 1000),
+    ]
+
+
 def test_late_records_without_a_side_output_are_dropped(tmp_path: Path) -> None:
     env = StreamEnvironment("drop", config=config(tmp_path, batch_size=1))
     events = [{"k": "a", "ts": 1_000, "v": 1}, {"k": "a", "ts": 20_000, "v": 2}]
