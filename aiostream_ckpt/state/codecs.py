@@ -53,6 +53,7 @@ from typing import Any
 import msgspec
 
 from aiostream_ckpt.errors import StateError, StateMigrationError
+from aiostream_ckpt.state.serde import decode_key
 
 Dumps = Callable[[Any], bytes]
 Loads = Callable[[bytes], Any]
@@ -124,6 +125,23 @@ def key_misfit(key: Any, where: str = "map key") -> str | None:
                 return bad
         return None
     return json_misfit(key, where)
+
+
+def key_type_error(key: Any, key_bytes: bytes) -> StateTypeError:
+    """Return the error for a stream key that would not read back the same after a restore.
+
+    Why: stored keys are their JSON bytes (the key group hashes them), so a key
+    of another type (an enum, a date, a str subclass) would come back as
+    another type after a restore, and ``ctx.current_key`` in ``on_timer`` or a
+    window's key would differ from a failure-free run's.
+    """
+    back = decode_key(key_bytes)
+    return StateTypeError(
+        f"key_by gave a key of type {type(key).__name__} ({key!r}): keyed state stores "
+        f"keys as JSON, so after a restore it would come back as {back!r} "
+        f"({type(back).__name__}); return str, int, bool, None, finite float or tuples "
+        "of those from the key selector (e.g. an enum's .value)"
+    )
 
 
 def type_name(tp: Any) -> str:

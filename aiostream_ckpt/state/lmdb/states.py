@@ -65,7 +65,13 @@ import orjson
 
 from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.state.backend import KeyContext
-from aiostream_ckpt.state.codecs import EXACT_SCALARS, UNTYPED, value_codec
+from aiostream_ckpt.state.codecs import (
+    EXACT_SCALARS,
+    UNTYPED,
+    key_misfit,
+    key_type_error,
+    value_codec,
+)
 from aiostream_ckpt.state.descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
@@ -181,6 +187,8 @@ class KeyedStateBase:
             raise StateError(
                 f"state {self.name!r}: key {key!r} is not serializable: {exc}"
             ) from exc
+        if key.__class__ is not str and key_misfit(key, "key") is not None:
+            raise key_type_error(key, kb)
         kg = zlib.crc32(kb) % self._maxp
         if not self._kg_start <= kg <= self._kg_end:
             raise StateError(

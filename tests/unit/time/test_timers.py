@@ -4,6 +4,9 @@ and both kinds survive a restore from a checkpoint."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
+import re
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,58 @@ async def test_timers_survive_restore(tmp_path: Path) -> None:
     src.end()
     await asyncio.wait_for(job, 30)
     assert [(k, ts) for k, ts, _, _ in spy.records[4:]] == [("d", 50_010)]
+
+
+class KeyTypes(KeyedProcessFunction):
+    def process_element(self, value, ctx, out):
+        ctx.timer_service().register_event_time_timer(value["ts"] + 10)
+
+    def on_timer(self, timestamp, ctx, out):
+        out.collect((ctx.current_key, type(ctx.current_key), timestamp))
+
+
+@pytest.mark.parametrize(
+    "key", [("a", 1), 7, ("x", (1, 2.5), None), True, 1.5, "s"], ids=lambda k: type(k).__name__
+)
+async def test_timer_keys_keep_their_type_across_a_restore(tmp_path: Path, key: object) -> None:
+    def build() -> tuple[StreamEnvironment, SplitSource, SpySink]:
+        env = StreamEnvironment("keys", config=config(tmp_path))
+        src, spy = SplitSource("src", ["s"]), SpySink()
+        s = env.from_source(src, uid="src", watermark_strategy=strategy(max_delay=10_000))
+        s.key_by(lambda e: key).process(KeyTypes(), uid="t").sink_to(spy, uid="spy")
+        return env, src, spy
+
+    clock = ManualClock()
+    env, src, spy = build()
+    job, run, runner = await start(env, clock)
+    src.feed("s", [{"ts": 1_000}])
+    await wait_until(lambda: run.tasks[0].metrics.records_in == 1)
+    assert run.coordinator is not None
+    await run.coordinator.trigger()
+    runner.cancel()
+    await asyncio.wait_for(job, 30)
+
+    env, src, spy = build()  # the timer at 1 010 comes from the restored state
+    job, run, _ = await start(env, clock)
+    src.feed("s", [{"ts": 50_000}])
+    src.end()
+    await asyncio.wait_for(job, 30)
+    assert spy.records == [(key, type(key), 1_010), (key, type(key), 50_010)]
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize(
+    ("key", "back"),
+    [(Color.RED, "'red' (str)"), (datetime.date(2024, 1, 2), "'2024-01-02' (str)")],
+)
+def test_a_key_that_would_change_type_is_refused(tmp_path: Path, key: object, back: str) -> None:
+    # stored keys are JSON: an enum or a date would be a str in on_timer after a restore
+    env = StreamEnvironment("badkey", config=config(tmp_path, restart=RestartConfig(attempts=0)))
+    s = env.from_source(CollectionSource([{"ts": 1}]), watermark_strategy=strategy()).key_by(
+        lambda e: key
+    )
+    with pytest.raises(Exception, match=rf"come back as {re.escape(back)}"):
+        env.execute_and_collect(s.process(KeyTypes(), uid="t"))
