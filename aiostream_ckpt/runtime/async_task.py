@@ -26,8 +26,9 @@ from typing import Any
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
+from aiostream_ckpt.runtime.chain import ChainSpec, TaskState
 from aiostream_ckpt.runtime.elements import Watermark
-from aiostream_ckpt.runtime.task import ChainSpec, StreamTask, TaskState
+from aiostream_ckpt.runtime.task import StreamTask
 
 
 def is_async_chain(spec: ChainSpec) -> bool:
@@ -77,7 +78,7 @@ class AsyncWaitTask(StreamTask):
         metrics = self.metrics
         get: asyncio.Future[tuple[int, Any]] | None = None
         done_wait: asyncio.Future[Any] | None = None
-        await self._announce_time()
+        await self._time.announce()
         try:
             while not self._done.is_set():
                 await self._emit_ready()
@@ -134,15 +135,15 @@ class AsyncWaitTask(StreamTask):
             self._started_seen = op.calls_started
         for item in ready:
             if type(item) is list:
-                await self._push_tail(item)
+                await self._chain.push_tail(item)
             elif isinstance(item, Watermark):
                 await super()._advance_watermark(item.timestamp)
             else:
                 assert isinstance(item, AsyncCallError)
-                if self._process_errors is None:  # errors.on_process_error=fail
+                if self._chain.process_errors is None:  # errors.on_process_error=fail
                     raise item  # the job fails, naming the operator and the record
                 # dead_letter: the record and the call's traceback (a timeout: its own error)
-                self._process_errors.dead_letter(
+                self._chain.process_errors.dead_letter(
                     self._async.uid, item.record, item.__cause__ or item
                 )
 

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aiostream_ckpt.api.co_functions import CoProcessFunction, KeyedCoProcessFunction
+from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channels import ChannelWriter
 from aiostream_ckpt.runtime.operators import ProcessOperator, RecordFailed
-from aiostream_ckpt.runtime.task import ChainSpec, StreamTask
+from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.time.process import TimedKeyedProcessOperator
 
 
@@ -127,4 +128,4 @@ class CoProcessTask(StreamTask):
         except RecordFailed as failure:
             # the dead-letter path re-runs process_batch (the first input's): fail instead
             raise failure.__cause__ or failure from None
-        await self._push_tail(out)
+        await self._chain.push_tail(out)

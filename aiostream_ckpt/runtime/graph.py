@@ -26,6 +26,7 @@ from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
     KeyedBroadcastProcessOperator,
 )
+from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
 from aiostream_ckpt.runtime.co_process import (
     CoProcessOperator,
@@ -54,7 +55,6 @@ from aiostream_ckpt.runtime.partitioners import (
     RebalanceGate,
 )
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
-from aiostream_ckpt.runtime.task import ChainSpec
 from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.time.process import make_keyed_process_operator

@@ -29,8 +29,8 @@ Restore rule (:func:`merge`), the same for every part:
   filled by the upstream tasks' announcements.
 
 After restoring, a task announces its watermark (and idleness) downstream
-before its first record (:meth:`StreamTask._announce_time`), so downstream
-channels need not wait for the upstream's next advance.
+before its first record (``runtime.event_time.TaskEventTime.announce``), so
+downstream channels need not wait for the upstream's next advance.
 """
 
 from __future__ import annotations
