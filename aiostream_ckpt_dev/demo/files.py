@@ -8,8 +8,11 @@
    until it finishes.
 3. Check the committed output against a recount of the input: with Spark
    (``aiostream_ckpt_dev.validate``) when PySpark is installed, else in Python.
-   Prints ``exactly-once verified: ...`` or exits non-zero; when Spark cannot
-   run here (no PySpark, no Java) it says so and which check ran instead.
+   When Spark cannot run here (no PySpark, no Java) it says so and which
+   check ran instead.
+4. Prove the windowed app (``apps.sessions``) under kill -9 against a
+   failure-free run (:mod:`.windowed`), and print that verdict too.
+   Prints ``exactly-once verified: ...`` or exits non-zero.
 
 It works in a container too: its files go to ``./.demo``, or to the temp dir
 when the working directory is not writable; the worker does not inherit the
@@ -32,6 +35,7 @@ from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.daemon.config import ENV_PREFIX
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
+from aiostream_ckpt_dev.demo.windowed import prove_windowed
 from aiostream_ckpt_dev.recount import check_pv_count
 
 MALFORMED_LINES = 3
@@ -49,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", default="1s", help="checkpoint interval")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--no-spark", action="store_true", help="verify in Python, not Spark")
+    p.add_argument(
+        "--windowed-kills", type=int, default=2, help="kills for the windowed app (0: skip it)"
+    )
     return p
 
 
@@ -173,11 +180,19 @@ def demo_main(argv: list[str]) -> int:
         return 1
     verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)
     print(verdict.report)
-    if not verdict.passed:
-        print("exactly-once FAILED: " + verdict.summary)
+    windowed = args.windowed_kills == 0 or prove_windowed(
+        "demo", work / "windowed", seed, kills=args.windowed_kills
+    )
+    if not verdict.passed or not windowed:
+        print("exactly-once FAILED: " + (verdict.summary if not verdict.passed else "windowed app"))
         return 1
     print(
         f"exactly-once verified: {verdict.events} events, {verdict.keys} keys, "
         f"{result.kills} restarts"
+        + (
+            f"; windowed app proven under {args.windowed_kills} kills"
+            if args.windowed_kills
+            else ""
+        )
     )
     return 0

@@ -9,7 +9,9 @@
    the input: every key's updates are exactly ``1..n`` in order, ``n`` its
    input count. With Spark (``aiostream_ckpt_dev.validate``) when it runs here,
    else in Python; the output says which.
-4. Stop the broker, also on failure.
+4. Prove the windowed app (``apps.sessions``, on files) under kill -9
+   against a failure-free run (:mod:`.windowed`).
+5. Stop the broker, also on failure.
 
 The loading and checking helpers are used by the Kafka tests too.
 """
@@ -32,6 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
 from aiostream_ckpt_dev.demo.files import run_demo_worker
+from aiostream_ckpt_dev.demo.windowed import prove_windowed
 from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 
 _LOAD_BLOCK = 4 << 20
@@ -180,6 +183,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", default="1s", help="checkpoint interval")
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--no-spark", action="store_true", help="verify in Python only")
+    p.add_argument(
+        "--windowed-kills", type=int, default=2, help="kills for the windowed app (0: skip it)"
+    )
     return p
 
 
@@ -265,11 +271,21 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         if spark is not None:
             print(f"spark validator (read_committed): {spark[1]}")
             passed = passed and spark[0]
+    if args.windowed_kills:
+        passed = (
+            prove_windowed("demo-kafka", work / "windowed", seed, kills=args.windowed_kills)
+            and passed
+        )
     if not passed or result.kills < args.kills:
         print(f"exactly-once FAILED ({result.kills} of {args.kills} kills happened)")
         return 1
     print(
         f"exactly-once verified: {verdict.events} events, {verdict.keys} keys, "
         f"{result.kills} restarts"
+        + (
+            f"; windowed app proven under {args.windowed_kills} kills"
+            if args.windowed_kills
+            else ""
+        )
     )
     return 0
