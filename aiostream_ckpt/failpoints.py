@@ -31,8 +31,8 @@ POINTS: dict[str, str] = {
     "snapshot_write": "a task's asynchronous state snapshot file is written but not yet fsynced",
     "metadata_durable": "a checkpoint's metadata is durable; no task has been notified "
     "(sinks have not committed)",
-    "sink_commit": "a sink committed one more pre-committed file; others of the same "
-    "checkpoint may still be staged",
+    "sink_commit": "a sink committed one more pre-committed file (or Kafka transaction); "
+    "others of the same checkpoint may still be staged",
     "restore_begin": "a task began restoring from a checkpoint (sources not yet rewound)",
     "restore_before_sinks": "a task restored its state; its sink has not yet recovered "
     "(committed/aborted the restored transactions)",

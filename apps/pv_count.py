@@ -79,7 +79,13 @@ def expected_updates(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 #: Deterministic: a key's updates are 1, 2, ..., n in commit order, whatever the kills.
-PROOF = ProofContract(outputs=("output",), key="app_id", oracle=expected_updates)
+PROOF = ProofContract(
+    outputs=("output",),
+    key="app_id",
+    oracle=expected_updates,
+    kafka_outputs=("output_topic",),
+    kafka_inputs=("input_topic",),
+)
 
 #: The key selector; ``itemgetter`` runs in C, a third cheaper than a ``def`` per record.
 app_id = itemgetter("app_id")

@@ -12,7 +12,9 @@ An app that reads processing time or random numbers is not deterministic; it
 is refused unless it names the fields that vary (``ignore_fields``: compared
 without them). ``key``: the field whose per-key order is part of the output
 contract (a running count's updates must arrive 1, 2, 3); without it only the
-multisets are compared.
+multisets are compared. An app with a Kafka mode names its output topics'
+params too (``kafka_outputs``): with ``kafka_bootstrap`` set, those topics are
+the proven output.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ class ProofContract:
     dead_letters: bool = True
     #: optional independent recount of the main output from the input (chaos suites)
     oracle: Oracle | None = None
+    #: Kafka mode (the app param ``kafka_bootstrap`` set): params naming the output
+    #: topics, main first, proven instead of ``outputs`` as a read_committed consumer sees them
+    kafka_outputs: tuple[str, ...] = ()
+    #: Kafka mode: params naming the input topics (``chaos`` counts their events)
+    kafka_inputs: tuple[str, ...] = ()
+    #: the app param holding the bootstrap servers; set, it selects Kafka mode
+    kafka_bootstrap: str = "kafka_bootstrap"
 
     def refusal(self) -> str | None:
         """Why no proof is possible, or None."""

@@ -39,12 +39,16 @@ from aiostream_ckpt_dev.validate.proof import (
     assumptions,
     compare_dirs,
     compare_oracle,
+    kafka_bootstrap,
     load_contract,
     plan_outputs,
+    record_topics,
     reference_run,
+    reference_topics,
     twin_outputs,
 )
 from aiostream_ckpt_dev.validate.proof_cli import add_reference_runs
+from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, drop_topics, new_twin, record_span
 
 
 @dataclass
@@ -144,15 +148,15 @@ def run_chaos(
     plan_outputs(run, contract, reference)  # fails early when the main output is not set
     ref_seconds = reference_run(run, contract, reference)
     verdict = ChaosVerdict()
-    verdict.assumptions = assumptions(
-        contract, reference_runs, oracle=oracle and contract.oracle is not None
-    )
+    kafka = _kafka(run, contract)
+    oracle = oracle and contract.oracle is not None and kafka is None  # it recounts files
+    verdict.assumptions = assumptions(contract, reference_runs, oracle=oracle)
     if reference_runs > 1:
         second = workdir / "reference-2"
         reference_run(run, contract, second)
         _check_twins(verdict, run, contract, reference, second)
         if not keep:
-            shutil.rmtree(second, ignore_errors=True)
+            _drop(second)
     stalled = 0
     while verdict.kills < kills and not verdict.problems:
         r = verdict.rounds
@@ -160,7 +164,7 @@ def run_chaos(
         rdir = workdir / f"round-{r}"
         shutil.rmtree(rdir, ignore_errors=True)
         rdir.mkdir(parents=True)
-        rrun = _round_run(run, contract, rdir)
+        rrun = _round_run(run, contract, rdir, kafka)
         plan = plan_round(rng, min(kills_per_round, kills - verdict.kills), position=bool(rrun[1]))
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
         if run.config is not None:
@@ -180,7 +184,7 @@ def run_chaos(
         verdict.windows.update(result.kills)
         verdict.faults.update(result.faults)
         verdict.retracted += result.retracted
-        verdict.events += _events(rrun[1])
+        verdict.events += _events(rrun[1]) if kafka is None else _topic_events(run, contract)
         verdict.problems += [f"round {r}: {p}; see {rdir / 'worker.log'}" for p in result.problems]
         if result.exit_code != 0:
             verdict.problems.append(
@@ -200,13 +204,13 @@ def run_chaos(
                 flush=True,
             )
         if not keep and not verdict.problems:
-            shutil.rmtree(rdir, ignore_errors=True)
+            _drop(rdir)
     if verdict.kills < kills and not verdict.problems:
         verdict.problems.append(f"only {verdict.kills} of {kills} kills happened")
     if echo:
         print(f"chaos: reference run took {ref_seconds:.1f}s", flush=True)
     if not keep:
-        shutil.rmtree(reference, ignore_errors=True)
+        _drop(reference)
     return verdict
 
 
@@ -225,8 +229,16 @@ def _check_twins(
             )
 
 
-def _round_run(run: AppRun, contract: ProofContract, rdir: Path) -> tuple[AppRun, list[Path]]:
-    """Return the run with this round's directories, and its input files."""
+def _kafka(run: AppRun, contract: ProofContract) -> str | None:
+    from aiostream_ckpt.daemon.config import load_config
+
+    return kafka_bootstrap(contract, load_config(run.config, env=os.environ, sets=run.sets).params)
+
+
+def _round_run(
+    run: AppRun, contract: ProofContract, rdir: Path, kafka: str | None
+) -> tuple[AppRun, list[Path]]:
+    """Return the run with this round's directories (or topics), and its input files."""
     from aiostream_ckpt.daemon.config import load_config
 
     loaded = load_config(run.config, env=os.environ, sets=run.sets)
@@ -235,10 +247,39 @@ def _round_run(run: AppRun, contract: ProofContract, rdir: Path) -> tuple[AppRun
         f"checkpoint.dir={rdir / 'checkpoints'}",
         f"errors.dead_letter_dir={rdir / 'dead-letter'}",
     ]
+    if kafka is not None:
+        # each round writes fresh topics like the app's own; listed for the cleanup
+        topics = {
+            p: new_twin(KafkaTopic(kafka, str(loaded.params[p])), f"chaos-{rdir.name}")
+            for p in contract.kafka_outputs
+            if p in loaded.params
+        }
+        record_topics(rdir, kafka, topics)
+        sets += [f"app.{p}={t.topic}" for p, t in topics.items()]
+        return AppRun(run.module, sets, run.config), []
     sets += [f"app.{p}={rdir / f'out-{p}'}" for p in contract.outputs if p in loaded.params]
     raw = str(loaded.params.get("input", ""))
     inputs = [Path(s) for s in raw.split(",") if s and Path(s).is_file()]
     return AppRun(run.module, sets, run.config), inputs
+
+
+def _topic_events(run: AppRun, contract: ProofContract) -> int:
+    """Count the input topics' records (loaded without transactions: their offset span)."""
+    from aiostream_ckpt.daemon.config import load_config
+
+    params = load_config(run.config, env=os.environ, sets=run.sets).params
+    bootstrap = str(params[contract.kafka_bootstrap])
+    return sum(
+        record_span(KafkaTopic(bootstrap, str(params[p])))
+        for p in contract.kafka_inputs
+        if p in params
+    )
+
+
+def _drop(directory: Path) -> None:
+    """Remove a reference's or round's directory and the topics it made."""
+    drop_topics([*reference_topics(directory).values()])
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _events(inputs: list[Path]) -> int:

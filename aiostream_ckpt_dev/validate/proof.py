@@ -26,7 +26,7 @@ import re
 import shutil
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,15 @@ import orjson
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 from aiostream_ckpt_dev.validate.parse import canonical
+from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, new_twin, read_committed
 from aiostream_ckpt_dev.validate.result import CheckResult
 
 _NUMBERS = re.compile(r"\d+")
 MAX_EXAMPLES = 20
+
+
+#: Where an output is: a file sink's directory or a Kafka topic (:mod:`.proof_kafka`).
+Location = Path | KafkaTopic
 
 
 @dataclass
@@ -47,8 +52,8 @@ class ComparedOutput:
     """One output of the job under proof and where the reference run put its twin."""
 
     label: str
-    actual: Path
-    reference: Path
+    actual: Location
+    reference: Location
 
 
 #: A committed record: canonical form, key value (None: no key), parsed as JSON, ``file:line``.
@@ -211,16 +216,35 @@ def _first_differences(actual: Records, reference: Records, keys: set[Any]) -> l
     return out
 
 
+def records_of(where: Location, key: str | None, ignore: Sequence[str]) -> Records:
+    """Return a reader of the committed records: a directory's on each call, a topic's once."""
+    if isinstance(where, KafkaTopic):
+        records = read_committed(where, key, ignore)
+        return lambda: records
+    return lambda: read_records(where, key, ignore)
+
+
 def compare_dirs(
-    actual: Path, reference: Path, contract: ProofContract, *, max_examples: int = MAX_EXAMPLES
+    actual: Location,
+    reference: Location,
+    contract: ProofContract,
+    *,
+    max_examples: int = MAX_EXAMPLES,
 ) -> Comparison:
+    """Compare two outputs: directories of committed files, or topics read read_committed."""
     key, ignore = contract.key, contract.ignore_fields
     return compare(
-        lambda: read_records(actual, key, ignore),
-        lambda: read_records(reference, key, ignore),
+        records_of(actual, key, ignore),
+        records_of(reference, key, ignore),
         key=key,
         max_examples=max_examples,
     )
+
+
+def describe(where: Location) -> str:
+    if isinstance(where, KafkaTopic):
+        return f"{where} (read_committed)"
+    return f"{where} ({len(output_files(where))} files)"
 
 
 def compare_oracle(
@@ -248,10 +272,7 @@ def fast_results(outputs: Sequence[ComparedOutput], contract: ProofContract) -> 
     for out in outputs:
         started = time.monotonic()
         comparison = compare_dirs(out.actual, out.reference, contract)
-        notes = [
-            f"{out.actual} ({len(output_files(out.actual))} files) vs reference "
-            f"{out.reference} ({len(output_files(out.reference))} files)"
-        ]
+        notes = [f"{describe(out.actual)} vs reference {describe(out.reference)}"]
         results.append(to_result(out.label, comparison, time.monotonic() - started, notes))
     return results
 
@@ -298,14 +319,23 @@ def plan_outputs(run: AppRun, contract: ProofContract, scratch: Path) -> list[Co
     from aiostream_ckpt.daemon.config import load_config
 
     loaded = load_config(run.config, env=os.environ, sets=run.sets)
-    plan = []
-    for param in contract.outputs:
-        if param in loaded.params:
-            actual = Path(str(loaded.params[param]))
-            plan.append(ComparedOutput(param, actual, scratch / f"out-{param}"))
-    if not plan or contract.outputs[0] not in loaded.params:
+    plan: list[ComparedOutput] = []
+    bootstrap = kafka_bootstrap(contract, loaded.params)
+    outputs = contract.kafka_outputs if bootstrap is not None else contract.outputs
+    twins = reference_topics(scratch)
+    for param in outputs:
+        if param not in loaded.params:
+            continue
+        if bootstrap is not None:
+            topic = KafkaTopic(bootstrap, str(loaded.params[param]))
+            # before the reference run, its topic is not made yet
+            plan.append(ComparedOutput(param, topic, twins.get(param, KafkaTopic(bootstrap, ""))))
+        else:
+            path = Path(str(loaded.params[param]))
+            plan.append(ComparedOutput(param, path, scratch / f"out-{param}"))
+    if not plan or outputs[0] not in loaded.params:
         raise ValidationConfigError(
-            f"the main output app.{contract.outputs[0]} is not set (--output or --set)"
+            f"the main output app.{outputs[0]} is not set (--output or --set)"
         )
     errors = loaded.job.errors
     if contract.dead_letters and loaded.job.checkpoint.directory is not None:
@@ -339,9 +369,22 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
         f"errors.dead_letter_dir={scratch / 'dead-letter'}",
     ]
     loaded = load_config(run.config, env=os.environ, sets=sets)
-    sets += [f"app.{p}={scratch / f'out-{p}'}" for p in contract.outputs if p in loaded.params]
-    loaded = load_config(run.config, env=os.environ, sets=sets)
     name = loaded.job_name or run.module.rsplit(".", 1)[-1].removesuffix(".py")
+    bootstrap = kafka_bootstrap(contract, loaded.params)
+    if bootstrap is not None:
+        # a topic per output, and a job name of its own: the sink's transactional ids
+        # ({job name}-{uid}) must not fence the run under proof's
+        topics = {
+            p: new_twin(KafkaTopic(bootstrap, str(loaded.params[p])), "reference")
+            for p in contract.kafka_outputs
+            if p in loaded.params
+        }
+        record_topics(scratch, bootstrap, topics)
+        name = f"{name}-reference-{os.getpid()}-{int(time.time() * 1000)}"
+        sets += [f"app.{p}={t.topic}" for p, t in topics.items()] + [f"job.name={name}"]
+    else:
+        sets += [f"app.{p}={scratch / f'out-{p}'}" for p in contract.outputs if p in loaded.params]
+    loaded = load_config(run.config, env=os.environ, sets=sets)
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(run.module, env)
     started = time.monotonic()
@@ -349,6 +392,32 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
     if result.status is not JobStatus.FINISHED:
         raise ValidationConfigError(f"the reference run ended {result.status.value}")
     return time.monotonic() - started
+
+
+_TOPICS = "kafka-topics.json"
+
+
+def kafka_bootstrap(contract: ProofContract, params: Mapping[str, Any]) -> str | None:
+    """Return the bootstrap servers in Kafka mode (the outputs are topics), else None."""
+    if contract.kafka_outputs and params.get(contract.kafka_bootstrap):
+        return str(params[contract.kafka_bootstrap])
+    return None
+
+
+def record_topics(directory: Path, bootstrap: str, topics: Mapping[str, KafkaTopic]) -> None:
+    """Note in ``directory`` the topics made for it, by param (:func:`reference_topics`)."""
+    names = {"_bootstrap": bootstrap, **{p: t.topic for p, t in topics.items()}}
+    (directory / _TOPICS).write_bytes(orjson.dumps(names))
+
+
+def reference_topics(scratch: Path) -> dict[str, KafkaTopic]:
+    """Return the topics :func:`reference_run` made for a Kafka-mode app, by param."""
+    try:
+        names = orjson.loads((scratch / _TOPICS).read_bytes())
+    except FileNotFoundError:
+        return {}
+    bootstrap = str(names.pop("_bootstrap", ""))
+    return {p: KafkaTopic(bootstrap, t) for p, t in names.items()}
 
 
 #: Label prefix of the comparison of the two failure-free runs.

@@ -30,12 +30,23 @@ from aiostream_ckpt_dev.validate.proof import (
     output_bytes,
     plan_outputs,
     reference_run,
+    reference_topics,
     twin_outputs,
 )
+from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, drop_topics, record_span
 from aiostream_ckpt_dev.validate.result import CheckResult, ValidationReport, print_report
 
+SECOND = "second-run"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 DEFAULT_FAST_LIMIT_MB = 512.0
+#: Kafka topics have no cheap byte size: their offset span (records, markers) instead.
+DEFAULT_FAST_LIMIT_RECORDS = 5_000_000
+
+
+def drop_reference(scratch: Path) -> None:
+    """Remove the reference runs' directory and the topics they made (Kafka mode)."""
+    drop_topics([*reference_topics(scratch).values(), *reference_topics(scratch / SECOND).values()])
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", help="assert it (app without PROOF)")
     add_reference_runs(p)
     p.add_argument("--fast-limit-mb", type=float, default=DEFAULT_FAST_LIMIT_MB)
+    p.add_argument(
+        "--fast-limit-records",
+        type=int,
+        default=DEFAULT_FAST_LIMIT_RECORDS,
+        help="Kafka outputs: offsets spanned by both sides beyond which Spark compares",
+    )
     p.add_argument("--spark", action="store_true", help="compare with PySpark whatever the size")
     p.add_argument("--master", help="Spark master (implies --spark; default local[2])")
     p.add_argument("--json", metavar="PATH", help="write the full report here")
@@ -88,7 +105,8 @@ def proof_main(argv: list[str]) -> int:
         contract = load_contract(args.app, assume_deterministic=args.deterministic)
         run = AppRun(args.app, run_sets(args, contract.outputs[0]), args.config)
         main = plan_outputs(run, contract, Path("."))[0].actual  # checks the config, too
-        scratch: Path = args.scratch or main.parent / f".{main.name}.reference"
+        beside = Path.cwd() / f".{main.topic}" if isinstance(main, KafkaTopic) else main
+        scratch: Path = args.scratch or beside.parent / f".{beside.name}.reference"
     except (ValidationConfigError, AiostreamError) as exc:
         print(f"aiostream-ckpt validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -100,6 +118,7 @@ def proof_main(argv: list[str]) -> int:
             spark=args.spark or args.master is not None,
             master=args.master,
             fast_limit_mb=args.fast_limit_mb,
+            fast_limit_records=args.fast_limit_records,
             reference_runs=args.reference_runs,
         )
     except ValidationConfigError as exc:
@@ -110,7 +129,7 @@ def proof_main(argv: list[str]) -> int:
         return EXIT_ERROR
     finally:
         if not args.keep_reference:
-            shutil.rmtree(scratch, ignore_errors=True)
+            drop_reference(scratch)
     print_report(report, args.json)
     return EXIT_PASS if report.passed else EXIT_FAIL
 
@@ -123,6 +142,7 @@ def prove(
     spark: bool = False,
     master: str | None = None,
     fast_limit_mb: float = DEFAULT_FAST_LIMIT_MB,
+    fast_limit_records: int = DEFAULT_FAST_LIMIT_RECORDS,
     reference_runs: int = 2,
 ) -> ValidationReport:
     """Run the reference (twice: the second checks determinism), then compare; one report."""
@@ -131,11 +151,14 @@ def prove(
     ref_seconds = reference_run(run, contract, scratch)
     plan = plan_outputs(run, contract, scratch)
     if reference_runs > 1:
-        second = scratch / "second-run"
+        second = scratch / SECOND
         reference_run(run, contract, second)
         plan += twin_outputs(run, contract, scratch, second)
-    size = output_bytes(p.actual for p in plan) + output_bytes(p.reference for p in plan)
-    use_spark = spark or size > fast_limit_mb * 1e6
+    places = [w for p in plan for w in (p.actual, p.reference)]
+    size = output_bytes(w for w in places if isinstance(w, Path))
+    topics = [w for w in places if isinstance(w, KafkaTopic)]
+    spans = sum(record_span(t) for t in topics)
+    use_spark = spark or size > fast_limit_mb * 1e6 or spans > fast_limit_records
     results: list[CheckResult]
     startup = 0.0
     if use_spark:
@@ -143,7 +166,7 @@ def prove(
         from aiostream_ckpt_dev.validate.session import get_spark
 
         t = time.monotonic()
-        session = get_spark(master)
+        session = get_spark(master, kafka=bool(topics))
         startup = time.monotonic() - t
         results = spark_results(session, plan, contract)
     else:

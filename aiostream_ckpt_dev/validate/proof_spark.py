@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.api.contract import ProofContract
@@ -24,27 +23,32 @@ from aiostream_ckpt_dev.validate.proof import (
     MAX_EXAMPLES,
     ComparedOutput,
     Comparison,
+    Location,
+    describe,
     output_files,
     to_result,
 )
-from aiostream_ckpt_dev.validate.readers import _read_lines
+from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic
+from aiostream_ckpt_dev.validate.readers import _read_lines, read_kafka_output
 from aiostream_ckpt_dev.validate.result import CheckResult
 
 _EMPTY = "canon string, key string, parsed boolean, forder long, blk long, mid long, file string"
 
 
-def load_output(spark: Any, directory: Path, contract: ProofContract) -> Any:
+def load_output(spark: Any, where: Location, contract: ProofContract) -> Any:
     """One output's records: canonical form, key, and their commit order."""
     from pyspark.sql import functions as F
 
-    files = output_files(directory)
+    canon = parse.udf(
+        parse.canonical_parser(contract.key, contract.ignore_fields), parse.CANONICAL_SCHEMA
+    )
+    if isinstance(where, KafkaTopic):
+        return _load_topic(spark, where, canon)
+    files = output_files(where)
     if not files:
         return spark.createDataFrame([], _EMPTY)
     order = spark.createDataFrame(
         [(f.name, i) for i, f in enumerate(files)], "file_name string, forder long"
-    )
-    canon = parse.udf(
-        parse.canonical_parser(contract.key, contract.ignore_fields), parse.CANONICAL_SCHEMA
     )
     return (
         _read_lines(spark, files)
@@ -59,6 +63,21 @@ def load_output(spark: Any, directory: Path, contract: ProofContract) -> Any:
         )
         .select("p.canon", "p.key", "p.parsed", "forder", "blk", "mid", "file")
     )
+
+
+def _load_topic(spark: Any, where: KafkaTopic, canon: Any) -> Any:
+    """Read a topic by Spark's Kafka source, read_committed; commit order: (partition, offset)."""
+    from pyspark.sql import functions as F
+
+    src = read_kafka_output(spark, where.bootstrap, where.topic, isolation="read_committed")
+    at = F.concat(F.lit(f"{where.topic}/"), F.col("o1"), F.lit("@"), F.col("o2"))
+    return src.df.select(
+        canon("value").alias("p"),
+        F.col("o1").alias("forder"),
+        F.col("o2").alias("blk"),
+        F.lit(0).cast("long").alias("mid"),
+        at.alias("file"),
+    ).select("p.canon", "p.key", "p.parsed", "forder", "blk", "mid", "file")
 
 
 def compare_spark(
@@ -113,7 +132,7 @@ def compare_spark(
             examples["reordered_keys"] = _rows(reordered.orderBy("key"), max_examples)
     both.unpersist()
     per.unpersist()
-    notes = [f"{out.actual} vs reference {out.reference}"]
+    notes = [f"{describe(out.actual)} vs reference {describe(out.reference)}"]
     return to_result(out.label, Comparison(counts, examples), time.monotonic() - started, notes)
 
 

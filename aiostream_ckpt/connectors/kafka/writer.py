@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import errors as kafka_errors
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.connectors.base import (
     ConnectorContext,
     OutputSurvey,
@@ -429,6 +430,7 @@ class TransactionalKafkaWriter(_WriterBase):
             except ConnectorError as exc:
                 raise self._fail(exc) from exc
             slot.advance(SlotState.COMMITTED)
+            failpoints.hit("sink_commit")
             self._pending.remove(slot)
             self._pool.recycle(slot)
 

@@ -1,0 +1,193 @@
+"""Kafka topics as proven output: what a ``read_committed`` consumer sees, read by the proof itself.
+
+An app in Kafka mode commits its output by transactions, so the committed
+output is what a ``read_committed`` consumer reads: up to the last stable
+offset, with aborted records and transaction markers left out. This module
+reads it with a plain ``aiokafka`` consumer and shares no code with the
+project's Kafka source or sink (:mod:`aiostream_ckpt.connectors.kafka`): a
+bug there cannot hide itself from the proof. It also makes and drops the
+reference run's topics.
+
+Records come in ``(partition, offset)`` order, and a key's records live in
+one partition, so a declared key's commit order is its offset order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
+from aiostream_ckpt_dev.validate.parse import canonical
+
+#: Seconds to read one topic to its end (or to create/delete topics) before giving up.
+TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class KafkaTopic:
+    """One topic of one cluster: an output location, like a file sink's directory."""
+
+    bootstrap: str
+    topic: str
+
+    def __str__(self) -> str:
+        return f"kafka://{self.bootstrap}/{self.topic}"
+
+
+def read_committed(
+    where: KafkaTopic, key: str | None = None, ignore: Sequence[str] = ()
+) -> list[tuple[str, Any, bool, str]]:
+    """Every committed record of ``where`` now: canonical form, key, parsed, ``topic/p@offset``."""
+    raw = asyncio.run(_drain(where))
+    out = []
+    for partition, offset, value in raw:
+        canon, k, ok = canonical(value, key, ignore)
+        out.append((canon, k, ok, f"{where.topic}/{partition}@{offset}"))
+    return out
+
+
+async def _consumer(bootstrap: str) -> Any:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        group_id=None,
+        max_partition_fetch_bytes=8 << 20,
+        request_timeout_ms=30_000,
+    )
+    await consumer.start()
+    return consumer
+
+
+async def _describe(where: KafkaTopic) -> list[dict[str, Any]] | None:
+    """Return the topic's partitions' metadata by a fresh request (None: no such topic)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=where.bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([where.topic])
+    finally:
+        await admin.close()
+    for t in described:
+        if t.get("topic", t.get("name")) == where.topic and t.get("error_code", 0) == 0:
+            return list(t["partitions"])
+    return None
+
+
+async def _partitions(where: KafkaTopic) -> list[int]:
+    """Return the topic's partition numbers (a consumer's metadata cache may lack them)."""
+    described = await _describe(where)
+    if described is None:
+        raise ValidationConfigError(f"topic {where.topic!r} does not exist at {where.bootstrap}")
+    return sorted(int(p.get("partition", p.get("partition_index", -1))) for p in described)
+
+
+async def _drain(where: KafkaTopic) -> list[tuple[int, int, bytes]]:
+    """``(partition, offset, value)`` of every committed record up to the last stable offsets."""
+    from aiokafka import TopicPartition
+
+    try:
+        consumer = await asyncio.wait_for(_consumer(where.bootstrap), 60)
+    except Exception as exc:
+        raise ValidationError(f"cannot reach Kafka at {where.bootstrap}: {exc!r}") from exc
+    try:
+        tps = [TopicPartition(where.topic, p) for p in await _partitions(where)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        # read_committed: the last stable offset, not the high watermark (aiokafka >= 0.13)
+        end = await consumer.end_offsets(tps)
+        got: dict[Any, list[tuple[int, int, bytes]]] = {tp: [] for tp in tps}
+
+        async def drain() -> None:
+            active = [tp for tp in tps if end[tp] > await consumer.position(tp)]
+            while active:
+                batch = await consumer.getmany(*active, timeout_ms=500, max_records=50_000)
+                for tp, records in batch.items():
+                    got[tp].extend(
+                        (tp.partition, r.offset, r.value) for r in records if r.offset < end[tp]
+                    )
+                active = [tp for tp in active if await consumer.position(tp) < end[tp]]
+
+        try:
+            await asyncio.wait_for(drain(), TIMEOUT_S)
+        except TimeoutError:
+            raise ValidationError(
+                f"reading {where} read_committed did not reach its end offsets in {TIMEOUT_S:g}s"
+            ) from None
+        return [r for tp in tps for r in got[tp]]
+    finally:
+        await consumer.stop()
+
+
+def record_span(where: KafkaTopic) -> int:
+    """Return the offsets ``where`` spans (records, markers, aborted records): its size."""
+
+    async def span() -> int:
+        from aiokafka import TopicPartition
+
+        consumer = await _consumer(where.bootstrap)
+        try:
+            tps = [TopicPartition(where.topic, p) for p in await _partitions(where)]
+            first = await consumer.beginning_offsets(tps)
+            last = await consumer.end_offsets(tps)
+            return sum(last[tp] - first[tp] for tp in tps)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(span())
+
+
+def new_twin(of: KafkaTopic, label: str) -> KafkaTopic:
+    """Create an empty topic with ``of``'s partitions, named after it; return it once led."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    twin = KafkaTopic(of.bootstrap, f"{of.topic}.{label}-{uuid.uuid4().hex[:8]}")
+
+    async def create() -> None:
+        partitions = len(await _partitions(of))
+        admin = AIOKafkaAdminClient(bootstrap_servers=of.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [NewTopic(twin.topic, num_partitions=partitions, replication_factor=1)]
+            )
+        finally:
+            await admin.close()
+        for _ in range(300):  # producing before every partition has a leader only earns retries
+            described = await _describe(twin) or []
+            if len(described) == partitions and all(p.get("leader", -1) >= 0 for p in described):
+                return
+            await asyncio.sleep(0.1)
+        raise ValidationError(f"topic {twin.topic}: its {partitions} partitions got no leaders")
+
+    asyncio.run(create())
+    return twin
+
+
+def drop_topics(topics: Sequence[KafkaTopic]) -> None:
+    """Delete the proof's own topics (reference and round twins); errors are not fatal."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    by_cluster: dict[str, list[str]] = {}
+    for t in topics:
+        by_cluster.setdefault(t.bootstrap, []).append(t.topic)
+
+    async def drop(bootstrap: str, names: list[str]) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics(names)
+        finally:
+            await admin.close()
+
+    for bootstrap, names in by_cluster.items():
+        with contextlib.suppress(Exception):  # a leftover scratch topic fails no proof
+            asyncio.run(drop(bootstrap, names))
