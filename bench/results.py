@@ -246,6 +246,10 @@ def table(runs: list[RunResult]) -> str:
             note = f"{_fmt(win.get('x_pv_count'), '.2f')}x pv_count; last/first 10 %: " + _fmt(
                 win.get("last_vs_first"), ".2f"
             )
+            if win.get("proof"):
+                note += "; sessions proven under kill -9: " + (
+                    "PASS" if win["proof"]["passed"] else "FAIL"
+                )
         if r.status != "ok":
             note = f"{r.status.upper()}: {note}"
         rows.append(

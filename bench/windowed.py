@@ -120,7 +120,25 @@ def windowed_rows(
         )
         annotate(m.result, kind, pv)
         out.append(m)
+    prove_sessions(out, work)
     return out
+
+
+def prove_sessions(rows: list[Measured], work: Path) -> None:
+    """Prove the windowed app under kill -9 (the demos' check) and put the verdict on each row.
+
+    The rows above check window counts without failures; this runs
+    ``apps.sessions`` under 2 kill -9 at checkpoint windows and compares every
+    output with a failure-free run (:mod:`aiostream_ckpt.daemon.demo_windowed`).
+    """
+    from aiostream_ckpt.daemon.demo_windowed import prove_windowed
+
+    say("windowed: proving apps.sessions under kill -9 (chaos, reference-run proof) ...")
+    verdict = prove_windowed("windowed", work / "windowed-proof", seed=7)
+    proof = {"verdict": verdict.line(), "passed": verdict.passed, "problems": verdict.problems}
+    proof["assumptions"] = verdict.assumptions
+    for m in rows:
+        m.result.config.setdefault("windowed", {})["proof"] = proof
 
 
 def annotate(res: RunResult, kind: str, pv: RunResult | None) -> None:

@@ -180,8 +180,9 @@ def demo_main(argv: list[str]) -> int:
         return 1
     verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)
     print(verdict.report)
-    windowed = args.windowed_kills == 0 or prove_windowed(
-        "demo", work / "windowed", seed, kills=args.windowed_kills
+    windowed = (
+        args.windowed_kills == 0
+        or prove_windowed("demo", work / "windowed", seed, kills=args.windowed_kills).passed
     )
     if not verdict.passed or not windowed:
         print("exactly-once FAILED: " + (verdict.summary if not verdict.passed else "windowed app"))

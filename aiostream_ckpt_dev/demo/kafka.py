@@ -273,7 +273,7 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
             passed = passed and spark[0]
     if args.windowed_kills:
         passed = (
-            prove_windowed("demo-kafka", work / "windowed", seed, kills=args.windowed_kills)
+            prove_windowed("demo-kafka", work / "windowed", seed, kills=args.windowed_kills).passed
             and passed
         )
     if not passed or result.kills < args.kills:

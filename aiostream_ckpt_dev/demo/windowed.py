@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from aiostream_ckpt_dev.chaos.cli import run_chaos
+from aiostream_ckpt_dev.chaos.cli import ChaosVerdict, run_chaos
 from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
 
 APP = "apps.sessions"
@@ -23,8 +23,8 @@ EVENTS = 30_000
 GENERATED_DELAY_MS, APP_DELAY_MS = 120_000, 60_000
 
 
-def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> bool:
-    """Run :data:`APP` under ``kills`` kill -9 in ``work``, print the proof's verdict."""
+def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> ChaosVerdict:
+    """Run :data:`APP` under ``kills`` kill -9 in ``work``, print the proof's verdict; return it."""
     from apps import transitions_per_hour as events_of
 
     work.mkdir(parents=True, exist_ok=True)
@@ -58,4 +58,4 @@ def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> bool
     for assumption in verdict.assumptions:
         print(f"{label}: assumes: {assumption}")
     print(f"{label}: {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
-    return verdict.passed
+    return verdict
