@@ -14,7 +14,9 @@ scratch directory; :func:`compare` sets the two outputs side by side:
 This is the fast path: plain Python, no Spark, and it shares no code with the
 sinks it checks. Files are listed, ordered and parsed here from the directory
 itself (visible ``*.jsonl`` files, in the order of the numbers in their names:
-checkpoint, then subtask), never through :mod:`aiostream_ckpt.connectors`.
+checkpoint, then subtask), never through :mod:`aiostream_ckpt.connectors`;
+an app in Kafka mode (``ProofContract.kafka_outputs``) is proven on its topics,
+read as a ``read_committed`` consumer sees them (:mod:`.proof_kafka`).
 Records are compared in a canonical form (sorted keys, ignored fields
 dropped), so two runs need not serialize fields in the same order.
 """

@@ -2,7 +2,8 @@
 
 For outputs too big for one Python process (or to run on a cluster with
 ``--master``). Both outputs are read as text (files in commit order, lines in
-file order, see :mod:`.readers`), put in canonical form by the same per-line
+file order, see :mod:`.readers`; topics by Spark's Kafka source with
+``read_committed``, in partition and offset order), put in canonical form by the same per-line
 function as the fast path, and compared with ``exceptAll`` both ways:
 reference minus output is what is missing, output minus reference is extra
 (duplicated when the reference has the record at all, else unexpected). With a
