@@ -129,9 +129,9 @@ def prove_sessions(rows: list[Measured], work: Path) -> None:
 
     The rows above check window counts without failures; this runs
     ``apps.sessions`` under 2 kill -9 at checkpoint windows and compares every
-    output with a failure-free run (:mod:`aiostream_ckpt.daemon.demo_windowed`).
+    output with a failure-free run (:mod:`aiostream_ckpt_dev.demo.windowed`).
     """
-    from aiostream_ckpt.daemon.demo_windowed import prove_windowed
+    from aiostream_ckpt_dev.demo.windowed import prove_windowed
 
     say("windowed: proving apps.sessions under kill -9 (chaos, reference-run proof) ...")
     verdict = prove_windowed("windowed", work / "windowed-proof", seed=7)

@@ -8,7 +8,9 @@
 3. Read the output topic with ``read_committed`` and compare with a recount of
    the input: every key's updates are exactly ``1..n`` in order, ``n`` its
    input count. With Spark (``aiostream_ckpt_dev.validate``) when it runs here,
-   else in Python; the output says which.
+   else in Python; the output says which. Then prove the topic the general
+   way (``validate --app``): two failure-free runs of pv_count into topics of
+   their own, compared with it as a ``read_committed`` consumer sees them.
 4. Prove the windowed app (``apps.sessions``, on files) under kill -9
    against a failure-free run (:mod:`.windowed`).
 5. Stop the broker, also on failure.
@@ -184,6 +186,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parallelism", type=int, default=1)
     p.add_argument("--no-spark", action="store_true", help="verify in Python only")
     p.add_argument(
+        "--no-proof",
+        dest="proof",
+        action="store_false",
+        help="skip the reference-run proof of the output topic",
+    )
+    p.add_argument(
         "--windowed-kills", type=int, default=2, help="kills for the windowed app (0: skip it)"
     )
     return p
@@ -219,6 +227,22 @@ def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[
     return None
 
 
+def _reference_proof(work: Path, sets: list[str]) -> bool:
+    """Prove the output topic the general way: failure-free runs, compared read_committed."""
+    from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
+    from aiostream_ckpt_dev.validate.proof_cli import drop_reference, prove
+    from aiostream_ckpt_dev.validate.result import print_report
+
+    print("demo-kafka: proving the output topic against a failure-free run (read_committed)")
+    scratch = work / "proof"
+    try:
+        report = prove(AppRun("apps.pv_count", sets), load_contract("apps.pv_count"), scratch)
+    finally:
+        drop_reference(scratch)
+    print_report(report, work / "proof.json")
+    return report.passed
+
+
 def demo_kafka_main(argv: list[str]) -> int:
     from aiostream_ckpt_dev.broker import KafkaBroker
 
@@ -242,19 +266,18 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
     loaded = asyncio.run(load_jsonl(bootstrap, in_topic, inputs))
     took = time.monotonic() - started
     print(f"demo-kafka: loaded {loaded:,} events into {in_topic} in {took:.1f}s ({bootstrap})")
-    cmd = [
-        sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count",
-        "--set", f"job.name=demo-kafka-{seed}",
-        "--set", f"checkpoint.dir={work / 'checkpoints'}",
-        "--set", f"checkpoint.interval={args.interval}",
-        "--set", f"job.parallelism={args.parallelism}",
-        "--set", f"app.kafka_bootstrap={bootstrap}",
-        "--set", f"app.input_topic={in_topic}",
-        "--set", f"app.output_topic={out_topic}",
-        "--set", "app.stop_at_end=1",
-        "--progress", "1",
-        *worker_flags(),
-    ]  # fmt: skip
+    sets = [
+        f"job.name=demo-kafka-{seed}",
+        f"checkpoint.dir={work / 'checkpoints'}",
+        f"checkpoint.interval={args.interval}",
+        f"job.parallelism={args.parallelism}",
+        f"app.kafka_bootstrap={bootstrap}",
+        f"app.input_topic={in_topic}",
+        f"app.output_topic={out_topic}",
+        "app.stop_at_end=1",
+    ]
+    cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count"]
+    cmd += [a for s in sets for a in ("--set", s)] + ["--progress", "1", *worker_flags()]
 
     result = run_demo_worker("demo-kafka", cmd, kills=args.kills, seed=seed, work=work)
     if result is None:
@@ -271,6 +294,8 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         if spark is not None:
             print(f"spark validator (read_committed): {spark[1]}")
             passed = passed and spark[0]
+    if args.proof:
+        passed = _reference_proof(work, sets) and passed
     if args.windowed_kills:
         passed = (
             prove_windowed("demo-kafka", work / "windowed", seed, kills=args.windowed_kills).passed

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -242,7 +243,7 @@ def test_chaos_on_kafka_to_kafka_loses_and_duplicates_nothing(
 
 @pytest.mark.spark
 def test_spark_path_reads_the_topic_with_sparks_kafka_source(
-    pv_kafka: KafkaRun, tmp_path: Path
+    spark: Any, pv_kafka: KafkaRun
 ) -> None:
     from aiostream_ckpt_dev.validate.proof import ComparedOutput
     from aiostream_ckpt_dev.validate.proof_spark import spark_results
@@ -255,7 +256,7 @@ def test_spark_path_reads_the_topic_with_sparks_kafka_source(
     asyncio.run(_produce(bad.bootstrap, bad.topic, [dup], abort=False))
     asyncio.run(_produce(bad.bootstrap, bad.topic, [dup, dup], abort=True))  # invisible
     plan = [ComparedOutput("bad", bad, reference), ComparedOutput("same", out, reference)]
-    results = spark_results(get_spark(kafka=True), plan, PV)
+    results = spark_results(get_spark(kafka=True), plan, PV)  # the session fixture's
     fast = compare_dirs(bad, reference, PV)
     assert results[0].counts == fast.counts
     assert (fast.counts["duplicated"], fast.counts["missing"]) == (1, 0)
