@@ -79,7 +79,10 @@ class KeyedBroadcastProcessFunction(BroadcastProcessFunction[IN1, IN2, OUT]):
     """The keyed side has keyed state and timers; ``on_timer`` reads broadcast state too.
 
     ``process_broadcast_element`` runs outside of any key (``ctx.current_key``
-    is None): it must not touch keyed state.
+    is None): it must not read or write keyed state directly, but
+    ``ctx.apply_to_keyed_state(descriptor, fn)`` calls ``fn(key, state)`` for
+    every key of the instance that has that state (e.g. a withdrawn rule
+    clears what each account kept for it).
     """
 
     def on_timer(self, timestamp: int, ctx: OnTimerContext, out: Collector[OUT]) -> None:

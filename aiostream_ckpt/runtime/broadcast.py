@@ -15,7 +15,7 @@ with the broadcast input as the second: its batches reach ``process_batch2``.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -26,7 +26,7 @@ from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.runtime.co_process import CoProcessOperator, KeyedCoProcessOperator
 from aiostream_ckpt.state.codecs import MapKeyCodec, value_codec
-from aiostream_ckpt.state.descriptors import MapStateDescriptor
+from aiostream_ckpt.state.descriptors import MapStateDescriptor, StateDescriptor
 from aiostream_ckpt.state.serde import decode_key
 
 BROADCAST_KEY = "broadcast"
@@ -186,6 +186,35 @@ class _ReadOnlyStates:
         return view
 
 
+class KeyedBroadcastContext(Context):
+    """The broadcast side's context of a keyed function: no key, but every key's state."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(
+        self, side: list[tuple[Any, Any]] | None, states: BroadcastStates, backend: Any
+    ) -> None:
+        super().__init__(None, side, states)
+        self._backend = backend
+
+    def apply_to_keyed_state(
+        self, descriptor: StateDescriptor, function: Callable[[Any, Any], None]
+    ) -> None:
+        """Call ``function(key, state)`` for every key of this instance with a value in it.
+
+        Flink's ``applyToKeyedState``: e.g. a withdrawn rule clears what every
+        key kept for it. Each instance visits its own keys, so together they
+        visit every key once.
+        """
+        backend = self._backend
+        state = backend.create_state(descriptor)
+        kc = backend.key_context
+        for key in list(backend.keys(descriptor.name)):
+            kc.key = self.current_key = key
+            function(key, state)
+        kc.key = self.current_key = None
+
+
 class _BroadcastSide:
     """What both broadcast operators add to their two-input base: the maps and their snapshot."""
 
@@ -252,7 +281,7 @@ class KeyedBroadcastProcessOperator(_BroadcastSide, KeyedCoProcessOperator):
         self._event_ctx = OnTimerContext(timers, TimeDomain.EVENT_TIME, side, ro)
         self._proc_ctx = OnTimerContext(timers, TimeDomain.PROCESSING_TIME, side, ro)
         # no timers: the broadcast side runs outside of any key
-        self._broadcast_ctx = Context(None, side, self.broadcast_states)
+        self._broadcast_ctx = KeyedBroadcastContext(side, self.broadcast_states, self.backend)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         return self._run(batch, self.function.process_element, self._key_selectors[0])

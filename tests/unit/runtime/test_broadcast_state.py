@@ -15,6 +15,7 @@ from aiostream_ckpt.api import (
     MapStateDescriptor,
     ProcessFunction,
     StreamEnvironment,
+    ValueStateDescriptor,
 )
 from aiostream_ckpt.api.broadcast import BroadcastSpec
 from aiostream_ckpt.api.functions import RuntimeContext
@@ -23,9 +24,12 @@ from aiostream_ckpt.errors import JobFailedError, JobGraphError, StateError
 from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
     BroadcastStateError,
+    KeyedBroadcastProcessOperator,
 )
 from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.state.codecs import StateTypeError
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt_dev.lookup_service import segment_of
 from apps.fraud_rules import FraudCheck, expected_output, write_inputs
 from tests.helpers import completed_checkpoint
@@ -177,3 +181,49 @@ def test_values_are_checked_at_put() -> None:
         state.put(object(), 1)
     with pytest.raises(BroadcastStateError, match="no broadcast state 'limits'"):
         op.broadcast_states.get(LIMITS)
+
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+
+
+class CountUntilReset(KeyedBroadcastProcessFunction[Any, Any, Any]):
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.get_state(COUNT)
+
+    def process_element(self, value: Any, ctx: Any, out: Any) -> None:
+        self.count.update(self.count.value() + 1)
+        out.collect((ctx.current_key, self.count.value()))
+
+    def process_broadcast_element(self, value: Any, ctx: Any, out: Any) -> None:
+        def visit(key: Any, state: Any) -> None:
+            out.collect(("had", key, state.value()))
+            if key in value:
+                state.clear()
+
+        ctx.apply_to_keyed_state(COUNT, visit)
+
+
+def test_the_broadcast_side_reaches_every_key_through_apply_to_keyed_state(
+    tmp_path: Path,
+) -> None:
+    backend = LmdbStateBackend(
+        operator_uid="kb",
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, 127),
+        max_parallelism=128,
+        local_dir=tmp_path,
+    )
+    op = KeyedBroadcastProcessOperator(
+        "kb", BroadcastSpec(CountUntilReset(), (LIMITS,), (lambda v: v, None))
+    )
+    op.backend = backend
+    op.open(
+        RuntimeContext(
+            operator_uid="kb", subtask_index=0, parallelism=1, params={}, backend=backend
+        )
+    )
+    op.process_batch(["a", "b", "a", "c"])
+    out = op.process_batch2([["a", "c"]])  # reset a and c
+    assert sorted(out) == [("had", "a", 2), ("had", "b", 1), ("had", "c", 1)]
+    assert op.process_batch(["a", "b", "c"]) == [("a", 1), ("b", 2), ("c", 1)]
+    backend.close()
