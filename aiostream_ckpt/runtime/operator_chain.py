@@ -42,7 +42,7 @@ class OperatorChain:
             if spec.process_error_limit is not None and spec.dead_letter is not None
             else None
         )
-        self._backends = [op.backend for op in spec.operators if op.backend is not None]
+        self._keyed = [op for op in spec.operators if op.backend is not None]
         #: the task's per-batch call: the whole chain, then the side outputs if any
         self.push = self._push if self._side is None else self._push_with_side
 
@@ -54,7 +54,7 @@ class OperatorChain:
                     break
         except RecordFailed as failure:
             batch = self._record_failed(failure)
-        self._after_batch()
+        self._end_batch()
         if batch:
             await self.emit(batch)
 
@@ -82,7 +82,7 @@ class OperatorChain:
                     break
         except RecordFailed as failure:
             batch = self._record_failed(failure)
-        self._after_batch()
+        self._end_batch()
         if batch:
             await self.emit(batch)
         if self._side is not None:
@@ -90,16 +90,16 @@ class OperatorChain:
 
     async def emit_fired(self, out: list[Any]) -> None:
         """Send what fired timers made (it went through the chain already)."""
-        self._after_batch()
+        self._end_batch()
         if out:
             await self.emit(out)
         if self._side is not None:
             await self._side.flush()
 
-    def _after_batch(self) -> None:
-        """States do not bound their caches per write (hot path): the chain does, per batch."""
-        for backend in self._backends:
-            backend.after_batch()
+    def _end_batch(self) -> None:
+        """Let keyed operators tidy their state after the batch (``StreamOperator.end_batch``)."""
+        for op in self._keyed:
+            op.end_batch()
 
     async def emit(self, batch: list[Any]) -> None:
         self._metrics.records_out += len(batch)

@@ -79,6 +79,18 @@ class StreamOperator(ABC):
         """End of input: records still to emit (e.g. final windows)."""
         return []
 
+    def end_batch(self) -> None:
+        """Tidy up after a batch (or a timer firing) went through the chain.
+
+        Keyed operators let their backend bound its state caches here: states
+        do not check their size per write (the hot path), and the backend
+        adapts its read paths to the batch just processed. The chain calls it
+        for operators with a backend only, once per batch.
+        """
+        backend = self.backend
+        if backend is not None:
+            backend.after_batch()
+
     def process_watermark(self, timestamp: int) -> list[Any]:
         """Event time reached ``timestamp``: fire timers, return what they emit."""
         return []

@@ -168,7 +168,11 @@ class KeyedStateBackend(Protocol):
         ...
 
     def after_batch(self) -> None:
-        """Keep the state caches within their bound (the task calls it after every batch)."""
+        """Keep the state caches within their bound; adapt to the batch just processed.
+
+        The keyed operator's business: it calls this after every batch and timer
+        firing (``StreamOperator.end_batch``); the runtime never does.
+        """
         ...
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...

@@ -293,9 +293,10 @@ class LmdbStateBackend:
     def after_batch(self) -> None:
         """Evict from every state whose cache outgrew its limit; let states adapt.
 
-        The task calls this after every batch and timer firing, so the hottest
-        write (``ValueState.update``) needs no size check of its own; a cache
-        may exceed its limit by the keys one batch touches.
+        The keyed operator calls this after every batch and timer firing
+        (``StreamOperator.end_batch``), so the hottest write
+        (``ValueState.update``) needs no size check of its own; a cache may
+        exceed its limit by the keys one batch touches.
         """
         for state in self._states.values():
             if state.over_limit():

@@ -528,8 +528,8 @@ class ValueStateImpl(KeyedStateBase):
             self.__class__ = ValueStateImpl
 
     def update(self, value: Any) -> None:
-        # The hot path: no cache-size check here (the task trims the caches after
-        # every batch, see ``LmdbStateBackend.after_batch``), and the inlined type
+        # The hot path: no cache-size check here (the keyed operator trims the caches
+        # after every batch, see ``LmdbStateBackend.after_batch``), and the inlined type
         # test keeps int/str updates within a few ns of two dict stores. Anything
         # else goes through the codec, which refuses what would not read back the
         # same (before the cache changes). Typed states: :class:`TypedValueState`.
