@@ -6,6 +6,7 @@ import collections
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import orjson
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
+from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
 from aiostream_ckpt_dev.recount import recount_inputs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,6 +90,57 @@ def cli(
 
 def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiostream_ckpt.daemon.cli", *args]
+
+
+def run_app_under_kills(
+    tmp_path: Path,
+    app: str,
+    settings: Sequence[str],
+    *,
+    kills: int,
+    seed: int,
+    at_least: int | None = None,
+    inputs: Sequence[Path] | None = None,
+    parallelism: int = 1,
+    batch_size: int = 512,
+    max_delay_after_checkpoint: float = 1.0,
+    timeout: float = 300,
+) -> tuple[ChaosResult, Path]:
+    """Run ``aiostream-ckpt run APP`` to the end under ``kills`` kill -9; return it and its log.
+
+    Checkpoints every 50 ms in ``tmp_path/ckpt``; ``settings`` are ``KEY=VALUE``
+    (``--set``) lines: the app's own, or one of these defaults overridden.
+    With ``inputs`` the kills fall at fractions of them, else after
+    checkpoints. Asserts the worker finished and was killed ``kills`` times,
+    or ``at_least`` times where a kill may find the job done.
+    """
+    sets = {
+        "checkpoint.dir": str(tmp_path / "ckpt"),
+        "checkpoint.interval": "50ms",
+        "job.parallelism": str(parallelism),
+        "job.batch_size": str(batch_size),
+    }
+    for line in settings:
+        key, _, value = line.partition("=")
+        sets[key] = value
+    cmd = cli_cmd("run", app, *(arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")))
+    log = tmp_path / "worker.log"
+    result = run_with_kills(
+        cmd,
+        kills=kills,
+        seed=seed,
+        max_delay_after_checkpoint=max_delay_after_checkpoint,
+        timeout=timeout,
+        log_path=log,
+        cwd=REPO,
+        inputs=inputs,
+    )
+    assert result.exit_code == 0, log.read_text()[-4000:]
+    if at_least is None:
+        assert result.kills == kills, log.read_text()[-3000:]
+    else:
+        assert result.kills >= at_least, log.read_text()[-3000:]
+    return result, log
 
 
 class ScriptedSource:

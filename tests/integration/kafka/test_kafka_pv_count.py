@@ -8,11 +8,9 @@ the key's count in the input; nothing missing, nothing doubled.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import subprocess
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,7 +184,7 @@ async def test_crash_after_checkpoint_durable_before_commit(kafka_job, read_topi
     await assert_exactly_once(read_topic, job)
 
 
-def run_with_broker_restart(cmd: list[str], broker) -> tuple[int, str, float]:
+def run_with_broker_restart(cmd: list[str], broker) -> tuple[int, str]:
     """Run the worker; kill -9 and restart the broker once the job has completed a checkpoint."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO)
     lines: list[str] = []
@@ -204,16 +202,14 @@ def run_with_broker_restart(cmd: list[str], broker) -> tuple[int, str, float]:
     reader.start()
     try:
         assert checkpointed.wait(60), "".join(lines)[-3000:]
-        started = time.monotonic()
         broker.restart(graceful=False)  # kill -9 and start again
-        outage = time.monotonic() - started
         code = proc.wait(180)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         reader.join(5)
-    return code, "".join(lines), outage
+    return code, "".join(lines)
 
 
 async def test_broker_restart_mid_run(kafka_broker, kafka_job, read_topic):
@@ -222,11 +218,9 @@ async def test_broker_restart_mid_run(kafka_broker, kafka_job, read_topic):
         "--set", "restart.strategy=fixed_delay", "--set", "restart.attempts=30",
         "--set", "restart.delay=1s", "--set", "checkpoint.timeout=10s",
     )  # fmt: skip
-    code, text, outage = await asyncio.to_thread(run_with_broker_restart, cmd, kafka_broker)
+    code, text = await asyncio.to_thread(run_with_broker_restart, cmd, kafka_broker)
     assert code == 0, text[-4000:]
-    status = json.loads(text.strip().splitlines()[-1])
-    print(f"broker restart took {outage:.1f}s; job restarts: {status['restarts']}")
-    print("\n".join(ln for ln in text.splitlines() if "completed in" not in ln)[-3000:])
+    assert orjson.loads(text.strip().splitlines()[-1])["status"] == "finished", text[-4000:]
     # Whether aiokafka rides out the outage or the job fails over (restart strategy)
     # depends on timing; either way the output must be exact.
     await assert_exactly_once(read_topic, job)
@@ -240,7 +234,6 @@ async def test_at_least_once_loses_nothing_under_kill9(kafka_job, read_topic):
     verdict = await check_output(read_topic, job)
     missing = [p for p in verdict.problems if "final pv" in p or "not in input" in p]
     assert not missing, missing[:10]
-    print(f"at-least-once: {verdict.records - verdict.events} duplicate updates")
 
 
 async def test_startup_errors_are_one_line_and_write_nothing(

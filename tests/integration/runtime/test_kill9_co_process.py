@@ -6,14 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.helpers import (
-    REPO,
     DaemonProcess,
     check_pv_output,
-    cli_cmd,
     make_pv_input,
     recount,
+    run_app_under_kills,
 )
 
 pytestmark = pytest.mark.integration
@@ -24,23 +22,16 @@ def test_connected_streams_exactly_once_under_kill9(tmp_path: Path, parallelism:
     a = make_pv_input(tmp_path / "a.jsonl", 300_000, seed=60, malformed=1)
     b = make_pv_input(tmp_path / "b.jsonl", 200_000, seed=61, keys=150)
     out = tmp_path / "out"
-    cmd = cli_cmd(
-        "run", "tests.apps.co_count",
-        "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set", f"app.input_a={a}",
-        "--set", f"app.input_b={b}",
-        "--set", f"app.output={out}",
-        "--set", "checkpoint.interval=50ms",
-        "--set", f"job.parallelism={parallelism}",
-        "--set", "job.batch_size=512",
-    )  # fmt: skip
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=2, seed=parallelism, max_delay_after_checkpoint=0.12, timeout=300,
-        log_path=log, cwd=REPO, inputs=[a, b],
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+    run_app_under_kills(
+        tmp_path,
+        "tests.apps.co_count",
+        [f"app.input_a={a}", f"app.input_b={b}", f"app.output={out}"],
+        kills=2,
+        seed=parallelism,
+        inputs=[a, b],
+        parallelism=parallelism,
+        max_delay_after_checkpoint=0.12,
+    )
     check = check_pv_output(out, recount(a, b))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
 

@@ -13,8 +13,7 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
-from tests.helpers import REPO, check_pv_output, cli_cmd, make_pv_input, recount
+from tests.helpers import check_pv_output, make_pv_input, recount, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -26,23 +25,20 @@ def test_side_output_exactly_once_under_kill9(tmp_path: Path, parallelism: int) 
         for i in range(parallelism)
     ]
     out, side = tmp_path / "out", tmp_path / "side"
-    cmd = cli_cmd(
-        "run", "tests.apps.side_sample",
-        "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set", f"app.input={','.join(map(str, inputs))}",
-        "--set", f"app.output={out}",
-        "--set", f"app.side_output={side}",
-        "--set", "checkpoint.interval=50ms",
-        "--set", f"job.parallelism={parallelism}",
-        "--set", "job.batch_size=512",
-    )  # fmt: skip
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=2, seed=parallelism, max_delay_after_checkpoint=0.12, timeout=300,
-        log_path=log, cwd=REPO, inputs=inputs,
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+    run_app_under_kills(
+        tmp_path,
+        "tests.apps.side_sample",
+        [
+            f"app.input={','.join(map(str, inputs))}",
+            f"app.output={out}",
+            f"app.side_output={side}",
+        ],
+        kills=2,
+        seed=parallelism,
+        inputs=inputs,
+        parallelism=parallelism,
+        max_delay_after_checkpoint=0.12,
+    )
     check = check_pv_output(out, recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
     want = collections.Counter()

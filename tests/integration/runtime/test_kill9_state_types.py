@@ -17,9 +17,8 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.apps import typed_state as app
-from tests.helpers import REPO, cli_cmd
+from tests.helpers import run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -32,26 +31,15 @@ def test_state_types_survive_kill9(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     out = tmp_path / "out"
-    cmd = cli_cmd(
-        "run",
+    run_app_under_kills(
+        tmp_path,
         "tests.apps.typed_state",
-        "--set",
-        f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set",
-        f"app.input={path}",
-        "--set",
-        f"app.output={out}",
-        "--set",
-        "checkpoint.interval=50ms",
-        "--set",
-        "job.batch_size=256",
+        [f"app.input={path}", f"app.output={out}"],
+        kills=3,
+        seed=5,
+        inputs=[path],
+        batch_size=256,
     )
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=3, seed=5, timeout=300, log_path=log, cwd=REPO, inputs=[path]
-    )
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 3, log.read_text()[-3000:]
     state: dict[str, dict[str, Any]] = {}
     want: Counter[tuple[str, int, str]] = Counter()
     for e in events:

@@ -25,10 +25,9 @@ from aiostream_ckpt.runtime.config import (
     RestartStrategyKind,
 )
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from aiostream_ckpt_dev.lookup_service import LookupService, segment_of
 from apps.enrich import HttpLookup
-from tests.helpers import REPO, ScriptedSource, cli_cmd, make_pv_input, wait_until
+from tests.helpers import ScriptedSource, make_pv_input, run_app_under_kills, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -200,31 +199,25 @@ def test_kill9_with_calls_in_flight_commits_each_result_exactly_once(
     inp = make_pv_input(tmp_path / "in.jsonl", n, seed=seed, malformed=1)
     out = tmp_path / "out"
     with LookupService(latency=0.005, seed=seed) as svc:
-        cmd = cli_cmd(
-            "run", "apps.enrich",
-            "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
-            "--set", f"app.input={inp}",
-            "--set", f"app.output={out}",
-            "--set", f"app.service={svc.url}",
-            "--set", "app.capacity=64",
-            "--set", f"app.ordered={1 - seed}",
-            "--set", "checkpoint.interval=100ms",
-            "--set", "job.batch_size=256",
-        )  # fmt: skip
-        log = tmp_path / "worker.log"
-        result = run_with_kills(
-            cmd,
+        run_app_under_kills(
+            tmp_path,
+            "apps.enrich",
+            [
+                f"app.input={inp}",
+                f"app.output={out}",
+                f"app.service={svc.url}",
+                "app.capacity=64",
+                f"app.ordered={1 - seed}",
+                "checkpoint.interval=100ms",
+            ],
             kills=2,
             seed=seed,
+            inputs=[inp],
+            batch_size=256,
             max_delay_after_checkpoint=0.3,
             timeout=400,
-            log_path=log,
-            cwd=REPO,
-            inputs=[inp],
         )
         served = collections.Counter(svc.served_seqs())
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
     rows = list(read_committed_output(out))
     seqs = collections.Counter(r["seq"] for r in rows)
     assert not [s for s, c in seqs.items() if c > 1], "duplicated outputs"
@@ -236,4 +229,3 @@ def test_kill9_with_calls_in_flight_commits_each_result_exactly_once(
     assert set(served) == set(range(n))
     repeated = sum(c - 1 for c in served.values())
     assert repeated > 0, "no request was repeated: the kills hit no call in flight"
-    print(f"requests repeated after kills: {repeated}")

@@ -16,8 +16,7 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
-from tests.helpers import REPO, check_pv_output, cli, cli_cmd, make_pv_input, recount
+from tests.helpers import check_pv_output, cli, make_pv_input, recount, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -78,20 +77,23 @@ def test_poison_records_are_dead_lettered_once_under_kill9(
         for i in range(parallelism)
     ]
     poison = list(range(1, 21)) * parallelism
-    extra = (
-        "--set",
-        "errors.on_process_error=dead_letter",
-        "--set",
-        f"job.parallelism={parallelism}",
+    run_app_under_kills(
+        tmp_path,
+        "tests.apps.poison_count",
+        [
+            f"app.input={','.join(map(str, inputs))}",
+            f"app.output={tmp_path / 'out'}",
+            "checkpoint.interval=30ms",
+            "errors.on_process_error=dead_letter",
+        ],
+        kills=2,
+        seed=parallelism,
+        inputs=inputs,
+        parallelism=parallelism,
+        batch_size=256,
+        max_delay_after_checkpoint=0.12,
+        timeout=240,
     )
-    cmd = cli_cmd("run", "tests.apps.poison_count", *args(tmp_path, inputs, *extra))
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=2, seed=parallelism, max_delay_after_checkpoint=0.12, timeout=240,
-        log_path=log, cwd=REPO, inputs=inputs,
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
     check = check_pv_output(tmp_path / "out", expected(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
     dead = process_dead_letters(tmp_path / "ckpt" / "dead-letter")

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import read_fraction, run_with_kills
+from aiostream_ckpt_dev.chaos.kills import read_fraction
 from tests.apps import late_windows as app
-from tests.helpers import REPO, cli_cmd
+from tests.helpers import REPO, cli_cmd, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -37,30 +37,16 @@ def test_late_output_and_windows_exact_under_kill9(tmp_path: Path, seed: int) ->
         inputs.append(app.write(tmp_path / f"in-{i}.jsonl", events))
         everything.extend(events)
     out, late = tmp_path / "out", tmp_path / "late"
-    cmd = cli_cmd(
-        "run",
+    run_app_under_kills(
+        tmp_path,
         "tests.apps.late_windows",
-        "--set",
-        f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set",
-        f"app.input={','.join(map(str, inputs))}",
-        "--set",
-        f"app.output={out}",
-        "--set",
-        f"app.late_output={late}",
-        "--set",
-        "checkpoint.interval=50ms",
-        "--set",
-        f"job.parallelism={parallelism}",
-        "--set",
-        "job.batch_size=256",
+        [f"app.input={','.join(map(str, inputs))}", f"app.output={out}", f"app.late_output={late}"],
+        kills=4,
+        seed=seed,
+        inputs=inputs,
+        parallelism=parallelism,
+        batch_size=256,
     )
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=4, seed=seed, timeout=300, log_path=log, cwd=REPO, inputs=inputs
-    )
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 4, log.read_text()[-3000:]
     _assert_exact(everything, out, late)
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from apps import transitions_per_hour as app
-from tests.helpers import REPO, cli_cmd
+from tests.helpers import run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -36,36 +35,21 @@ def test_transitions_exact_under_kill9(tmp_path: Path, seed: int) -> None:
         inputs.append(app.write_events(tmp_path / f"in-{i}.jsonl", events))
         everything.extend(events)
     out = tmp_path / "out"
-    cmd = cli_cmd(
-        "run",
+    run_app_under_kills(
+        tmp_path,
         "apps.transitions_per_hour",
-        "--set",
-        f"checkpoint.dir={tmp_path / 'ckpt'}",
-        "--set",
-        f"app.input={','.join(map(str, inputs))}",
-        "--set",
-        f"app.output={out}",
-        "--set",
-        f"app.max_delay={MAX_DELAY}",
-        "--set",
-        "checkpoint.interval=50ms",
-        "--set",
-        f"job.parallelism={parallelism}",
-        "--set",
-        "job.batch_size=256",
-    )
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd,
+        [
+            f"app.input={','.join(map(str, inputs))}",
+            f"app.output={out}",
+            f"app.max_delay={MAX_DELAY}",
+        ],
         kills=3,
+        at_least=2,
         seed=seed,
+        parallelism=parallelism,
+        batch_size=256,
         max_delay_after_checkpoint=0.15,
-        timeout=300,
-        log_path=log,
-        cwd=REPO,
     )
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills >= 2, log.read_text()[-3000:]
     got = Counter(
         (r["user_id"], r["hour_start"], r["transitions"]) for r in read_committed_output(out)
     )
