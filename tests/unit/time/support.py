@@ -131,3 +131,15 @@ async def start(
         job.result()
         raise AssertionError("the job ended before it started")
     return job, started.result(), runner
+
+
+async def drained(run: JobRun) -> None:
+    """Return once every task has handled all that was sent into the job before the call.
+
+    A checkpoint barrier travels behind the records and watermarks already on
+    their way; when it completes, every task has processed what was ahead of
+    it. A "nothing fired" check after this is exact, where a sleep would only
+    make a wrong firing likely to be seen.
+    """
+    assert run.coordinator is not None
+    await asyncio.wait_for(run.coordinator.trigger(), 30)

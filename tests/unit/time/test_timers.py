@@ -17,7 +17,7 @@ from aiostream_ckpt.connectors.collection import CollectionSource
 from aiostream_ckpt.runtime.config import RestartConfig
 from aiostream_ckpt.time import TimeDomain
 from tests.helpers import wait_until
-from tests.unit.time.support import SplitSource, SpySink, config, start, strategy
+from tests.unit.time.support import SplitSource, SpySink, config, drained, start, strategy
 
 
 class EchoTimers(KeyedProcessFunction):
@@ -68,9 +68,10 @@ async def test_processing_time_timers_on_the_manual_clock(tmp_path: Path) -> Non
     job, run, _ = await start(env, clock)
     src.feed("s", [{"k": "a", "ts": 10**12, "proc": 5_000}])
     await wait_until(lambda: run.tasks[0].metrics.records_in == 1)
+    await wait_until(lambda: clock.sleepers == 1)  # the timer's wake-up, parked on the clock
     clock.advance(4.9)
-    for _ in range(10):
-        await asyncio.sleep(0.005)
+    assert clock.sleepers == 1, "at 4.9 s nothing on the clock is due: the 5 s timer waits"
+    await drained(run)
     assert spy.records == []
     clock.advance(0.1)
     await wait_until(lambda: len(spy.records) == 1)

@@ -19,7 +19,7 @@ from aiostream_ckpt.time import TumblingEventTimeWindows, WatermarkStrategy
 from aiostream_ckpt.time.valve import WatermarkValve
 from aiostream_ckpt.time.watermarks import SourceWatermarks, WatermarkUpdate
 from tests.helpers import ScriptedSource, wait_until
-from tests.unit.time.support import SplitSource, SpySink, config, start, strategy
+from tests.unit.time.support import SplitSource, SpySink, config, drained, start, strategy
 
 
 class _Now:
@@ -190,8 +190,7 @@ async def test_idle_split_does_not_stall_the_job(tmp_path: Path) -> None:
     clock.advance(20.0)
     src.feed("p0", [{"k": "a", "ts": 25_000}])
     await wait_until(lambda: head.metrics.records_in == 2)
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+    await drained(run)  # the source looked at the clock (20 s) after the last record
     assert spy.records == [], "p1 has sent nothing: event time must not move yet"
     clock.advance(10.0)  # p1 silent for 30 s; p0 was active 10 s ago
     await wait_until(lambda: len(spy.records) == 1)
@@ -213,8 +212,7 @@ async def test_task_watermark_is_min_over_its_inputs(tmp_path: Path) -> None:
     slow.feed("s", [{"k": "y", "ts": 2_000}])
     win = next(t for t in run.tasks if t.task_id.startswith("win"))
     await wait_until(lambda: win.metrics.records_in == 3)
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+    await drained(run)
     assert spy.records == [], "the slow input is at 2 s: window [0, 10 s) must wait"
     slow.feed("s", [{"k": "y", "ts": 60_000}])
     await wait_until(lambda: len(spy.records) == 2)
