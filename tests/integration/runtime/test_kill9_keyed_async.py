@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
-from tests.helpers import REPO, DaemonProcess, check_pv_output, cli_cmd, make_pv_input, recount
+from tests.helpers import (
+    DaemonProcess,
+    check_pv_output,
+    make_pv_input,
+    recount,
+    run_app_under_kills,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +38,17 @@ def _args(tmp: Path, inp: Path, p: int) -> list[str]:
 
 def test_keyed_async_state_exactly_once_under_kill9(tmp_path: Path) -> None:
     inp = make_pv_input(tmp_path / "in.jsonl", 60_000, seed=70, keys=300)
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cli_cmd(*_args(tmp_path, inp, 2)), kills=2, seed=7, max_delay_after_checkpoint=0.12,
-        timeout=300, log_path=log, cwd=REPO, inputs=[inp],
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+    run_app_under_kills(
+        tmp_path,
+        "tests.apps.async_pv_count",
+        [f"app.input={inp}", f"app.output={tmp_path / 'out'}", "rest.enabled=false"],
+        kills=2,
+        seed=7,
+        inputs=[inp],
+        parallelism=2,
+        batch_size=256,
+        max_delay_after_checkpoint=0.12,
+    )
     check = check_pv_output(tmp_path / "out", recount(inp))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
 
