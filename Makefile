@@ -19,6 +19,7 @@ lint: setup
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy
+	$(BIN)/python -m aiostream_ckpt_dev.import_contracts
 
 format: setup
 	$(BIN)/ruff format $(SRC)

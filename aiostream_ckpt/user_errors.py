@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import traceback
 from pathlib import Path
+from typing import Any
 
 _PACKAGE = str(Path(__file__).resolve().parent)
+_MAX_RECORD_CHARS = 300
 
 
 def _is_users(filename: str) -> bool:
@@ -23,6 +25,12 @@ def _is_users(filename: str) -> bool:
     except (OSError, ValueError):
         return True
     return not resolved.startswith(_PACKAGE)
+
+
+def short_repr(record: Any) -> str:
+    """``repr`` of a record (or a returned value), cut to a log line's worth."""
+    text = repr(record)
+    return text if len(text) <= _MAX_RECORD_CHARS else text[:_MAX_RECORD_CHARS] + "..."
 
 
 def user_traceback(exc: BaseException) -> str:

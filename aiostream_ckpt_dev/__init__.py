@@ -12,7 +12,8 @@ What is here proves and shows the engine; none of it runs inside a job:
 - ``validate/``: the PySpark checks and the reference-run proof
   (``aiostream-ckpt validate``);
 - ``recount.py``, ``lookup_service.py``, ``maven.py``: the Python recount the
-  demos check against, the enrich app's toy HTTP service, Maven resolution.
+  demos check against, the enrich app's toy HTTP service, Maven resolution;
+- ``import_contracts.py``: the layers of ``aiostream_ckpt`` (``make lint``).
 
 Dependencies point one way: this package imports ``aiostream_ckpt``; the
 engine never imports it. The one bridge is the CLI, which names these

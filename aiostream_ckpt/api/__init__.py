@@ -1,21 +1,24 @@
 """The public API: build jobs on a :class:`StreamEnvironment`."""
 
-from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry, KeyedAsyncFunction
-from aiostream_ckpt.api.broadcast import (
+from aiostream_ckpt.api.broadcast import BroadcastStream
+from aiostream_ckpt.api.connected import ConnectedStreams
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.api.stream import KeyedStream, Stream
+from aiostream_ckpt.api.windowed_stream import WindowedStream
+from aiostream_ckpt.jobspec.async_functions import AsyncFunction, AsyncRetry, KeyedAsyncFunction
+from aiostream_ckpt.jobspec.broadcast import (
     BroadcastProcessFunction,
-    BroadcastStream,
     KeyedBroadcastProcessFunction,
 )
-from aiostream_ckpt.api.co_functions import CoProcessFunction, KeyedCoProcessFunction
-from aiostream_ckpt.api.environment import StreamEnvironment
-from aiostream_ckpt.api.functions import (
+from aiostream_ckpt.jobspec.co_functions import CoProcessFunction, KeyedCoProcessFunction
+from aiostream_ckpt.jobspec.functions import (
     Collector,
     Context,
     KeyedProcessFunction,
+    OutputTag,
     ProcessFunction,
     RuntimeContext,
 )
-from aiostream_ckpt.api.stream import KeyedStream, Stream
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -32,6 +35,7 @@ __all__ = [
     "BroadcastStream",
     "CoProcessFunction",
     "Collector",
+    "ConnectedStreams",
     "Context",
     "KeyedAsyncFunction",
     "KeyedBroadcastProcessFunction",
@@ -40,6 +44,7 @@ __all__ = [
     "KeyedStream",
     "ListStateDescriptor",
     "MapStateDescriptor",
+    "OutputTag",
     "ProcessFunction",
     "ReducingStateDescriptor",
     "RuntimeContext",
@@ -48,4 +53,5 @@ __all__ = [
     "StreamEnvironment",
     "TtlUpdateType",
     "ValueStateDescriptor",
+    "WindowedStream",
 ]

@@ -1,34 +1,20 @@
-"""Broadcast state: a low-volume stream (rules, thresholds) shared by every instance.
+"""``stream.broadcast(descriptor)`` and ``connect(broadcast).process``: the fluent half.
 
-``rules.broadcast(descriptor)`` makes a :class:`BroadcastStream`; connecting a
-stream to it (``events.connect(rules_bc)``, or ``events.key_by(f).connect(...)``)
-and ``.process(fn)`` runs ``fn`` with the broadcast stream's every record sent
-to every instance, which writes it into *broadcast state*: one map per
-:class:`~aiostream_ckpt.state.descriptors.MapStateDescriptor`, the same in
-every instance (Flink's ``BroadcastProcessFunction``).
-
-Snapshot/restore contract: broadcast state is written only by
-:meth:`BroadcastProcessFunction.process_broadcast_element`; the other side
-(``process_element``, ``on_timer``) reads it and gets an error if it writes, so
-every instance holds the same map after the same broadcast records. A barrier
-is aligned over both inputs, so at checkpoint ``n`` every instance has seen the
-same broadcast records: the state is written into the checkpoint once (by
-instance 0) and restored into every instance, at any parallelism. When the
-broadcast stream has several instances, the order in which their records
-arrive differs between instances: updates must not depend on it (keep one
-writer per entry, e.g. by partitioning rules by id upstream).
-Keyed state (``key_by`` first) is checkpointed as for a keyed process function.
+The functions and the contract of broadcast state: :mod:`aiostream_ckpt.jobspec.broadcast`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from aiostream_ckpt.api.functions import Collector, Context, OnTimerContext, RuntimeContext
-from aiostream_ckpt.api.transformations import Partitioning, TransformKind
 from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.jobspec.broadcast import (
+    BroadcastProcessFunction,
+    BroadcastSpec,
+    KeyedBroadcastProcessFunction,
+)
+from aiostream_ckpt.jobspec.graph import Partitioning, TransformKind
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
 if TYPE_CHECKING:
@@ -36,67 +22,7 @@ if TYPE_CHECKING:
 
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")
-OUT = TypeVar("OUT")
 R = TypeVar("R")
-
-
-class BroadcastProcessFunction(Generic[IN1, IN2, OUT]):
-    """Records of a stream, with read access to the state its broadcast side writes.
-
-    >>> from aiostream_ckpt.api.environment import StreamEnvironment
-    >>> from aiostream_ckpt.state.descriptors import MapStateDescriptor
-    >>> LIMITS = MapStateDescriptor("limits", str, int)
-    >>> class OverLimit(BroadcastProcessFunction):
-    ...     def process_element(self, value, ctx, out):
-    ...         limit = ctx.get_broadcast_state(LIMITS).get("max")
-    ...         out.collect((value, limit is not None and value > limit))
-    ...     def process_broadcast_element(self, value, ctx, out):
-    ...         ctx.get_broadcast_state(LIMITS).put("max", value)
-    >>> env = StreamEnvironment("doc")
-    >>> limits = env.from_collection([10], uid="limits").broadcast(LIMITS)
-    >>> s = env.from_collection([5, 50], uid="values").connect(limits)
-    >>> r = env.execute_and_collect(s.process(OverLimit(), uid="check"))
-    >>> all(len(x) == 2 for x in r)  # whether the limit arrived first is up to the scheduler
-    True
-    """
-
-    def open(self, ctx: RuntimeContext) -> None:
-        """Prepare the instance (get keyed state) before its first record."""
-
-    def process_element(self, value: IN1, ctx: Context, out: Collector[OUT]) -> None:
-        """Handle a record of the (keyed) stream; broadcast state is read-only here."""
-        raise TypeError(f"{type(self).__name__} must override process_element")
-
-    def process_broadcast_element(self, value: IN2, ctx: Context, out: Collector[OUT]) -> None:
-        """Handle a broadcast record (every instance gets each); write broadcast state here."""
-        raise TypeError(f"{type(self).__name__} must override process_broadcast_element")
-
-    def close(self) -> None:
-        """Release resources when the instance stops (also on failure)."""
-
-
-class KeyedBroadcastProcessFunction(BroadcastProcessFunction[IN1, IN2, OUT]):
-    """The keyed side has keyed state and timers; ``on_timer`` reads broadcast state too.
-
-    ``process_broadcast_element`` runs outside of any key (``ctx.current_key``
-    is None): it must not read or write keyed state directly, but
-    ``ctx.apply_to_keyed_state(descriptor, fn)`` calls ``fn(key, state)`` for
-    every key of the instance that has that state (e.g. a withdrawn rule
-    clears what each account kept for it).
-    """
-
-    def on_timer(self, timestamp: int, ctx: OnTimerContext, out: Collector[OUT]) -> None:
-        """Handle a timer of ``ctx.current_key`` set for ``timestamp``."""
-
-
-@dataclass(frozen=True)
-class BroadcastSpec:
-    """What ``connect(broadcast).process`` asked for (the job graph builds the operator)."""
-
-    function: BroadcastProcessFunction[Any, Any, Any]
-    descriptors: tuple[MapStateDescriptor[Any, Any], ...]
-    #: The keyed side's selector (None: not keyed); the broadcast side has none.
-    key_selectors: tuple[Callable[[Any], Any] | None, None] = (None, None)
 
 
 class BroadcastStream(Generic[IN2]):
@@ -137,8 +63,6 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run ``function`` (keyed stream: a :class:`KeyedBroadcastProcessFunction`)."""
-        from aiostream_ckpt.api.stream import Stream
-
         keyed = self._key_selector is not None
         if keyed != isinstance(function, KeyedBroadcastProcessFunction):
             need = "KeyedBroadcastProcessFunction" if keyed else "BroadcastProcessFunction"
@@ -147,8 +71,7 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
                 f"{type(function).__name__}: {how} connected to a broadcast stream needs a "
                 f"{need} (key_by(...) before connect(...) gives keyed state and timers)"
             )
-        env = self._first._env
-        node = env._add_transformation(
+        node = self._first._env._add_transformation(
             TransformKind.KEYED_BROADCAST_PROCESS if keyed else TransformKind.BROADCAST_PROCESS,
             name,
             fn=BroadcastSpec(function, self._broadcast.descriptors, (self._key_selector, None)),
@@ -157,4 +80,4 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
             partitioning=Partitioning.HASH if keyed else Partitioning.FORWARD,
             inputs=[self._first._node, self._broadcast.stream._node],
         )
-        return Stream(env, node)
+        return self._first._stream(node)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from aiostream_ckpt.api.co_functions import CoProcessFunction, CoSpec, KeyedCoProcessFunction
-from aiostream_ckpt.api.transformations import Partitioning, TransformKind
+from aiostream_ckpt.jobspec.co_functions import CoProcessFunction, CoSpec, KeyedCoProcessFunction
+from aiostream_ckpt.jobspec.graph import Partitioning, TransformKind
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.stream import Stream
@@ -48,8 +48,6 @@ class ConnectedStreams(Generic[IN1, IN2]):
         parallelism: int | None = None,
     ) -> Stream[R]:
         """Run ``function`` on both streams (keyed: needs a :class:`KeyedCoProcessFunction`)."""
-        from aiostream_ckpt.api.stream import Stream
-
         keyed = self._keys is not None
         if keyed and not isinstance(function, KeyedCoProcessFunction):
             raise TypeError("connect(...).key_by(...).process needs a KeyedCoProcessFunction")
@@ -58,8 +56,7 @@ class ConnectedStreams(Generic[IN1, IN2]):
                 "a KeyedCoProcessFunction needs connect(...).key_by(key1, key2) first, "
                 "so that it gets keyed state"
             )
-        env = self._first._env
-        node = env._add_transformation(
+        node = self._first._env._add_transformation(
             TransformKind.KEYED_CO_PROCESS if keyed else TransformKind.CO_PROCESS,
             name,
             fn=CoSpec(function, self._keys),
@@ -68,4 +65,4 @@ class ConnectedStreams(Generic[IN1, IN2]):
             partitioning=Partitioning.HASH if keyed else Partitioning.FORWARD,
             inputs=[self._first._node, self._second._node],
         )
-        return Stream(env, node)
+        return self._first._stream(node)

@@ -6,23 +6,30 @@ import re
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from aiostream_ckpt.api.stream import Stream
-from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
 from aiostream_ckpt.connectors.base import Source
+from aiostream_ckpt.connectors.collection import CollectionSource, CollectSink
 from aiostream_ckpt.errors import JobGraphError
-from aiostream_ckpt.runtime.config import JobConfig
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.time.watermarks import WatermarkStrategy
+from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.jobspec.graph import (
+    JobSpec,
+    Partitioning,
+    Transformation,
+    TransformKind,
+    UserFunction,
+)
+from aiostream_ckpt.jobspec.watermarks import WatermarkStrategy
+from aiostream_ckpt.runtime.job import run_job
 
 T = TypeVar("T")
 _UID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 
 
 class StreamEnvironment:
-    """Collects the transformations of one job, and runs it.
+    """Collects the transformations of one job into a :class:`JobSpec`, and runs it.
 
     ``params`` are the app's own settings (the ``[app]`` table of the config,
     ``--set app.key=value``), like Flink's ParameterTool.
@@ -45,6 +52,19 @@ class StreamEnvironment:
     @property
     def transformations(self) -> list[Transformation]:
         return list(self._transformations)
+
+    def spec(self) -> JobSpec:
+        """Freeze the job as built so far: the description the runtime runs.
+
+        Building the same app again (in another process too) gives an equal
+        description: the same uids, kinds and wiring in the same order.
+        """
+        return JobSpec(
+            job_name=self.job_name,
+            transformations=tuple(self._transformations),
+            config=self.config,
+            params=MappingProxyType(dict(self.params)),
+        )
 
     def from_source(
         self,
@@ -69,14 +89,12 @@ class StreamEnvironment:
             uid=uid,
             parallelism=parallelism,
             inputs=[],
+            watermark_strategy=watermark_strategy,
         )
-        node.watermark_strategy = watermark_strategy
         return Stream(self, node)
 
     def from_collection(self, items: Iterable[T], *, uid: str | None = None) -> Stream[T]:
         """Start a stream at a bounded in-memory collection (tests, examples)."""
-        from aiostream_ckpt.connectors.collection import CollectionSource
-
         return self.from_source(CollectionSource(list(items)), uid=uid, parallelism=1)
 
     def _add_transformation(
@@ -84,12 +102,14 @@ class StreamEnvironment:
         kind: TransformKind,
         name: str,
         *,
-        fn: Any = None,
+        fn: UserFunction = None,
         uid: str | None = None,
         parallelism: int | None = None,
         partitioning: Partitioning = Partitioning.FORWARD,
         key_selector: Callable[[Any], Any] | None = None,
         inputs: list[Transformation],
+        watermark_strategy: WatermarkStrategy | None = None,
+        state_type: Any = None,
     ) -> Transformation:
         if uid is None:
             n = self._name_counts.get(name, 0) + 1
@@ -118,10 +138,12 @@ class StreamEnvironment:
             name=name,
             uid=uid,
             parallelism=p,
-            inputs=list(inputs),
+            inputs=tuple(inputs),
             fn=fn,
             partitioning=partitioning,
             key_selector=key_selector,
+            watermark_strategy=watermark_strategy,
+            state_type=state_type,
         )
         self._uids.add(uid)
         self._transformations.append(node)
@@ -129,22 +151,17 @@ class StreamEnvironment:
 
     def execute(self) -> None:
         """Run the job to the end of its input (or until stopped), with recovery."""
-        from aiostream_ckpt.runtime.job import run_job
-
-        run_job(self)
+        run_job(self.spec())
 
     def execute_and_collect(self, stream: Stream[Any]) -> list[Any]:
         """Run the job with an in-memory sink on ``stream`` and return what it emitted.
 
         Uses a temporary checkpoint directory; meant for tests and examples.
         """
-        from aiostream_ckpt.connectors.collection import CollectSink
-        from aiostream_ckpt.runtime.job import run_job
-
         sink = CollectSink()
         stream.sink_to(sink, uid=f"collect-{len(self._transformations)}", parallelism=1)
         with tempfile.TemporaryDirectory(prefix="aiostream-collect-") as tmp:
             if self.config.checkpoint.directory is None:
                 self.config = self.config.with_checkpoint_dir(Path(tmp) / "checkpoints")
-            run_job(self)
+            run_job(self.spec())
         return sink.results

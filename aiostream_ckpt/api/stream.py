@@ -15,31 +15,27 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
-from aiostream_ckpt.api.async_functions import (
+from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
+from aiostream_ckpt.api.connected import ConnectedStreams
+from aiostream_ckpt.api.interval_join import IntervalJoin
+from aiostream_ckpt.api.windowed_stream import WindowedStream
+from aiostream_ckpt.connectors.base import Sink
+from aiostream_ckpt.connectors.stdout import StdoutSink
+from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.jobspec.async_functions import (
     AsyncFunction,
     AsyncRetry,
     AsyncSpec,
     KeyedAsyncFunction,
     as_async_function,
 )
-from aiostream_ckpt.api.functions import KeyedProcessFunction, ProcessFunction
-from aiostream_ckpt.api.transformations import (
-    Partitioning,
-    Transformation,
-    TransformKind,
-)
-from aiostream_ckpt.connectors.base import Sink
-from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, ProcessFunction
+from aiostream_ckpt.jobspec.graph import Partitioning, Transformation, TransformKind, UserFunction
+from aiostream_ckpt.jobspec.windows import WindowAssigner
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
 if TYPE_CHECKING:
-    from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
-    from aiostream_ckpt.api.connected import ConnectedStreams
     from aiostream_ckpt.api.environment import StreamEnvironment
-    from aiostream_ckpt.runtime.side_outputs import OutputTag
-    from aiostream_ckpt.time.interval_join import IntervalJoin
-    from aiostream_ckpt.time.windowed_stream import WindowedStream
-    from aiostream_ckpt.time.windows import WindowAssigner
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -69,12 +65,13 @@ class Stream(Generic[T]):
         kind: TransformKind,
         name: str,
         *,
-        fn: Any = None,
+        fn: UserFunction = None,
         uid: str | None = None,
         parallelism: int | None = None,
         partitioning: Partitioning = Partitioning.FORWARD,
         key_selector: Callable[[Any], Any] | None = None,
         inputs: list[Transformation] | None = None,
+        state_type: Any = None,
     ) -> Transformation:
         return self._env._add_transformation(
             kind,
@@ -85,7 +82,12 @@ class Stream(Generic[T]):
             partitioning=partitioning,
             key_selector=key_selector,
             inputs=inputs if inputs is not None else [self._node],
+            state_type=state_type,
         )
+
+    def _stream(self, node: Transformation) -> Stream[Any]:
+        """Wrap ``node`` in a handle on this stream's environment."""
+        return Stream(self._env, node)
 
     def map(
         self,
@@ -121,7 +123,7 @@ class Stream(Generic[T]):
         for good goes to ``errors.on_process_error`` (fail, or dead-letter
         it). Records in flight at a checkpoint are in it and are issued again
         after a restore (``serializer``: ``json`` or ``pickle`` for them);
-        results are emitted exactly once. See :mod:`aiostream_ckpt.api.async_functions`.
+        results are emitted exactly once. See :mod:`aiostream_ckpt.jobspec.async_functions`.
 
         >>> import asyncio
         >>> from aiostream_ckpt.api.environment import StreamEnvironment
@@ -197,11 +199,8 @@ class Stream(Generic[T]):
 
         ``other`` made by ``stream.broadcast(descriptor)``: ``.process`` takes a
         (Keyed)BroadcastProcessFunction with broadcast state (see
-        :mod:`~aiostream_ckpt.api.broadcast`).
+        :mod:`~aiostream_ckpt.jobspec.broadcast`).
         """
-        from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
-        from aiostream_ckpt.api.connected import ConnectedStreams
-
         if isinstance(other, BroadcastStream):
             return BroadcastConnectedStream(self, other, self._connect_key())
         return ConnectedStreams(self, other)
@@ -234,8 +233,6 @@ class Stream(Generic[T]):
         to ``connect`` to, whose function keeps those maps as broadcast state.
         """
         if descriptors:
-            from aiostream_ckpt.api.broadcast import BroadcastStream
-
             return BroadcastStream(self, descriptors)
         return _Repartitioned(self._env, self._node, Partitioning.BROADCAST)
 
@@ -277,8 +274,6 @@ class Stream(Generic[T]):
 
     def print(self, *, name: str = "stdout") -> Transformation:
         """Print records as JSON lines (for development)."""
-        from aiostream_ckpt.connectors.stdout import StdoutSink
-
         return self.sink_to(StdoutSink(name=name))
 
 
@@ -318,10 +313,8 @@ class KeyedStream(Stream[T], Generic[T, K]):
     def interval_join(self, other: KeyedStream[R, K]) -> IntervalJoin[T, R]:
         """Join with ``other`` on key and event time: ``.between(lower, upper).process(fn)``.
 
-        See :mod:`aiostream_ckpt.time.interval_join`.
+        See :mod:`aiostream_ckpt.jobspec.interval_join`.
         """
-        from aiostream_ckpt.time.interval_join import IntervalJoin
-
         return IntervalJoin(self, other)
 
     def process(  # type: ignore[override]
@@ -350,8 +343,6 @@ class KeyedStream(Stream[T], Generic[T, K]):
         Timestamps come from the upstream source's watermark strategy unless
         ``timestamp_assigner`` is given.
         """
-        from aiostream_ckpt.time.windowed_stream import WindowedStream
-
         return WindowedStream(self, assigner, timestamp_assigner)
 
     def reduce(
@@ -378,8 +369,14 @@ class KeyedStream(Stream[T], Generic[T, K]):
         >>> env.execute_and_collect(r)
         [('a', 1), ('b', 5), ('a', 3)]
         """
-        node = self._add(TransformKind.REDUCE, name, fn=fn, uid=uid, parallelism=parallelism)
-        node.state_type = value_type
+        node = self._add(
+            TransformKind.REDUCE,
+            name,
+            fn=fn,
+            uid=uid,
+            parallelism=parallelism,
+            state_type=value_type,
+        )
         return Stream(self._env, node)
 
 

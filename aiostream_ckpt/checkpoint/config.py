@@ -1,6 +1,6 @@
 """Checkpointing knobs (``checkpoint.*``), validated once at startup.
 
-Part of the job configuration (``runtime.config.JobConfig.checkpoint``), kept
+Part of the job configuration (``jobspec.config.JobConfig.checkpoint``), kept
 here so the coordinator reads its own knobs without importing the runtime.
 """
 

@@ -174,6 +174,7 @@ class WatermarkEmittingReader(Protocol):
         ...
 
 
+@runtime_checkable
 class Source(Protocol):
     name: str
     #: True when the input ends (files, generator); unbounded sources never return None.
@@ -220,6 +221,7 @@ class SinkWriter(Protocol):
     async def close(self) -> None: ...
 
 
+@runtime_checkable
 class Sink(Protocol):
     name: str
 

@@ -41,7 +41,7 @@ from aiostream_ckpt.daemon.settings import (
 )
 from aiostream_ckpt.durations import parse_duration
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.runtime.config import (
+from aiostream_ckpt.jobspec.config import (
     CheckpointConfig,
     CheckpointingMode,
     ErrorConfig,

@@ -87,7 +87,7 @@ class SavepointService:
     def _new_dir(self, directory: str | Path | None) -> Path:
         base = Path(directory).expanduser() if directory else self.default_dir
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-        name = f"savepoint-{self._runner.env.job_name}-{stamp}-{secrets.token_hex(3)}"
+        name = f"savepoint-{self._runner.spec.job_name}-{stamp}-{secrets.token_hex(3)}"
         path = base.resolve() / name
         try:
             path.mkdir(parents=True)

@@ -45,7 +45,7 @@ class JobDaemon:
         clock = clock or SystemClock()
         self.stats = JobStats(clock.monotonic)
         self.runner = JobRunner(
-            env,
+            env.spec(),
             clock=clock,
             on_started=self.stats.attach,
             process=self.settings.process_profile(),
@@ -125,7 +125,7 @@ class JobDaemon:
         config = self.runner.config
         final = self.savepoints.final_savepoint
         return {
-            "name": self.env.job_name,
+            "name": self.runner.spec.job_name,
             "status": run.status.value,
             "attempt": run.attempt,
             "restarts": run.restarts,
@@ -149,7 +149,7 @@ class JobDaemon:
                         "inputs": [i.uid for i in t.inputs],
                         "partitioning": t.partitioning.value,
                     }
-                    for t in self.env.transformations
+                    for t in self.runner.spec.transformations
                 ],
                 "tasks": [
                     {

@@ -1,7 +1,7 @@
 """Daemon settings: the REST endpoint, savepoint directory and SIGTERM behaviour.
 
 These belong to the process around a job, not to the job itself, so they live
-apart from :class:`~aiostream_ckpt.runtime.config.JobConfig` but are loaded by
+apart from :class:`~aiostream_ckpt.jobspec.config.JobConfig` but are loaded by
 the same layers (TOML, ``AIOSTREAM_REST__TOKEN``-style env, ``--set``).
 
 The REST API can cancel the job and write savepoints anywhere the daemon may

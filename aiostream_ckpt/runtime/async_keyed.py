@@ -24,9 +24,9 @@ from collections import deque
 from contextvars import ContextVar
 from typing import Any
 
-from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncSpec, KeyedAsyncFunction
-from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.jobspec.async_functions import AsyncFunction, AsyncSpec, KeyedAsyncFunction
+from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator, _Entry
 from aiostream_ckpt.state.codecs import EXACT_SCALARS
 from aiostream_ckpt.state.descriptors import StateDescriptor, ValueStateDescriptor

@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
+from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskState
 from aiostream_ckpt.runtime.elements import Watermark

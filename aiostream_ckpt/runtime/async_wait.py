@@ -16,7 +16,7 @@ Order (Flink's ordered/unordered stream element queues):
 The task drives this (``runtime.async_task``): it admits, waits on input
 *or* a completion, emits what :meth:`AsyncWaitOperator.pop_ready` hands out.
 At a barrier, every entry not yet emitted is written into operator state as
-its input record (see :mod:`aiostream_ckpt.api.async_functions`).
+its input record (see :mod:`aiostream_ckpt.jobspec.async_functions`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 
 import orjson
 
-from aiostream_ckpt.api.async_functions import AsyncSpec
-from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import RecordError, StateError
+from aiostream_ckpt.jobspec.async_functions import AsyncSpec
+from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.runtime.elements import Watermark
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key

@@ -6,7 +6,7 @@ Broadcast state lives in memory (Flink's heap broadcast state): it is small
 that would not read back the same fails at the line that stored it, not at the
 next checkpoint. Instance 0 writes the maps into its operator state at the
 barrier; every instance restores them from there, at any parallelism (see
-:mod:`aiostream_ckpt.api.broadcast` for why that copy is everyone's).
+:mod:`aiostream_ckpt.jobspec.broadcast` for why that copy is everyone's).
 
 The operators are the two-input ones of :mod:`aiostream_ckpt.runtime.co_process`
 with the broadcast input as the second: its batches reach ``process_batch2``.
@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from aiostream_ckpt.api.broadcast import BroadcastSpec
-from aiostream_ckpt.api.functions import Context, OnTimerContext, RuntimeContext, TimeDomain
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
+from aiostream_ckpt.jobspec.functions import Context, OnTimerContext, RuntimeContext, TimeDomain
 from aiostream_ckpt.runtime.co_process import CoProcessOperator, KeyedCoProcessOperator
 from aiostream_ckpt.state.codecs import MapKeyCodec, value_codec
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, StateDescriptor
@@ -244,7 +244,7 @@ class _BroadcastSide:
 
 
 class BroadcastProcessOperator(_BroadcastSide, CoProcessOperator):
-    """Runs a :class:`~aiostream_ckpt.api.broadcast.BroadcastProcessFunction`."""
+    """Runs a :class:`~aiostream_ckpt.jobspec.broadcast.BroadcastProcessFunction`."""
 
     def __init__(self, uid: str, spec: BroadcastSpec) -> None:
         super().__init__(uid, spec.function)  # type: ignore[arg-type]
@@ -265,7 +265,7 @@ class BroadcastProcessOperator(_BroadcastSide, CoProcessOperator):
 
 
 class KeyedBroadcastProcessOperator(_BroadcastSide, KeyedCoProcessOperator):
-    """Runs a :class:`~aiostream_ckpt.api.broadcast.KeyedBroadcastProcessFunction`."""
+    """Runs a :class:`~aiostream_ckpt.jobspec.broadcast.KeyedBroadcastProcessFunction`."""
 
     def __init__(self, uid: str, spec: BroadcastSpec) -> None:
         ks = spec.key_selectors[0]

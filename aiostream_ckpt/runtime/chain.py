@@ -13,9 +13,11 @@ from typing import Any
 
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.connectors.base import SinkWriter, SourceReader
+from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
+from aiostream_ckpt.time.watermarks import SourceWatermarks
 
 
 class TaskState(Enum):
@@ -62,17 +64,17 @@ class ChainSpec:
     reader: SourceReader | None = None
     sink_uid: str | None = None
     writer: SinkWriter | None = None
-    #: A DeadLetterWriter (malformed input of the source, records whose function raised),
-    #: its state kept under ``dead_letter_uid`` (the source's, or the first operator's).
-    dead_letter: Any = None
+    #: Malformed input of the source, records whose function raised; its state
+    #: kept under ``dead_letter_uid`` (the source's, or the first operator's).
+    dead_letter: DeadLetterWriter | None = None
     dead_letter_uid: str | None = None
     #: ``errors.max_process_errors_per_checkpoint`` when ``on_process_error=dead_letter``.
     process_error_limit: int | None = None
     input_gate: InputGate | None = None
     barrier_handler: BarrierHandler | None = None
     outputs: list[OutputGate] = field(default_factory=list)
-    #: A ``time.SourceWatermarks`` when the source has a watermark strategy.
-    source_watermarks: Any = None
+    #: Set when the source has a watermark strategy.
+    source_watermarks: SourceWatermarks | None = None
     #: One entry per input edge (upstream uid, parallelism, partitioning): the meaning
     #: of the input channel indexes, compared before restoring per-channel watermarks.
     input_layout: list[str] = field(default_factory=list)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aiostream_ckpt.api.co_functions import CoProcessFunction, KeyedCoProcessFunction
+from aiostream_ckpt.jobspec.co_functions import CoProcessFunction, KeyedCoProcessFunction
 from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channels import ChannelWriter
 from aiostream_ckpt.runtime.operators import ProcessOperator, RecordFailed

@@ -44,9 +44,6 @@ END_OF_INPUT = EndOfInput()
 IDLE = WatermarkStatus(idle=True)
 ACTIVE = WatermarkStatus(idle=False)
 PROCESSING_TIME_TICK = ProcessingTimeTick()
-#: Watermark bounds (milliseconds), as Flink's ``Long.MIN_VALUE`` / ``Long.MAX_VALUE``.
-MIN_WATERMARK = -(2**63)
-MAX_WATERMARK = 2**63 - 1
 ControlElement = (
     CheckpointBarrier
     | Watermark

@@ -17,14 +17,9 @@ from typing import Any
 
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.jobspec.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from aiostream_ckpt.runtime.chain import ChainSpec
-from aiostream_ckpt.runtime.elements import (
-    ACTIVE,
-    IDLE,
-    MAX_WATERMARK,
-    MIN_WATERMARK,
-    Watermark,
-)
+from aiostream_ckpt.runtime.elements import ACTIVE, IDLE, Watermark
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.time.checkpointed import restored_time, restored_watermark
 from aiostream_ckpt.time.timers import ProcessingTimeScheduler, fire_chain, now_millis
@@ -90,6 +85,7 @@ class TaskEventTime:
 
     async def after_source_read(self) -> None:
         """Source tasks: send the per-split watermark minimum when it moved."""
+        assert self._spec.source_watermarks is not None
         await self._apply(self._spec.source_watermarks.poll())
 
     async def _apply(self, update: WatermarkUpdate | None) -> None:

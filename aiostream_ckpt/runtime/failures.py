@@ -11,12 +11,12 @@ frames are only read when something failed.
 
 from __future__ import annotations
 
-import logging
 from types import FrameType, TracebackType
 from typing import Any
 
 from aiostream_ckpt.errors import AiostreamError, UserFunctionError
-from aiostream_ckpt.user_errors import user_frame, user_traceback
+from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.user_errors import short_repr, user_frame, user_traceback
 
 #: an operator method -> what the user function was doing
 _PHASES = {
@@ -27,7 +27,6 @@ _PHASES = {
     "process_watermark": "firing an event-time timer",
     "process_processing_time": "firing a processing-time timer",
 }
-_MAX_RECORD_CHARS = 300
 
 
 def _frames(tb: TracebackType | None) -> list[FrameType]:
@@ -46,11 +45,6 @@ def _first_argument(frame: FrameType) -> Any:
     return frame.f_locals.get(names[0]) if names else None
 
 
-def _short(record: Any) -> str:
-    text = repr(record)
-    return text if len(text) <= _MAX_RECORD_CHARS else text[:_MAX_RECORD_CHARS] + "..."
-
-
 def user_function_error(
     exc: Exception, *, source_position: dict[str, Any] | None = None, first_uid: str | None = None
 ) -> UserFunctionError | None:
@@ -60,8 +54,6 @@ def user_function_error(
     operator is ``first_uid`` (the first in a chain headed by that source), so
     the record came from the batch read up to there.
     """
-    from aiostream_ckpt.runtime.operators import StreamOperator  # operators use this module
-
     if isinstance(exc, AiostreamError):
         return None
     frames = _frames(exc.__traceback__)
@@ -78,7 +70,7 @@ def user_function_error(
         if record is None and i + 1 < len(frames):
             record = _first_argument(frames[i + 1])
         if record is not None:
-            what += f" {_short(record)}"
+            what += f" {short_repr(record)}"
         if source_position and op.uid == first_uid:
             where = ", ".join(f"{split} @ {pos}" for split, pos in source_position.items())
             what += f" (in the batch read up to {where})"
@@ -86,51 +78,3 @@ def user_function_error(
     if at is not None:
         what += f" at {at}"
     return UserFunctionError(f"{what}: {type(exc).__name__}: {exc}", detail=user_traceback(exc))
-
-
-#: calls of ``process_element`` watched for a returned value before the check is removed
-RETURN_CHECK_CALLS = 1000
-
-
-class ReturnWatch:
-    """Stands in for an operator's function for its first calls to flag a returned value.
-
-    A value returned by ``process_element`` is dropped (output goes through
-    ``out.collect``), which is almost always a mistake. The operator looks its
-    function's ``process_element`` up once per batch, so this watch answers
-    for the first :data:`RETURN_CHECK_CALLS` calls (or until the first value)
-    and then puts the real function back on the operator: steady state pays
-    nothing, and the user's function object is not touched (an attribute
-    shadowing its method would cost its per-record attribute loads).
-
-    A warning, not an error: nothing the function collected is lost, and a
-    running job should not stop because a helper's return value passed through
-    (``return self.helper(...)``).
-    """
-
-    def __init__(self, operator: Any, log: logging.Logger) -> None:
-        self._operator = operator
-        self._function = operator.function
-        self._log = log
-        self._calls = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._function, name)
-
-    def process_element(self, value: Any, ctx: Any, out: Any) -> Any:
-        result = self._function.process_element(value, ctx, out)
-        if self._calls < 0:  # done; the rest of this batch still calls through here
-            return result
-        self._calls += 1
-        if result is not None or self._calls >= RETURN_CHECK_CALLS:
-            self._calls = -1
-            self._operator.function = self._function  # back to the real function
-            if result is not None:
-                self._log.warning(
-                    "operator %r: %s.process_element returned %s instead of emitting it with "
-                    "out.collect(...): returned values are dropped (warned once)",
-                    self._operator.uid,
-                    type(self._function).__name__,
-                    _short(result),
-                )
-        return result

@@ -10,17 +10,33 @@ outgoing edge, holding a writer per channel it feeds.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aiostream_ckpt.api.transformations import Partitioning, Transformation, TransformKind
 from aiostream_ckpt.barrier.aligned import AlignedBarrierHandler
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
 from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.jobspec.async_functions import AsyncSpec
+from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
+from aiostream_ckpt.jobspec.co_functions import CoSpec, KeyedCoProcessFunction
+from aiostream_ckpt.jobspec.config import (
+    CheckpointingMode,
+    JobConfig,
+    MalformedPolicy,
+    ProcessErrorPolicy,
+)
+from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, ProcessFunction
+from aiostream_ckpt.jobspec.graph import (
+    Partitioning,
+    Transformation,
+    TransformKind,
+    WindowSpec,
+)
 from aiostream_ckpt.runtime.async_keyed import make_async_operator
 from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
@@ -32,12 +48,6 @@ from aiostream_ckpt.runtime.co_process import (
     CoProcessOperator,
     KeyedCoProcessOperator,
     SecondInputWriter,
-)
-from aiostream_ckpt.runtime.config import (
-    CheckpointingMode,
-    JobConfig,
-    MalformedPolicy,
-    ProcessErrorPolicy,
 )
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
@@ -59,6 +69,9 @@ from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.time.process import make_keyed_process_operator
 from aiostream_ckpt.time.watermarks import SourceWatermarks
+from aiostream_ckpt.time.window_operator import WindowOperator
+
+KeySelector = Callable[[Any], Any]
 
 
 @dataclass
@@ -67,8 +80,8 @@ class Edge:
     target: Transformation
     partitioning: Partitioning
     key_selector: Callable[[Any], Any] | None
-    #: Set on side-output edges: the ``OutputTag`` whose records travel here.
-    tag: Any = None
+    #: Set on side-output edges: the tag whose records travel here.
+    tag: OutputTag[Any] | None = None
     #: Which input of the target this edge feeds (1: the second of a two-input operator).
     side: int = 0
 
@@ -91,7 +104,7 @@ class Chain:
 _WIRING = (TransformKind.UNION, TransformKind.SIDE_OUTPUT)
 
 
-def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, Any]]:
+def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, OutputTag[Any] | None]]:
     """Return ``(input, side-output tag or None)`` with unions and side outputs expanded.
 
     Both are wiring, not tasks: a side output is an edge tagged with its ``OutputTag``.
@@ -99,11 +112,12 @@ def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, Any]]:
     return [pair for inp in node.inputs for pair in _resolve(inp)]
 
 
-def _resolve(inp: Transformation) -> list[tuple[Transformation, Any]]:
+def _resolve(inp: Transformation) -> list[tuple[Transformation, OutputTag[Any] | None]]:
     if inp.kind is TransformKind.UNION:
         return _resolve_inputs(inp)
     if inp.kind is TransformKind.SIDE_OUTPUT:
-        return [(src, inp.fn) for src, _ in _resolve_inputs(inp)]
+        tag = inp.payload(OutputTag)
+        return [(src, tag) for src, _ in _resolve_inputs(inp)]
     return [(inp, None)]
 
 
@@ -111,7 +125,13 @@ _BROADCAST = (TransformKind.BROADCAST_PROCESS, TransformKind.KEYED_BROADCAST_PRO
 _TWO_INPUTS = (TransformKind.CO_PROCESS, TransformKind.KEYED_CO_PROCESS, *_BROADCAST)
 
 
-def plan_chains(transformations: list[Transformation], config: JobConfig) -> list[Chain]:
+def _input_keys(t: Transformation) -> tuple[KeySelector | None, KeySelector | None] | None:
+    """Return a two-input operator's key selector per input (None: not keyed)."""
+    spec = t.payload(BroadcastSpec) if t.kind in _BROADCAST else t.payload(CoSpec)
+    return spec.key_selectors
+
+
+def plan_chains(transformations: Sequence[Transformation], config: JobConfig) -> list[Chain]:
     """Group the logical graph into chains, in topological order."""
     nodes = [t for t in transformations if t.kind not in _WIRING]
     if not any(t.kind is TransformKind.SINK for t in nodes):
@@ -121,7 +141,7 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
         two = t.kind in _TWO_INPUTS
         for side, direct in enumerate(t.inputs):
             # a two-input operator's inputs are keyed each by its own selector
-            keys = t.fn.key_selectors if two else None
+            keys = _input_keys(t) if two else None
             ks = keys[side] if keys is not None else t.key_selector
             for inp, tag in _resolve(direct):
                 how = t.partitioning
@@ -175,37 +195,44 @@ def plan_chains(transformations: list[Transformation], config: JobConfig) -> lis
 def _make_operator(t: Transformation) -> StreamOperator:
     kind = t.kind
     if kind is TransformKind.MAP:
-        return MapOperator(t.uid, t.fn)
+        return MapOperator(t.uid, t.function())
     if kind is TransformKind.FILTER:
-        return FilterOperator(t.uid, t.fn)
+        return FilterOperator(t.uid, t.function())
     if kind is TransformKind.CO_PROCESS:
-        return CoProcessOperator(t.uid, copy.deepcopy(t.fn.function))
+        return CoProcessOperator(t.uid, copy.deepcopy(t.payload(CoSpec).function))
     if kind is TransformKind.KEYED_CO_PROCESS:
-        return KeyedCoProcessOperator(t.uid, copy.deepcopy(t.fn.function), t.fn.key_selectors)
+        co = t.payload(CoSpec)
+        keyed_fn, keys = co.function, co.key_selectors
+        if not isinstance(keyed_fn, KeyedCoProcessFunction) or keys is None:
+            raise JobGraphError(f"{kind.value} {t.uid!r} needs a KeyedCoProcessFunction and keys")
+        return KeyedCoProcessOperator(t.uid, copy.deepcopy(keyed_fn), keys)
     if kind is TransformKind.BROADCAST_PROCESS:
-        return BroadcastProcessOperator(t.uid, replace(t.fn, function=copy.deepcopy(t.fn.function)))
+        bc = t.payload(BroadcastSpec)
+        return BroadcastProcessOperator(t.uid, replace(bc, function=copy.deepcopy(bc.function)))
     if kind is TransformKind.KEYED_BROADCAST_PROCESS:
-        spec = replace(t.fn, function=copy.deepcopy(t.fn.function))
+        bc = t.payload(BroadcastSpec)
+        spec = replace(bc, function=copy.deepcopy(bc.function))
         return KeyedBroadcastProcessOperator(t.uid, spec)
     if kind is TransformKind.ASYNC_MAP:
         # one function object per instance, as for process functions: its open()
         # keeps per-instance things (a session, its states)
-        spec = replace(t.fn, function=copy.deepcopy(t.fn.function))
-        return make_async_operator(t.uid, spec, t.key_selector)
+        calls = t.payload(AsyncSpec)
+        calls = replace(calls, function=copy.deepcopy(calls.function))
+        return make_async_operator(t.uid, calls, t.key_selector)
     if kind is TransformKind.FLAT_MAP:
-        return FlatMapOperator(t.uid, t.fn)
+        return FlatMapOperator(t.uid, t.function())
     if kind is TransformKind.PROCESS:
-        return ProcessOperator(t.uid, copy.deepcopy(t.fn))
+        return ProcessOperator(t.uid, copy.deepcopy(t.payload(ProcessFunction)))
     if kind is TransformKind.KEYED_PROCESS:
         assert t.key_selector is not None
-        return make_keyed_process_operator(t.uid, copy.deepcopy(t.fn), t.key_selector)
+        fn = copy.deepcopy(t.payload(KeyedProcessFunction))
+        return make_keyed_process_operator(t.uid, fn, t.key_selector)
     if kind is TransformKind.WINDOW:
         assert t.key_selector is not None
-        op: StreamOperator = t.fn.create_operator(t.uid, t.key_selector)
-        return op
+        return WindowOperator(t.uid, copy.deepcopy(t.payload(WindowSpec)), t.key_selector)
     if kind is TransformKind.REDUCE:
         assert t.key_selector is not None
-        return ReduceOperator(t.uid, t.fn, t.key_selector, t.state_type)
+        return ReduceOperator(t.uid, t.function(), t.key_selector, t.state_type)
     raise JobGraphError(f"no operator for {kind.value}")
 
 
@@ -231,7 +258,7 @@ def build_chain_specs(
     attempt: int,
     backend_factory: KeyedStateBackendFactory,
     local_dir: Path,
-    dead_letter_factory: Callable[[str, int], Any] | None,
+    dead_letter_factory: Callable[[str, int], DeadLetterWriter] | None,
     connector_context: Callable[[str, int, int, Any], ConnectorContext],
     monotonic: Callable[[], float],
 ) -> list[ChainSpec]:
@@ -254,14 +281,15 @@ def build_chain_specs(
                     dl = spec.dead_letter.add if spec.dead_letter is not None else None
                     if errors.on_malformed is MalformedPolicy.FAIL:
                         dl = None
-                    spec.reader = t.fn.create_reader(connector_context(t.uid, sub, p, dl))
+                    ctx = connector_context(t.uid, sub, p, dl)
+                    spec.reader = t.source().create_reader(ctx)
                     if t.watermark_strategy is not None:
                         spec.source_watermarks = SourceWatermarks(
                             t.watermark_strategy, spec.reader, monotonic
                         )
                 elif t.kind is TransformKind.SINK:
                     spec.sink_uid = t.uid
-                    spec.writer = t.fn.create_writer(connector_context(t.uid, sub, p, None))
+                    spec.writer = t.sink().create_writer(connector_context(t.uid, sub, p, None))
                 else:
                     op = _make_operator(t)
                     if op.keyed:

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.connectors.base import ConnectorContext, RestoreInfo
+from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.errors import (
     AiostreamError,
     ConfigError,
@@ -32,19 +33,19 @@ from aiostream_ckpt.errors import (
     StateMigrationError,
     UserFunctionError,
 )
+from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
+from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.co_process import CoProcessTask, is_co_chain
-from aiostream_ckpt.runtime.config import JobConfig
-from aiostream_ckpt.runtime.graph import build_chain_specs, plan_chains
+from aiostream_ckpt.runtime.graph import Chain, build_chain_specs, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
 from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
 from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.state import local_dirs
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.state.lmdb.backend import LmdbStateBackendFactory
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +85,7 @@ class JobRun:
         return c.latest_completed.checkpoint_id if c and c.latest_completed else None
 
 
-def _default_backend_factory(config: JobConfig, clock: Clock) -> Any:
-    from aiostream_ckpt.state.lmdb.backend import LmdbStateBackendFactory
-
+def _default_backend_factory(config: JobConfig, clock: Clock) -> LmdbStateBackendFactory:
     return LmdbStateBackendFactory(
         cache_max_entries=config.state.cache_max_entries,
         full_checkpoint_every=config.checkpoint.full_every,
@@ -101,23 +100,23 @@ class JobRunner:
 
     def __init__(
         self,
-        env: StreamEnvironment,
+        spec: JobSpec,
         *,
         clock: Clock | None = None,
         on_started: Callable[[JobRun], None] | None = None,
         process: ProcessProfile | None = None,
     ) -> None:
-        self.env = env
+        self.spec = spec
         #: applied by :meth:`run`, whatever the entry point (``docs/performance.md``)
         self.process = process or ProcessProfile()
-        self.config = env.config.validate()
+        self.config = spec.config.validate()
         if self.config.checkpoint.directory is None:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
         self.clock = clock or SystemClock()
         #: where each attempt claims its working-state directory (see :mod:`.local_dirs`)
         self.local_root = self.config.local_state_root()
         #: one owner per directory: held while :meth:`run` runs (the daemon may hold them longer)
-        self.locks = DirectoryLocks(env.job_name, job_directories(env))
+        self.locks = DirectoryLocks(spec.job_name, job_directories(spec))
         self.storage = CheckpointStorage(self.config.checkpoint.directory)
         self.run_state = JobRun()
         self._on_started = on_started
@@ -139,16 +138,16 @@ class JobRunner:
         their state would mix two jobs' checkpoints in one directory, so that case
         names both jobs and asks for a directory of this job's own.
         """
-        uids = {t.uid for t in self.env.transformations}
+        uids = {t.uid for t in self.spec.transformations}
         unknown = sorted(set(restored.operators) - uids)
         if not unknown:
             return
         kind = "savepoint" if restored.is_savepoint else "checkpoint"
-        if restored.job_name != self.env.job_name and not restored.is_savepoint:
+        if restored.job_name != self.spec.job_name and not restored.is_savepoint:
             raise StateMigrationError(
                 f"checkpoint.dir {self.storage.root} holds checkpoints of job "
                 f"{restored.job_name!r} (with operators {', '.join(sorted(restored.operators))}),"
-                f" not of job {self.env.job_name!r}: give each job "
+                f" not of job {self.spec.job_name!r}: give each job "
                 "its own checkpoint.dir (to carry state over from another job, take a "
                 "savepoint of it and start this job from it in a fresh checkpoint.dir)"
             )
@@ -183,7 +182,7 @@ class JobRunner:
 
     async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)
-        chains = plan_chains(self.env.transformations, self.config)
+        chains = plan_chains(self.spec.transformations, self.config)
         run = self.run_state
         while True:
             restored = self.restore_points.choose()
@@ -218,14 +217,14 @@ class JobRunner:
                 delay = strategy.next_delay(exc)
                 if delay is None:
                     run.status = JobStatus.FAILED
-                    line = _failure_line(self.env.job_name, strategy, exc)
+                    line = _failure_line(self.spec.job_name, strategy, exc)
                     detail = exc.detail if isinstance(exc, AiostreamError) else None
                     raise JobFailedError(line, exc, detail=detail) from exc
                 run.status = JobStatus.RESTARTING
                 run.restarts = strategy.restarts
                 log.warning(
                     "job %r failed (%s); restart %d in %.1fs%s",
-                    self.env.job_name,
+                    self.spec.job_name,
                     _cause(exc),
                     strategy.restarts,
                     delay,
@@ -241,7 +240,7 @@ class JobRunner:
             return JobResult(run.status, strategy.restarts, last.checkpoint_id if last else None)
 
     async def _run_attempt(
-        self, chains: Any, restored: CompletedCheckpoint | None, attempt: int
+        self, chains: list[Chain], restored: CompletedCheckpoint | None, attempt: int
     ) -> bool:
         """One attempt; True when the job reached its end, False when cancelled."""
         config = self.config
@@ -250,7 +249,7 @@ class JobRunner:
         local_dir = local.path
         executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         coordinator = CheckpointCoordinator(
-            job_name=self.env.job_name,
+            job_name=self.spec.job_name,
             config=config.checkpoint,
             storage=self.storage,
             clock=self.clock,
@@ -269,10 +268,10 @@ class JobRunner:
         )
         tasks: list[StreamTask] = []
         try:
-            specs = build_chain_specs(
+            chain_specs = build_chain_specs(
                 chains,
                 config=config,
-                job_name=self.env.job_name,
+                job_name=self.spec.job_name,
                 attempt=attempt,
                 backend_factory=_default_backend_factory(config, self.clock),
                 local_dir=local_dir,
@@ -280,17 +279,18 @@ class JobRunner:
                 connector_context=self._connector_context(attempt, restore),
                 monotonic=self.clock.monotonic,
             )
+            params = dict(self.spec.params)  # one copy per attempt, as a dict for user code
             tasks = [
-                _task_class(spec)(
-                    spec,
+                _task_class(chain)(
+                    chain,
                     coordinator=coordinator,
                     executor=executor,
                     clock=self.clock,
                     batch_size=config.batch_size,
-                    params=self.env.params,
+                    params=params,
                     restored=restored,
                 )
-                for spec in specs
+                for chain in chain_specs
             ]
             if fallback:  # every checkpoint was set aside: all earlier output is newer
                 for t in tasks:
@@ -350,13 +350,14 @@ class JobRunner:
                     t.cancel()
                 await asyncio.gather(*running, cancel_wait, return_exceptions=True)
 
-    def _dead_letter_factory(self, restore: RestoreInfo | None) -> Callable[[str, int], Any] | None:
+    def _dead_letter_factory(
+        self, restore: RestoreInfo | None
+    ) -> Callable[[str, int], DeadLetterWriter] | None:
         directory = self.config.dead_letter_dir()
         if directory is None:
             return None
-        from aiostream_ckpt.connectors.files import DeadLetterWriter
 
-        def factory(uid: str, subtask: int) -> Any:
+        def factory(uid: str, subtask: int) -> DeadLetterWriter:
             return DeadLetterWriter(directory / uid, subtask, restore=restore)
 
         return factory
@@ -366,7 +367,7 @@ class JobRunner:
     ) -> Callable[[str, int, int, Any], ConnectorContext]:
         def make(uid: str, subtask: int, parallelism: int, dead_letter: Any) -> ConnectorContext:
             ctx = ConnectorContext(
-                job_name=self.env.job_name,
+                job_name=self.spec.job_name,
                 operator_uid=uid,
                 subtask_index=subtask,
                 parallelism=parallelism,
@@ -396,18 +397,18 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_job(env: StreamEnvironment, *, clock: Clock | None = None) -> JobResult:
-    """Run ``env``'s job to completion on uvloop (blocking)."""
+def run_job(spec: JobSpec, *, clock: Clock | None = None) -> JobResult:
+    """Run the job ``spec`` describes to completion on uvloop (blocking)."""
     import uvloop
 
     async def main() -> JobResult:
-        return await JobRunner(env, clock=clock).run()
+        return await JobRunner(spec, clock=clock).run()
 
     result: JobResult = uvloop.run(main())
     return result
 
 
-def _task_class(spec: Any) -> type[StreamTask]:
+def _task_class(spec: ChainSpec) -> type[StreamTask]:
     """Chains headed by an async or a two-input operator run in their task subclass."""
     if is_async_chain(spec):
         return AsyncWaitTask

@@ -14,16 +14,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from aiostream_ckpt.api.functions import (
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.errors import AiostreamError
+from aiostream_ckpt.jobspec.functions import (
     Collector,
     Context,
     KeyedProcessFunction,
     ProcessFunction,
     RuntimeContext,
 )
-from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
-from aiostream_ckpt.errors import AiostreamError
-from aiostream_ckpt.runtime.failures import ReturnWatch
+from aiostream_ckpt.runtime.return_watch import ReturnWatch
 from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
 

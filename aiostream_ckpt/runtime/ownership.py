@@ -28,16 +28,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import orjson
 
-from aiostream_ckpt.api.transformations import TransformKind
 from aiostream_ckpt.connectors.base import DirectoryOutput
 from aiostream_ckpt.errors import DirectoryOwnedError
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.jobspec.graph import JobSpec, TransformKind
 
 log = logging.getLogger(__name__)
 
@@ -135,20 +131,20 @@ class DirectoryLocks:
         self.release()
 
 
-def job_directories(env: StreamEnvironment) -> list[OwnedDirectory]:
+def job_directories(spec: JobSpec) -> list[OwnedDirectory]:
     """List what a job writes: its checkpoints, its sinks' and dead letters' output.
 
     Its working state needs no lock of its own: by default it is inside the
     checkpoint directory, and each attempt claims (and locks) its own
     directory in ``state.local_dir`` (:mod:`aiostream_ckpt.state.local_dirs`).
     """
-    config = env.config
+    config = spec.config
     assert config.checkpoint.directory is not None
     dirs = [OwnedDirectory(config.checkpoint.directory, "checkpoint directory")]
     dead_letters = config.dead_letter_dir()
     if dead_letters is not None:  # writers of sources and process functions, one subdir each
         dirs.append(OwnedDirectory(dead_letters, "dead-letter directory (errors.dead_letter_dir)"))
-    for t in env.transformations:
+    for t in spec.transformations:
         if t.kind is TransformKind.SINK and isinstance(t.fn, DirectoryOutput):
             role = f"output directory of sink {t.uid!r}"
             dirs += [OwnedDirectory(Path(p), role) for p in t.fn.output_directories()]

@@ -20,7 +20,7 @@ from aiostream_ckpt.errors import (
     RecordError,
     StateMigrationError,
 )
-from aiostream_ckpt.runtime.config import RestartConfig, RestartStrategyKind
+from aiostream_ckpt.jobspec.config import RestartConfig, RestartStrategyKind
 
 NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
     ConfigError,

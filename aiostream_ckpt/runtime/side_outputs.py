@@ -10,31 +10,12 @@ consumers like any other.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
+from aiostream_ckpt.jobspec.functions import OutputTag
 from aiostream_ckpt.runtime.operators import StreamOperator
 from aiostream_ckpt.runtime.partitioners import OutputGate
-
-T = TypeVar("T")
-_TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
-
-
-@dataclass(frozen=True)
-class OutputTag(Generic[T]):
-    """Names a side output; equal ids are the same side output.
-
-    >>> OutputTag("late-events")
-    OutputTag(id='late-events')
-    """
-
-    id: str
-
-    def __post_init__(self) -> None:
-        if not _TAG_RE.match(self.id):
-            raise ValueError(f"invalid output tag {self.id!r}: letters, digits, '_', '.', '-'")
 
 
 class SideOutputGate(OutputGate):

@@ -23,9 +23,9 @@ from concurrent.futures import Executor
 from typing import Any
 
 from aiostream_ckpt import failpoints
-from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.base import OutputSurvey
+from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.subtask_checkpoint import DEAD_LETTER_KEY, WRITER_KEY
 from aiostream_ckpt.runtime.writer_state import restored_writer_state

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from aiostream_ckpt.api.functions import KeyedProcessFunction, RuntimeContext
 from aiostream_ckpt.clock import ManualClock
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, RuntimeContext
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.runtime.operators import RecordFailed
-from aiostream_ckpt.runtime.side_outputs import OutputTag
 from aiostream_ckpt.state.backend import SnapshotTarget, StateHandle
 from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
@@ -90,9 +89,9 @@ class _KeyedView:
 
 
 class KeyedFunctionHarness(Generic[IN, OUT]):
-    """Runs one :class:`~aiostream_ckpt.api.functions.KeyedProcessFunction` record by record.
+    """Runs one :class:`~aiostream_ckpt.jobspec.functions.KeyedProcessFunction` record by record.
 
-    >>> from aiostream_ckpt.api.functions import KeyedProcessFunction
+    >>> from aiostream_ckpt.jobspec.functions import KeyedProcessFunction
     >>> from aiostream_ckpt.state.descriptors import ValueStateDescriptor
     >>> COUNT = ValueStateDescriptor("count", default=0)
     >>> class CountThenReport(KeyedProcessFunction):

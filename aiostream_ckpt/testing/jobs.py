@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.collection import CollectSink
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.runtime.config import RestartConfig, RestartStrategyKind
+from aiostream_ckpt.jobspec.config import RestartConfig, RestartStrategyKind
 from aiostream_ckpt.testing.scripted import ScriptedSource
 
 if TYPE_CHECKING:
@@ -142,5 +142,5 @@ async def run_job_async(
         sinks.attach(name, stream)
     with tempfile.TemporaryDirectory(prefix="aiostream-testing-") as tmp:
         _test_config(env, restarts, checkpoint_interval, Path(tmp))
-        result = await JobRunner(env, clock=clock).run()
+        result = await JobRunner(env.spec(), clock=clock).run()
     return JobOutputs(sinks.results(), result.restarts, result.last_checkpoint)

@@ -5,21 +5,23 @@ per-split watermarks flow downstream as control elements, each task's watermark
 is the minimum over its live inputs, and keyed timers and windows fire on it.
 Timers and window contents are keyed state, so they are in every checkpoint
 and savepoint and are restored after a crash.
+
+The names apps use are exported here; they are declared in
+:mod:`aiostream_ckpt.jobspec` (``key_by(...).window(...)`` returns an
+:class:`aiostream_ckpt.api.WindowedStream`). This package's modules are the
+engine's side: timers, watermark valves, source watermarks, window operators.
 """
 
-from aiostream_ckpt.api.functions import OnTimerContext, TimeDomain, TimerService
-from aiostream_ckpt.runtime.elements import MAX_WATERMARK, MIN_WATERMARK
-from aiostream_ckpt.runtime.side_outputs import OutputTag
-from aiostream_ckpt.time.functions import (
+from aiostream_ckpt.jobspec.functions import OnTimerContext, OutputTag, TimeDomain, TimerService
+from aiostream_ckpt.jobspec.interval_join import JoinContext, ProcessJoinFunction
+from aiostream_ckpt.jobspec.watermarks import MAX_WATERMARK, MIN_WATERMARK, WatermarkStrategy
+from aiostream_ckpt.jobspec.window_functions import (
     AggregateFunction,
     CountAggregate,
     ProcessWindowFunction,
     WindowContext,
 )
-from aiostream_ckpt.time.interval_join import JoinContext, ProcessJoinFunction
-from aiostream_ckpt.time.watermarks import WatermarkStrategy
-from aiostream_ckpt.time.windowed_stream import WindowedStream
-from aiostream_ckpt.time.windows import (
+from aiostream_ckpt.jobspec.windows import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TimeWindow,
@@ -46,5 +48,4 @@ __all__ = [
     "WatermarkStrategy",
     "WindowAssigner",
     "WindowContext",
-    "WindowedStream",
 ]

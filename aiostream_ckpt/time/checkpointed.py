@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 
 TIME_KEY = "time"
 

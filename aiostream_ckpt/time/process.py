@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from aiostream_ckpt.api.functions import (
+from aiostream_ckpt.jobspec.functions import (
     Context,
     KeyedProcessFunction,
     OnTimerContext,

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 

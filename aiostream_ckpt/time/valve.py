@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.time.watermarks import WatermarkStatusTracker, WatermarkUpdate
 
 

@@ -22,49 +22,24 @@ with the updated result.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-from aiostream_ckpt.api.functions import Collector, RuntimeContext
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.functions import Collector, RuntimeContext
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
+from aiostream_ckpt.jobspec.window_functions import (
+    AggregateFunction,
+    ProcessWindowFunction,
+    WindowContext,
+)
+from aiostream_ckpt.jobspec.windows import TimeWindow
 from aiostream_ckpt.runtime.operators import StreamOperator
-from aiostream_ckpt.runtime.side_outputs import OutputTag
-from aiostream_ckpt.state.descriptors import MapStateDescriptor, Serializer
-from aiostream_ckpt.time.functions import AggregateFunction, ProcessWindowFunction, WindowContext
+from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
-from aiostream_ckpt.time.watermarks import TimestampAssigner
-from aiostream_ckpt.time.windows import TimeWindow, WindowAssigner
 
 WINDOW_CONTENTS = "window-contents"
 _MISSING = object()
-
-
-class WindowKind(Enum):
-    AGGREGATE = "aggregate"
-    REDUCE = "reduce"
-    PROCESS = "process"
-
-
-@dataclass
-class WindowSpec:
-    """Everything a window transformation needs; builds one operator per instance."""
-
-    assigner: WindowAssigner
-    kind: WindowKind
-    timestamp_assigner: TimestampAssigner
-    function: Any  # AggregateFunction, a reduce callable, or a ProcessWindowFunction
-    window_function: ProcessWindowFunction[Any, Any, Any] | None = None
-    allowed_lateness: int = 0
-    late_tag: OutputTag[Any] | None = None
-    serializer: Serializer = "json"
-    #: Declared type of one window's contents in state (accumulator, value, list of records).
-    state_type: Any = None
-
-    def create_operator(self, uid: str, key_selector: Callable[[Any], Any]) -> WindowOperator:
-        return WindowOperator(uid, copy.deepcopy(self), key_selector)
 
 
 class WindowOperator(StreamOperator):

@@ -390,7 +390,7 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(run.module, env)
     started = time.monotonic()
-    result = run_job(env)
+    result = run_job(env.spec())
     if result.status is not JobStatus.FINISHED:
         raise ValidationConfigError(f"the reference run ended {result.status.value}")
     return time.monotonic() - started

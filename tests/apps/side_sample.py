@@ -10,7 +10,7 @@ from typing import Any
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.api.functions import Collector, Context
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
-from aiostream_ckpt.runtime.side_outputs import OutputTag
+from aiostream_ckpt.jobspec.functions import OutputTag
 from apps.pv_count import CountPageViews, app_id
 
 SAMPLE: OutputTag[dict[str, Any]] = OutputTag("sample")

@@ -204,7 +204,8 @@ def test_bad_arguments_are_config_errors():
 
 async def test_per_partition_watermarks(kafka_broker, new_topic):
     """The source's watermark is the minimum over its partitions (issue 7)."""
-    from aiostream_ckpt.time.watermarks import SourceWatermarks, WatermarkStrategy
+    from aiostream_ckpt.jobspec.watermarks import WatermarkStrategy
+    from aiostream_ckpt.time.watermarks import SourceWatermarks
 
     topic = await new_topic(2)
     bootstrap = kafka_broker.bootstrap_servers

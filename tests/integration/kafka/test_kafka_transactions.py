@@ -23,7 +23,7 @@ from aiostream_ckpt.connectors.kafka.sink import KafkaSink
 from aiostream_ckpt.daemon.rest import build_app
 from aiostream_ckpt.daemon.service import JobDaemon
 from aiostream_ckpt.daemon.settings import DaemonSettings
-from aiostream_ckpt.runtime.config import CheckpointConfig, JobConfig
+from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt_dev.demo.kafka import load_jsonl
 from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 from apps.pv_count import CountPageViews, app_id

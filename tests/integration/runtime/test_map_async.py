@@ -18,7 +18,7 @@ from aiostream_ckpt.api import AsyncRetry, StreamEnvironment
 from aiostream_ckpt.connectors.collection import CollectSink
 from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt.errors import JobFailedError
-from aiostream_ckpt.runtime.config import (
+from aiostream_ckpt.jobspec.config import (
     CheckpointConfig,
     JobConfig,
     RestartConfig,
@@ -86,7 +86,7 @@ def test_a_call_past_its_timeout_fails_the_job_naming_the_operator(tmp_path: Pat
         with pytest.raises(JobFailedError) as info:
             from aiostream_ckpt.runtime.job import run_job
 
-            run_job(env)
+            run_job(env.spec())
     text = f"{info.value} {info.value.cause}"
     assert "operator 'lookup'" in text and "timed out after 0.3 s" in text, text
     assert "'seq': 42" in text, text
@@ -104,7 +104,7 @@ def test_a_raising_call_fails_the_job_and_a_retry_policy_rides_over_flaky_ones(
             CollectSink(), uid="sink"
         )
         with pytest.raises(JobFailedError) as info:
-            run_job(env)
+            run_job(env.spec())
     text = f"{info.value} {info.value.cause}"
     assert "operator 'lookup'" in text and "raised ClientResponseError" in text, text
     assert "500" in text, text
@@ -125,7 +125,7 @@ def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on
     tmp_path: Path,
 ) -> None:
     """errors.on_process_error=dead_letter: each failed record once, with its traceback."""
-    from aiostream_ckpt.runtime.config import ErrorConfig, ProcessErrorPolicy
+    from aiostream_ckpt.jobspec.config import ErrorConfig, ProcessErrorPolicy
     from aiostream_ckpt.runtime.job import run_job
 
     with LookupService(latency=0.0, fail={17}, slow={42: 30.0}) as svc:
@@ -141,7 +141,7 @@ def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on
         src.map_async(HttpLookup(svc.url), capacity=8, timeout=0.5, uid="lookup").sink_to(
             sink, uid="sink"
         )
-        run_job(env)
+        run_job(env.spec())
     assert sink.results == [enriched(e) for e in events(100) if e["seq"] not in (17, 42)]
     dead = [
         d
@@ -171,7 +171,7 @@ async def test_checkpoint_completes_with_a_call_in_flight_and_holds_its_record(
         # room for all 40: with a full queue the task would read no barrier (as in Flink)
         src.map_async(HttpLookup(svc.url), capacity=64, uid="lookup").sink_to(sink, uid="sink")
         started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-        job = asyncio.create_task(JobRunner(env, on_started=started.set_result).run())
+        job = asyncio.create_task(JobRunner(env.spec(), on_started=started.set_result).run())
         run = await started
         coord = run.coordinator
         assert coord is not None

@@ -74,7 +74,7 @@ def test_retention_with_clock_ahead_and_concurrent_checkpoints(tmp_path: Path) -
 
     async def run_then_cancel() -> None:
         started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-        runner = JobRunner(env, clock=ClockAhead(30.0), on_started=started.set_result)
+        runner = JobRunner(env.spec(), clock=ClockAhead(30.0), on_started=started.set_result)
         job = asyncio.create_task(runner.run())
         run = await started
         overlaps = 0

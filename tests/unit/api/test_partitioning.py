@@ -68,6 +68,6 @@ def test_union_and_flat_map() -> None:
 
 
 def env_config(**kw):
-    from aiostream_ckpt.runtime.config import JobConfig
+    from aiostream_ckpt.jobspec.config import JobConfig
 
     return JobConfig(**kw)

@@ -7,8 +7,8 @@ from typing import Any
 from aiostream_ckpt.api import KeyedProcessFunction, ProcessFunction, StreamEnvironment
 from aiostream_ckpt.api.functions import Collector, Context
 from aiostream_ckpt.connectors.collection import CollectSink
-from aiostream_ckpt.runtime.config import JobConfig
-from aiostream_ckpt.runtime.side_outputs import OutputTag
+from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.jobspec.functions import OutputTag
 
 ODD: OutputTag[int] = OutputTag("odd")
 

@@ -14,7 +14,7 @@ import pytest
 
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
 from aiostream_ckpt.connectors.collection import CollectSink
-from aiostream_ckpt.runtime.config import CheckpointConfig, CheckpointingMode, JobConfig
+from aiostream_ckpt.jobspec.config import CheckpointConfig, CheckpointingMode, JobConfig
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
 from tests.helpers import ScriptedSource, read_snapshot_value, wait_until
 
@@ -45,7 +45,7 @@ async def test_records_after_barrier_never_enter_snapshot(tmp_path: Path, mode) 
         CollectSink(), uid="sink"
     )
     started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-    runner = JobRunner(env, on_started=started.set_result)
+    runner = JobRunner(env.spec(), on_started=started.set_result)
     job = asyncio.create_task(runner.run())
     run = await started
     counter = next(t for t in run.tasks if t.task_id.startswith("count"))

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from aiostream_ckpt.checkpoint.config import CheckpointConfig
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import ManualClock
-from aiostream_ckpt.runtime.config import CheckpointConfig
 from tests.unit.checkpoint.test_coordinator import FakeTask, ack, settle
 
 

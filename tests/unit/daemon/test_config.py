@@ -8,7 +8,7 @@ import pytest
 
 from aiostream_ckpt.daemon.config import load_config
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.runtime.config import CheckpointingMode, RestartStrategyKind
+from aiostream_ckpt.jobspec.config import CheckpointingMode, RestartStrategyKind
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -18,7 +18,7 @@ from aiostream_ckpt.daemon.openapi import SPEC
 from aiostream_ckpt.daemon.rest import authorized, build_app
 from aiostream_ckpt.daemon.service import JobDaemon
 from aiostream_ckpt.daemon.settings import DaemonSettings
-from aiostream_ckpt.runtime.config import CheckpointConfig, JobConfig
+from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt.runtime.job import JobStatus
 from apps.pv_count import CountPageViews, app_id
 from tests.helpers import wait_until

@@ -18,7 +18,7 @@ from aiostream_ckpt.api import (
     ValueStateDescriptor,
 )
 from aiostream_ckpt.errors import JobFailedError, JobGraphError
-from aiostream_ckpt.runtime.config import JobConfig
+from aiostream_ckpt.jobspec.config import JobConfig
 
 SEEN = ValueStateDescriptor("seen", int, default=0)
 

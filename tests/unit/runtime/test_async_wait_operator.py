@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from aiostream_ckpt.api.async_functions import AsyncFunction, AsyncRetry, AsyncSpec
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.jobspec.async_functions import AsyncFunction, AsyncRetry, AsyncSpec
 from aiostream_ckpt.runtime.async_wait import AsyncCallError, AsyncWaitOperator
 from aiostream_ckpt.runtime.elements import Watermark
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
@@ -307,7 +307,7 @@ def test_map_async_rejects_a_blocking_function() -> None:
 
 def test_keyed_map_async_at_parallelism_two_emits_every_record_once() -> None:
     from aiostream_ckpt.api import StreamEnvironment
-    from aiostream_ckpt.runtime.config import JobConfig
+    from aiostream_ckpt.jobspec.config import JobConfig
 
     async def tag(e: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(0.001 * (e["n"] % 3))
@@ -331,7 +331,7 @@ def test_the_next_calls_are_out_before_the_chain_runs_on_results() -> None:
     the chain's time on the previous round's results (bench: 0.77x the target).
     """
     from aiostream_ckpt.api import StreamEnvironment
-    from aiostream_ckpt.runtime.config import JobConfig
+    from aiostream_ckpt.jobspec.config import JobConfig
 
     started: list[int] = []
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.generator import GeneratorSource
-from aiostream_ckpt.runtime.config import CheckpointConfig, JobConfig
+from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
 from tests.helpers import wait_until
 
@@ -59,7 +59,7 @@ async def test_slow_sink_pauses_source(tmp_path: Path) -> None:
         lambda e: e["seq"], uid="seq"
     ).sink_to(sink, uid="sink")
     started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-    job = asyncio.create_task(JobRunner(env, on_started=started.set_result).run())
+    job = asyncio.create_task(JobRunner(env.spec(), on_started=started.set_result).run())
     run = await started
     source = next(t for t in run.tasks if t.task_id.startswith("gen"))
 

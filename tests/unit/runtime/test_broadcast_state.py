@@ -17,16 +17,16 @@ from aiostream_ckpt.api import (
     StreamEnvironment,
     ValueStateDescriptor,
 )
-from aiostream_ckpt.api.broadcast import BroadcastSpec
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.connectors.collection import CollectionSource
 from aiostream_ckpt.errors import JobFailedError, JobGraphError, StateError
+from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
+from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
     BroadcastStateError,
     KeyedBroadcastProcessOperator,
 )
-from aiostream_ckpt.runtime.config import JobConfig
 from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend

@@ -14,7 +14,7 @@ from aiostream_ckpt.api import (
     ValueStateDescriptor,
 )
 from aiostream_ckpt.connectors.collection import CollectionSource
-from aiostream_ckpt.runtime.config import JobConfig
+from aiostream_ckpt.jobspec.config import JobConfig
 from tests.unit.time.support import strategy
 
 
@@ -79,7 +79,7 @@ class Plain(CoProcessFunction[int, str, Any]):
         ctx.output(ODD, value)  # side outputs work from co functions too
 
 
-from aiostream_ckpt.runtime.side_outputs import OutputTag  # noqa: E402
+from aiostream_ckpt.jobspec.functions import OutputTag  # noqa: E402
 
 ODD: OutputTag[str] = OutputTag("letters")
 

@@ -18,7 +18,7 @@ import gc, json, sys
 from pathlib import Path
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.connectors.collection import CollectSink
-from aiostream_ckpt.runtime.config import JobConfig
+from aiostream_ckpt.jobspec.config import JobConfig
 
 def knobs():
     return {"gc0": gc.get_threshold()[0], "switch": sys.getswitchinterval(),

@@ -10,7 +10,7 @@ import pytest
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.api.functions import KeyedProcessFunction
 from aiostream_ckpt.errors import ConfigError, JobFailedError
-from aiostream_ckpt.runtime.config import JobConfig
+from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
 from aiostream_ckpt.testing import (
     Checkpoint,

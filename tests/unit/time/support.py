@@ -8,7 +8,7 @@ from typing import Any
 
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.runtime.config import CheckpointConfig, JobConfig
+from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
 from aiostream_ckpt.time import WatermarkStrategy
 
@@ -124,7 +124,7 @@ async def start(
 ) -> tuple[asyncio.Task[Any], JobRun, JobRunner]:
     """Start ``env``'s job in the background; return (job task, live run, runner)."""
     started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-    runner = JobRunner(env, clock=clock, on_started=started.set_result)
+    runner = JobRunner(env.spec(), clock=clock, on_started=started.set_result)
     job = asyncio.create_task(runner.run())
     done, _ = await asyncio.wait({job, started}, return_when=asyncio.FIRST_COMPLETED)
     if job in done:

@@ -8,13 +8,13 @@ import pytest
 
 from aiostream_ckpt.daemon.config import load_config
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.state.descriptors import StateTtlConfig
-from aiostream_ckpt.time.watermarks import WatermarkStrategy
-from aiostream_ckpt.time.windows import (
+from aiostream_ckpt.jobspec.watermarks import WatermarkStrategy
+from aiostream_ckpt.jobspec.windows import (
     EventTimeSessionWindows,
     SlidingEventTimeWindows,
     TumblingEventTimeWindows,
 )
+from aiostream_ckpt.state.descriptors import StateTtlConfig
 
 
 def test_window_sizes_take_the_config_strings() -> None:

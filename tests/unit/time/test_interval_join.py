@@ -10,11 +10,11 @@ import pytest
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment
 from aiostream_ckpt.connectors.collection import CollectionSource
 from aiostream_ckpt.errors import JobGraphError
-from aiostream_ckpt.runtime.config import JobConfig
+from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.jobspec.interval_join import IntervalJoinFunction
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.testing.harness import KeyedFunctionHarness
 from aiostream_ckpt.time import OutputTag, ProcessJoinFunction, WatermarkStrategy
-from aiostream_ckpt.time.interval_join import IntervalJoinFunction
 
 WMS = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(lambda e: e["ts"])
 

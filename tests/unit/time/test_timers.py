@@ -14,7 +14,7 @@ import pytest
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.collection import CollectionSource
-from aiostream_ckpt.runtime.config import RestartConfig
+from aiostream_ckpt.jobspec.config import RestartConfig
 from aiostream_ckpt.time import TimeDomain
 from tests.helpers import wait_until
 from tests.unit.time.support import SplitSource, SpySink, config, drained, start, strategy

@@ -14,7 +14,7 @@ import pytest
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.runtime.elements import MIN_WATERMARK
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.time import TumblingEventTimeWindows, WatermarkStrategy
 from aiostream_ckpt.time.valve import WatermarkValve
 from aiostream_ckpt.time.watermarks import SourceWatermarks, WatermarkUpdate

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
-from aiostream_ckpt.time.window_operator import WINDOW_CONTENTS, WindowKind, WindowSpec
+from aiostream_ckpt.time.window_operator import WINDOW_CONTENTS, WindowOperator
 
 MAXP = 128
 
@@ -23,7 +24,7 @@ def _session_operator(tmp: Path, lateness: int) -> tuple[Any, LmdbStateBackend]:
         function=CountAggregate(),
         allowed_lateness=lateness,
     )
-    op = spec.create_operator("sessions", lambda e: e["user"])
+    op = WindowOperator("sessions", spec, lambda e: e["user"])
     backend = LmdbStateBackend(
         operator_uid="sessions",
         subtask_index=0,

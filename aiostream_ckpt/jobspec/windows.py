@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from aiostream_ckpt.errors import ConfigError
-from aiostream_ckpt.time.watermarks import Duration, to_millis
+from aiostream_ckpt.jobspec.watermarks import Duration, to_millis
 
 
 class TimeWindow(NamedTuple):

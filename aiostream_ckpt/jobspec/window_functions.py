@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
-from aiostream_ckpt.api.functions import Collector, RuntimeContext
-from aiostream_ckpt.time.windows import TimeWindow
+from aiostream_ckpt.jobspec.functions import Collector, RuntimeContext
+from aiostream_ckpt.jobspec.windows import TimeWindow
 
 IN = TypeVar("IN")
 ACC = TypeVar("ACC")

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.jobspec.functions import RuntimeContext
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")

@@ -1,6 +1,6 @@
 """Two streams into one function: ``a.connect(b).process(CoProcessFunction)``.
 
-Snapshot/restore contract: as for :class:`~aiostream_ckpt.api.functions.KeyedProcessFunction`,
+Snapshot/restore contract: as for :class:`~aiostream_ckpt.jobspec.functions.KeyedProcessFunction`,
 everything to remember goes into keyed state (``key_by(key_a, key_b)`` first):
 it is shared by both inputs for the same key, checkpointed, restored (also at
 another parallelism, by key group), and timers fire after a restore. Records of
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from aiostream_ckpt.api.functions import Collector, Context, OnTimerContext, RuntimeContext
+from aiostream_ckpt.jobspec.functions import Collector, Context, OnTimerContext, RuntimeContext
 
 IN1 = TypeVar("IN1")
 IN2 = TypeVar("IN2")

@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from aiostream_ckpt.api.transformations import Transformation, TransformKind
 from aiostream_ckpt.errors import JobGraphError
-from aiostream_ckpt.runtime.side_outputs import OutputTag
+from aiostream_ckpt.jobspec.functions import OutputTag
+from aiostream_ckpt.jobspec.graph import Transformation, TransformKind, WindowKind, WindowSpec
+from aiostream_ckpt.jobspec.watermarks import Duration, TimestampAssigner, to_millis
+from aiostream_ckpt.jobspec.window_functions import AggregateFunction, ProcessWindowFunction
+from aiostream_ckpt.jobspec.windows import WindowAssigner
 from aiostream_ckpt.state.descriptors import Serializer
-from aiostream_ckpt.time.functions import AggregateFunction, ProcessWindowFunction
-from aiostream_ckpt.time.watermarks import Duration, TimestampAssigner, to_millis
-from aiostream_ckpt.time.window_operator import WindowKind, WindowSpec
-from aiostream_ckpt.time.windows import WindowAssigner
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.stream import KeyedStream, Stream
@@ -162,8 +161,6 @@ class WindowedStream(Generic[T, K]):
         serializer: Serializer,
         state_type: Any,
     ) -> Stream[Any]:
-        from aiostream_ckpt.api.stream import Stream
-
         keyed = self._keyed
         spec = WindowSpec(
             assigner=self._assigner,
@@ -178,4 +175,4 @@ class WindowedStream(Generic[T, K]):
             state_type=state_type,
         )
         node = keyed._add(TransformKind.WINDOW, name, fn=spec, uid=uid, parallelism=parallelism)
-        return Stream(keyed._env, node)
+        return keyed._stream(node)
