@@ -83,6 +83,21 @@ class TransactionLostError(ConnectorError):
     retriable = False
 
 
+class ChannelError(AiostreamError):
+    """A channel between processes failed (its peer died, a frame was malformed).
+
+    Retriable: the attempt fails and the restart strategy starts every process again.
+    """
+
+    retriable = True
+
+
+class ChannelRecordError(ChannelError):
+    """A record cannot cross to another process with the channel's serializer (no retry helps)."""
+
+    retriable = False
+
+
 class RecordError(AiostreamError):
     """One input record could not be processed (malformed, undeserializable)."""
 

@@ -46,9 +46,7 @@ def output_fill(task: StreamTask) -> float:
     fill = 0.0
     for gate in task.spec.outputs:
         for w in gate.writers:
-            q = w.queue
-            if q.maxsize:
-                fill = max(fill, q.qsize() / q.maxsize)
+            fill = max(fill, w.fill_ratio())
     return fill
 
 

@@ -11,7 +11,17 @@ identity is kept for barrier alignment.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
+
+
+class ChannelSender(Protocol):
+    """One upstream instance's end of a channel, in this process or to another one."""
+
+    async def send(self, element: Any) -> None: ...
+
+    def fill_ratio(self) -> float:
+        """How full the receiving end is for this sender (1.0: the next send suspends)."""
+        ...
 
 
 class InputGate:
@@ -43,3 +53,7 @@ class ChannelWriter:
 
     async def send(self, element: Any) -> None:
         await self.put((self.index, element))
+
+    def fill_ratio(self) -> float:
+        q = self.queue
+        return q.qsize() / q.maxsize if q.maxsize else 0.0

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiostream_ckpt.runtime.channels import ChannelWriter
+from aiostream_ckpt.runtime.channels import ChannelSender
 from aiostream_ckpt.state.keygroups import (
     key_group_for,
     operator_index_for_key_group,
@@ -25,8 +25,8 @@ class OutputGate(ABC):
 
     __slots__ = ("writers",)
 
-    def __init__(self, writers: list[ChannelWriter]) -> None:
-        self.writers = writers
+    def __init__(self, writers: Sequence[ChannelSender]) -> None:
+        self.writers = list(writers)
 
     @abstractmethod
     async def emit(self, batch: list[Any]) -> None:
@@ -42,7 +42,7 @@ class ForwardGate(OutputGate):
 
     __slots__ = ("_send",)
 
-    def __init__(self, writers: list[ChannelWriter]) -> None:
+    def __init__(self, writers: Sequence[ChannelSender]) -> None:
         super().__init__(writers)
         assert len(writers) == 1, "forward partitioning connects exactly one channel"
         self._send = writers[0].send
@@ -56,7 +56,7 @@ class RebalanceGate(OutputGate):
 
     __slots__ = ("_next",)
 
-    def __init__(self, writers: list[ChannelWriter]) -> None:
+    def __init__(self, writers: Sequence[ChannelSender]) -> None:
         super().__init__(writers)
         self._next = 0
 
@@ -85,7 +85,7 @@ class KeyGroupGate(OutputGate):
 
     def __init__(
         self,
-        writers: list[ChannelWriter],
+        writers: Sequence[ChannelSender],
         key_selector: Callable[[Any], Any],
         max_parallelism: int,
     ) -> None:
