@@ -19,12 +19,11 @@ import uvloop
 
 from aiostream_ckpt.checkpoint.barriers import CancelCheckpoint, CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.errors import ChannelError, ChannelRecordError
+from aiostream_ckpt.jobspec.watermarks import MAX_WATERMARK, MIN_WATERMARK
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.elements import (
     END_OF_INPUT,
     IDLE,
-    MAX_WATERMARK,
-    MIN_WATERMARK,
     Watermark,
 )
 from aiostream_ckpt.runtime.partitioners import KeyGroupGate
