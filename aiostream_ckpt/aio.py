@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class BackgroundTasks:
@@ -38,3 +40,16 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+async def unless_set(aw: Awaitable[T], event: asyncio.Event) -> T | None:
+    """Await ``aw`` unless ``event`` is set first: then cancel it and return ``None``."""
+    fut = asyncio.ensure_future(aw)
+    event_wait = asyncio.ensure_future(event.wait())
+    done, _ = await asyncio.wait({fut, event_wait}, return_when=asyncio.FIRST_COMPLETED)
+    if fut in done:
+        event_wait.cancel()
+        return fut.result()
+    fut.cancel()
+    await asyncio.gather(fut, return_exceptions=True)
+    return None

@@ -24,7 +24,7 @@ from collections import deque
 from concurrent.futures import Executor
 from typing import Any
 
-from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.aio import BackgroundTasks, unless_set
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
@@ -218,7 +218,7 @@ class StreamTask:
                 await self._inject_barriers()
                 continue
             self._trigger_event.clear()
-            await self._wait_either(self._trigger_event.wait())
+            await unless_set(self._trigger_event.wait(), self._done)
 
     async def _inject_barriers(self) -> None:
         while self._triggers:
@@ -227,18 +227,6 @@ class StreamTask:
                 await self._checkpoint(item, 0.0)
             else:
                 await self._fire_processing_timers()
-
-    async def _wait_either(self, aw: Any) -> Any:
-        """Await ``aw`` unless the task is done first (then ``None``)."""
-        fut = asyncio.ensure_future(aw)
-        done_wait = asyncio.ensure_future(self._done.wait())
-        done, _ = await asyncio.wait({fut, done_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if fut in done:
-            done_wait.cancel()
-            return fut.result()
-        fut.cancel()
-        await asyncio.gather(fut, return_exceptions=True)
-        return None
 
     # -- input tasks ------------------------------------------------------------------
 
@@ -256,7 +244,7 @@ class StreamTask:
             if replay:
                 channel, element = replay.popleft()
             elif self.state is TaskState.ENDED:
-                item = await self._wait_either(get())
+                item = await unless_set(get(), self._done)
                 if item is None:
                     break
                 channel, element = item
