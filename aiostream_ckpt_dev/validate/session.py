@@ -2,13 +2,14 @@
 
 A JVM start costs seconds, so the session is made once and reused; asking for
 another master or for the Kafka source when the running session lacks it stops
-it and starts a new one, because both are fixed when the JVM starts.
+it and its JVM and starts both anew, because both are fixed when the JVM starts.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -65,9 +66,36 @@ def get_spark(
                 return _session
             _session.stop()
             _session = _session_key = None
+            _end_jvm()
         _session = _build(master, kafka, driver_memory, shuffle_partitions)
         _session_key = (master, kafka)
         return _session
+
+
+def _end_jvm() -> None:
+    """End the driver JVM, so that the next session starts one with its own classpath.
+
+    ``spark.jars`` reach the driver's classpath only when its JVM starts: in a
+    new session on the same JVM, Spark's Kafka source stays "not found".
+    PySpark's gateway JVM exits when its stdin closes.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
 
 
 def stop_spark() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -261,3 +262,33 @@ def test_spark_path_reads_the_topic_with_sparks_kafka_source(
     assert results[0].counts == fast.counts
     assert (fast.counts["duplicated"], fast.counts["missing"]) == (1, 0)
     assert results[1].passed and results[1].counts["records_out"] == EVENTS
+
+
+@pytest.mark.spark
+def test_kafka_source_after_a_session_without_it(
+    pv_kafka: KafkaRun, subprocess_env: dict[str, str]
+) -> None:
+    """A session started without the Kafka source, then one with it, in one process.
+
+    Before, the second session ran on the first one's JVM, whose classpath
+    lacked the jars: "Failed to find data source: kafka". A child process,
+    so that the test session's own Spark is left alone.
+    """
+    script = (
+        "import sys\n"
+        "from aiostream_ckpt_dev.validate.readers import read_kafka_output\n"
+        "from aiostream_ckpt_dev.validate.session import get_spark, stop_spark\n"
+        "assert get_spark().range(3).count() == 3\n"
+        "spark = get_spark(kafka=True)\n"
+        "print('COUNT', read_kafka_output(spark, sys.argv[1], sys.argv[2]).df.count())\n"
+        "stop_spark()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, pv_kafka.bootstrap, pv_kafka.output],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env,
+        check=False,
+    )
+    assert f"COUNT {EVENTS}" in done.stdout, done.stderr[-3000:]
