@@ -16,9 +16,8 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from apps.fraud_rules import expected_output, write_inputs
-from tests.helpers import REPO, DaemonProcess, cli_cmd
+from tests.helpers import DaemonProcess, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +49,22 @@ def _diff(tmp: Path, txns: Path, rules: Path) -> tuple[int, int, int]:
 
 def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
     txns, rules = write_inputs(tmp_path / "in", 120_000, seed=11)
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cli_cmd(*_args(tmp_path, txns, rules, 2)), kills=2, seed=5,
-        max_delay_after_checkpoint=0.12, timeout=300, log_path=log, cwd=REPO, inputs=[txns],
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+    run_app_under_kills(
+        tmp_path,
+        "apps.fraud_rules",
+        [
+            f"app.transactions={txns}",
+            f"app.rules={rules}",
+            f"app.output={tmp_path / 'out'}",
+            "rest.enabled=false",
+        ],
+        kills=2,
+        seed=5,
+        inputs=[txns],
+        parallelism=2,
+        batch_size=256,
+        max_delay_after_checkpoint=0.12,
+    )
     assert _diff(tmp_path, txns, rules) == (120_000, 0, 0)
 
 

@@ -12,9 +12,8 @@ import orjson
 import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.apps.interval_pairs import LOWER, UPPER
-from tests.helpers import REPO, DaemonProcess, cli_cmd
+from tests.helpers import DaemonProcess, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +64,22 @@ def _args(tmp: Path, p: int) -> list[str]:
 def test_interval_join_exactly_once_under_kill9(tmp_path: Path) -> None:
     left = _write(tmp_path / "left.jsonl", "l", 150_000, seed=1)
     right = _write(tmp_path / "right.jsonl", "r", 150_000, seed=2)
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cli_cmd(*_args(tmp_path, 2)), kills=2, seed=3, max_delay_after_checkpoint=0.12,
-        timeout=300, log_path=log, cwd=REPO,
+    run_app_under_kills(
+        tmp_path,
+        "tests.apps.interval_pairs",
+        [
+            f"app.left={tmp_path / 'left.jsonl'}",
+            f"app.right={tmp_path / 'right.jsonl'}",
+            f"app.output={tmp_path / 'out'}",
+            "rest.enabled=false",
+        ],
+        kills=2,
+        seed=3,
         inputs=[tmp_path / "left.jsonl", tmp_path / "right.jsonl"],
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+        parallelism=2,
+        batch_size=256,
+        max_delay_after_checkpoint=0.12,
+    )
     expected = _expected(left, right)
     assert sum(expected.values()) > 10_000
     assert _committed(tmp_path / "out") == expected
