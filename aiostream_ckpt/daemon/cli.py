@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from aiostream_ckpt import failpoints
-from aiostream_ckpt.errors import AiostreamError, JobFailedError
+from aiostream_ckpt.errors import AiostreamError, ConfigError, JobFailedError
 
 log = logging.getLogger("aiostream_ckpt")
 
@@ -229,6 +229,21 @@ def _print_detail(exc: AiostreamError) -> None:
         print(exc.detail, file=sys.stderr)
 
 
+def _tooling_command(name: str) -> Callable[[list[str]], int]:
+    """Import the entry point of a tooling command; an install without the tooling says so."""
+    module, function = TOOLING_COMMANDS[name].split(":")
+    try:
+        command: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("aiostream_ckpt_dev"):
+            raise
+        raise ConfigError(
+            f"'{name}' is dev tooling (package aiostream_ckpt_dev), which this install "
+            "lacks; reinstall the project (make setup)"
+        ) from None
+    return command
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -251,9 +266,7 @@ def _main(argv: list[str]) -> int:
 
             return config_reference_main(argv[1:])
         if argv and argv[0] in TOOLING_COMMANDS:
-            module, function = TOOLING_COMMANDS[argv[0]].split(":")
-            command: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
-            return command(argv[1:])
+            return _tooling_command(argv[0])(argv[1:])
         args = _parser().parse_args(argv)
         if args.command == "run":
             return _run(args)

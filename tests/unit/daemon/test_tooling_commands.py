@@ -30,3 +30,24 @@ def test_no_engine_module_imports_the_tooling() -> None:
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_an_install_without_the_tooling_says_so() -> None:
+    code = (
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'aiostream_ckpt_dev':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "from aiostream_ckpt.daemon.cli import main\n"
+        "sys.exit(main(['demo', '--help']))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        "aiostream-ckpt: error: 'demo' is dev tooling (package aiostream_ckpt_dev), which this "
+        "install lacks; reinstall the project (make setup)"
+    ]
