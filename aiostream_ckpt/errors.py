@@ -98,6 +98,10 @@ class ChannelRecordError(ChannelError):
     retriable = False
 
 
+class WorkerError(AiostreamError):
+    """A worker process could not build the job, or built a different one (no retry helps)."""
+
+
 class RecordError(AiostreamError):
     """One input record could not be processed (malformed, undeserializable)."""
 

@@ -64,6 +64,7 @@ from aiostream_ckpt.runtime.partitioners import (
     OutputGate,
     RebalanceGate,
 )
+from aiostream_ckpt.runtime.placement import task_id
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
 from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
@@ -270,7 +271,7 @@ def build_chain_specs(
         p = chain.parallelism
         for sub in range(p):
             spec = ChainSpec(
-                task_id=f"{chain.head.uid}-{sub}", subtask=sub, parallelism=p, operators=[]
+                task_id=task_id(chain.head.uid, sub), subtask=sub, parallelism=p, operators=[]
             )
             for t in chain.nodes:
                 if t.kind is TransformKind.SOURCE:

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, cast
 
+import orjson
+
 from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.errors import AiostreamError, ChannelError
 from aiostream_ckpt.runtime.channels import InputGate
@@ -52,6 +54,7 @@ _HEADER_SIZE = HEADER.size
 _BATCH = FrameKind.BATCH
 _CREDIT = FrameKind.CREDIT
 _GOODBYE = FrameKind.GOODBYE
+_MESSAGE = FrameKind.MESSAGE
 
 
 class ConnectionState(Enum):
@@ -207,6 +210,8 @@ class ChannelConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._goodbye_received = False
+        #: control messages from the peer, in order (see :meth:`send_message`)
+        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._bg = BackgroundTasks(self._fail)
 
     # -- channels -----------------------------------------------------------------------
@@ -299,6 +304,24 @@ class ChannelConnection(asyncio.Protocol):
         self.check_usable()
         self._write_frame(channel_id, kind, payload)
 
+    def send_message(self, message: dict[str, Any]) -> None:
+        """Send a control message (a JSON object); it takes no credit and waits for none."""
+        self.check_usable()
+        self._write_frame(0, _MESSAGE, orjson.dumps(message))
+
+    async def receive_message(self) -> dict[str, Any]:
+        """Return the peer's next message; raise why the connection ended if it did."""
+        if self.messages.empty():
+            waiter = asyncio.ensure_future(self.messages.get())
+            watch: set[asyncio.Future[Any]] = {waiter, self.failure, self._lost}
+            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+            if waiter not in done:
+                waiter.cancel()
+                self.check_usable()
+                raise ChannelError(f"connection {self.name} was closed by its peer")
+            return waiter.result()
+        return self.messages.get_nowait()
+
     def _write_frame(self, channel_id: int, kind: int, payload: bytes) -> None:
         assert self._transport is not None
         self._transport.writelines((HEADER.pack(len(payload), channel_id, kind), payload))
@@ -332,6 +355,8 @@ class ChannelConnection(asyncio.Protocol):
                     self._channel(self._writers, channel_id).grant(credit_count(payload))
                 elif kind == _GOODBYE:
                     self._goodbye_received = True
+                elif kind == _MESSAGE:
+                    self.messages.put_nowait(orjson.loads(payload))
                 else:
                     element = (
                         self.codec.decode(payload)

@@ -58,6 +58,8 @@ class FrameKind(IntEnum):
     CREDIT = 6
     #: the peer closes the connection on purpose: the EOF that follows is no failure
     GOODBYE = 7
+    #: a control message between processes (orjson; hello, acks, commits), outside any channel
+    MESSAGE = 8
 
 
 class BatchCodec(Protocol):

@@ -297,3 +297,18 @@ def test_credits_flow_under_uvloop() -> None:
         return got
 
     assert uvloop.run(run()) == [[i] for i in range(10)]
+
+
+async def test_control_messages_travel_beside_the_channels(
+    closing: list[ChannelConnection],
+) -> None:
+    link = await one_channel(closing, window=1, capacity=1)
+    await link.writer.send([1])
+    await link.writer.send([2])  # no credit left: messages must not need one
+    link.b.send_message({"type": "ack", "checkpoint": 3, "tasks": ["pv-0"]})
+    link.a.send_message({"type": "stop"})
+    assert await link.a.receive_message() == {"type": "ack", "checkpoint": 3, "tasks": ["pv-0"]}
+    assert await link.b.receive_message() == {"type": "stop"}
+    await link.b.close()
+    with pytest.raises(ChannelError, match="closed"):
+        await link.a.receive_message()

@@ -1,0 +1,181 @@
+"""Worker processes: started by the main process, each building the job itself.
+
+A worker is ``python -m aiostream_ckpt.daemon.worker``: it imports the app
+module and loads the same config sources as the main process, builds the
+job spec, plans the chains, and says hello over its control connection (a
+:class:`~.remote.ChannelConnection` on a socket pair) with the graph's
+fingerprint and the tasks it runs (:mod:`.placement`). The main process
+refuses a worker whose graph differs before anything runs.
+
+A worker never outlives the main process: it asks the kernel for SIGKILL
+when its parent dies (``PR_SET_PDEATHSIG``, Linux) and exits on the end of
+its control connection. A worker that dies is the control connection's
+failure, which the owner turns into a failed attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from aiostream_ckpt.errors import AiostreamError, WorkerError
+from aiostream_ckpt.runtime.remote import ChannelConnection
+from aiostream_ckpt.runtime.wire import batch_codec
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exit if it already has.
+
+    ``PR_SET_PDEATHSIG`` is Linux's; elsewhere the end of the control
+    connection is the only signal (the worker exits on it).
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the request: nobody to serve
+        os._exit(1)
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What a worker needs to build the job the main process built: module and config sources."""
+
+    module: str
+    config: Path | None
+    sets: tuple[str, ...]
+    workers: int
+
+    def argv(self, index: int, control_fd: int) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "aiostream_ckpt.daemon.worker",
+            self.module,
+            "--index",
+            str(index),
+            "--workers",
+            str(self.workers),
+            "--control-fd",
+            str(control_fd),
+            "--parent",
+            str(os.getpid()),
+        ]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        for s in self.sets:
+            args += ["--set", s]
+        return args
+
+
+class WorkerState(Enum):
+    CREATED = "created"
+    READY = "ready"  # said hello with the expected graph
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    def can_become(self, other: WorkerState) -> bool:
+        return other in _WORKER_TRANSITIONS[self]
+
+
+_WORKER_TRANSITIONS = {
+    WorkerState.CREATED: {WorkerState.READY, WorkerState.STOPPED, WorkerState.FAILED},
+    WorkerState.READY: {WorkerState.STOPPED, WorkerState.FAILED},
+    WorkerState.STOPPED: set(),
+    WorkerState.FAILED: set(),
+}
+
+
+class WorkerProcess:
+    """One worker process and its control connection (see the module docstring)."""
+
+    def __init__(self, index: int, launch: WorkerLaunch) -> None:
+        self.index = index
+        self.launch = launch
+        self.state = WorkerState.CREATED
+        self.hello: dict[str, Any] = {}
+        self.control = ChannelConnection(f"worker-{index}", batch_codec())
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def failure(self) -> asyncio.Future[BaseException]:
+        """Resolves to the error when the worker dies (EOF or reset on its control connection)."""
+        return self.control.failure
+
+    def _transition(self, new: WorkerState) -> None:
+        if not self.state.can_become(new):
+            raise AiostreamError(f"worker {self.index}: cannot go from {self.state} to {new}")
+        self.state = new
+
+    async def start(self, fingerprint: str, tasks: list[str]) -> None:
+        """Start the process and wait for its hello; refuse a different graph or share."""
+        if self.state is not WorkerState.CREATED:
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.launch.argv(self.index, theirs.fileno()), pass_fds=(theirs.fileno(),)
+            )
+        finally:
+            theirs.close()
+        try:
+            await self.control.start(ours)
+            hello = await self.control.receive_message()
+        except BaseException:
+            await self._kill()
+            raise
+        self.hello = hello
+        if hello.get("type") == "error":
+            await self._kill()
+            raise WorkerError(f"worker {self.index} could not build the job: {hello['message']}")
+        if hello.get("fingerprint") != fingerprint or hello.get("tasks") != tasks:
+            await self._kill()
+            raise WorkerError(
+                f"worker {self.index} built a different job from {self.launch.module!r} "
+                f"(graph {hello.get('fingerprint')} with tasks {hello.get('tasks')}, expected "
+                f"{fingerprint} with {tasks}): the app's graph must not depend on anything "
+                "but its module and config"
+            )
+        self._transition(WorkerState.READY)
+
+    async def stop(self) -> int | None:
+        """Ask the worker to exit, close the connection, reap it; idempotent. Its exit code."""
+        if self.state in (WorkerState.STOPPED, WorkerState.FAILED):
+            return self._proc.returncode if self._proc is not None else None
+        failed = self.failure.done()
+        if self.state is WorkerState.READY and not failed:
+            self.control.send_message({"type": "stop"})
+        await self.control.close()
+        code = await self._proc.wait() if self._proc is not None else None
+        self._transition(WorkerState.FAILED if failed or code else WorkerState.STOPPED)
+        return code
+
+    async def _kill(self) -> None:
+        self.state = WorkerState.FAILED
+        await self.control.close()
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()
+
+    async def __aenter__(self) -> WorkerProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.state is WorkerState.CREATED:
+            await self._kill()
+        else:
+            await self.stop()

@@ -1,0 +1,42 @@
+"""Placement: every subtask in exactly one worker; forward neighbours together; one graph digest."""
+
+from __future__ import annotations
+
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.jobspec.graph import JobSpec
+from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_of, worker_tasks
+
+
+def spec(parallelism: int, uid: str = "count") -> JobSpec:
+    env = StreamEnvironment("j", config=JobConfig(parallelism=parallelism))
+    env.from_collection([{"k": 1}], uid="src").key_by(lambda r: r["k"]).map(
+        lambda r: r, uid=uid
+    ).print()
+    return env.spec()
+
+
+def test_every_subtask_runs_in_exactly_one_worker() -> None:
+    chains = [("src", 3), ("count", 4)]
+    shares = [worker_tasks(chains, w, 2) for w in range(2)]
+    assert shares == [["src-0", "src-2", "count-0", "count-2"], ["src-1", "count-1", "count-3"]]
+    # subtask i of every chain is in the same worker: forward edges never cross
+    assert all(worker_of(i, 3) == i % 3 for i in range(9))
+    assert worker_tasks(chains, 0, 1) == [
+        "src-0",
+        "src-1",
+        "src-2",
+        "count-0",
+        "count-1",
+        "count-2",
+        "count-3",
+    ]
+
+
+def test_the_fingerprint_is_the_graph_not_the_objects() -> None:
+    a, b = spec(2), spec(2)
+    assert graph_fingerprint(a.transformations) == graph_fingerprint(b.transformations)
+    assert graph_fingerprint(spec(3).transformations) != graph_fingerprint(a.transformations)
+    assert graph_fingerprint(spec(2, "other").transformations) != graph_fingerprint(
+        a.transformations
+    )
