@@ -103,8 +103,8 @@ class RemoteChannelWriter:
     async def send(self, element: Any) -> None:
         if self.credits <= 0:
             await self._wait_for_credit()
+        self._conn.send_element(self.channel_id, element)  # a refused record spends no credit
         self.credits -= 1
-        self._conn.send_element(self.channel_id, element)
 
     async def _wait_for_credit(self) -> None:
         while self.credits <= 0:

@@ -247,6 +247,7 @@ async def test_a_record_json_would_change_is_refused_at_the_sender(
         await w.send([{"x": float("nan")}])
     with pytest.raises(ChannelRecordError, match="is a datetime"):
         await w.send([datetime.datetime(2026, 1, 1)])
+    assert w.credits == 4  # nothing was sent: no credit spent
     assert not ChannelRecordError("x").retriable
 
 
