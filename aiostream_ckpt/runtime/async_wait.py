@@ -264,7 +264,12 @@ class AsyncWaitOperator(StreamOperator):
         self.calls_started += 1
         entry.task = loop.create_task(self._call(entry))
         if self._timeout is not None:
-            self._deadlines.append((deadline, entry))
+            deadlines = self._deadlines
+            # finished calls leave now, not when the timer next fires: else every
+            # entry (its record and result) stayed alive for `timeout` seconds
+            while deadlines and deadlines[0][1].done:
+                deadlines.popleft()
+            deadlines.append((deadline, entry))
 
     def _expire(self) -> None:
         """Cancel the calls past their deadline; they fail with a timeout (see ``_call``)."""

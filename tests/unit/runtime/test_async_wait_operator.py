@@ -346,3 +346,33 @@ def test_the_next_calls_are_out_before_the_chain_runs_on_results() -> None:
     assert [x for x, _ in out] == list(range(40))
     # when the chain gets result x, the call of x + capacity is already out
     assert all(n >= min(40, x + 1 + 4) for x, n in out), out
+
+
+class Record:
+    """A record a weak reference can watch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class Echo(AsyncFunction[Any, Any]):
+    async def invoke(self, value: Any) -> Any:
+        return value
+
+
+async def test_emitted_records_are_not_kept_until_their_timeout() -> None:
+    import gc
+    import weakref
+
+    op = make(Echo(), capacity=10, timeout=3600, serializer="pickle")
+    first = [Record(i) for i in range(10)]
+    watched = [weakref.ref(r) for r in first]
+    op.offer(first)  # type: ignore[arg-type]
+    await settle()
+    assert len(flat(op.pop_ready())) == 10
+    del first
+    op.offer([Record(10)])  # the next call: finished ones leave the deadline queue
+    await settle()
+    gc.collect()
+    assert all(w() is None for w in watched)
+    await op.stop()
