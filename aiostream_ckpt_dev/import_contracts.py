@@ -48,10 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 #: Edges the layers forbid that are still there: (importer, imported) -> what removes them.
-DEBTS: dict[tuple[str, str], str] = {
-    ("time", "runtime"): "event-time operators (time/process.py, window_operator.py, "
-    "the operators' base class) move into runtime/",
-}
+DEBTS: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channels import ChannelWriter
 from aiostream_ckpt.runtime.operators import ProcessOperator, RecordFailed
 from aiostream_ckpt.runtime.task import StreamTask
-from aiostream_ckpt.time.process import TimedKeyedProcessOperator
+from aiostream_ckpt.runtime.timed_process import TimedKeyedProcessOperator
 
 
 class SecondInput:

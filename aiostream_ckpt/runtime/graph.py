@@ -66,11 +66,11 @@ from aiostream_ckpt.runtime.partitioners import (
 )
 from aiostream_ckpt.runtime.placement import task_id
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
+from aiostream_ckpt.runtime.timed_process import make_keyed_process_operator
+from aiostream_ckpt.runtime.window_operator import WindowOperator
 from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.time.process import make_keyed_process_operator
 from aiostream_ckpt.time.watermarks import SourceWatermarks
-from aiostream_ckpt.time.window_operator import WindowOperator
 
 KeySelector = Callable[[Any], Any]
 

@@ -27,11 +27,14 @@ from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, RuntimeContext
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.timed_process import (
+    TimedKeyedProcessOperator,
+    make_keyed_process_operator,
+)
 from aiostream_ckpt.state.backend import SnapshotTarget, StateHandle
 from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
-from aiostream_ckpt.time.process import TimedKeyedProcessOperator, make_keyed_process_operator
 from aiostream_ckpt.time.timers import ProcessingTimeScheduler
 
 IN = TypeVar("IN")

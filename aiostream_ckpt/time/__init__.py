@@ -9,7 +9,8 @@ and savepoint and are restored after a crash.
 The names apps use are exported here; they are declared in
 :mod:`aiostream_ckpt.jobspec` (``key_by(...).window(...)`` returns an
 :class:`aiostream_ckpt.api.WindowedStream`). This package's modules are the
-engine's side: timers, watermark valves, source watermarks, window operators.
+engine's side below the runtime: timers, watermark valves, source watermarks
+(the window and timer operators are in :mod:`aiostream_ckpt.runtime`).
 """
 
 from aiostream_ckpt.jobspec.functions import OnTimerContext, OutputTag, TimeDomain, TimerService

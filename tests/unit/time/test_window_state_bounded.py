@@ -8,10 +8,10 @@ from typing import Any
 
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
+from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
-from aiostream_ckpt.time.window_operator import WINDOW_CONTENTS, WindowOperator
 
 MAXP = 128
 
