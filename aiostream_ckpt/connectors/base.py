@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.errors import RecordError
 
 #: Called by readers for records they cannot turn into events; the runtime
 #: routes them to the dead-letter output (or fails the job when fail-fast).
@@ -22,8 +23,6 @@ DeadLetterFn = Callable[[bytes | str, str, dict[str, Any]], None]
 
 
 def _raise_dead_letter(raw: bytes | str, reason: str, origin: dict[str, Any]) -> None:
-    from aiostream_ckpt.errors import RecordError
-
     raise RecordError(f"malformed record at {origin}: {reason}")
 
 

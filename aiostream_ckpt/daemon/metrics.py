@@ -20,16 +20,14 @@ import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from aiostream_ckpt.connectors.base import TransactionReporter
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.runtime.job import JobRun
-    from aiostream_ckpt.runtime.task import StreamTask
+from aiostream_ckpt.runtime.job import JobRun, JobStatus
+from aiostream_ckpt.runtime.task import StreamTask
 
 #: Flink's backpressure levels: ratio of backpressured samples.
 _BP_LOW, _BP_HIGH = 0.10, 0.50
@@ -259,8 +257,6 @@ class _Collector:
         status = GaugeMetricFamily(
             "aiostream_job_status", "1 for the job's current status.", labels=["status"]
         )
-        from aiostream_ckpt.runtime.job import JobStatus
-
         for s in JobStatus:
             current = run is not None and run.status is s
             status.add_metric([s.value], 1.0 if current else 0.0)

@@ -26,15 +26,13 @@ import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.daemon.metrics import JobStats
 from aiostream_ckpt.daemon.settings import ShutdownMode
 from aiostream_ckpt.errors import AiostreamError, CheckpointError
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
-    from aiostream_ckpt.runtime.job import JobRunner
+from aiostream_ckpt.runtime.job import JobRunner, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +73,6 @@ class SavepointService:
         self.final_savepoint: SavepointResult | None = None
 
     def _coordinator(self) -> CheckpointCoordinator:
-        from aiostream_ckpt.runtime.job import JobStatus
-
         run = self._runner.run_state
         if self.stopping:
             raise JobNotRunningError("the job is stopping")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.daemon import address
 from aiostream_ckpt.daemon.metrics import JobStats
@@ -22,10 +24,6 @@ from aiostream_ckpt.daemon.rest import RestServer
 from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.api.environment import StreamEnvironment
-    from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -15,17 +15,16 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.api.stream import Stream
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.collection import CollectSink
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.jobspec.config import RestartConfig, RestartStrategyKind
+from aiostream_ckpt.runtime.job import JobRunner
 from aiostream_ckpt.testing.scripted import ScriptedSource
-
-if TYPE_CHECKING:
-    from aiostream_ckpt.api.environment import StreamEnvironment
-    from aiostream_ckpt.api.stream import Stream
 
 
 @dataclass(frozen=True)
@@ -135,8 +134,6 @@ async def run_job_async(
     clock: Clock | None = None,
 ) -> JobOutputs:
     """:func:`run_job` on the running event loop."""
-    from aiostream_ckpt.runtime.job import JobRunner
-
     sinks = CollectingSinks()
     for name, stream in outputs.items():
         sinks.attach(name, stream)
