@@ -11,7 +11,7 @@
    else in Python; the output says which. Then prove the topic the general
    way (``validate --app``): two failure-free runs of pv_count into topics of
    their own, compared with it as a ``read_committed`` consumer sees them.
-4. Prove the windowed app (``apps.sessions``, on files) under kill -9
+4. Prove the windowed app (``apps.sessions``, Kafka to Kafka) under kill -9
    against a failure-free run (:mod:`.windowed`).
 5. Stop the broker, also on failure.
 
@@ -298,7 +298,13 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         passed = _reference_proof(work, sets) and passed
     if args.windowed_kills:
         passed = (
-            prove_windowed("demo-kafka", work / "windowed", seed, kills=args.windowed_kills).passed
+            prove_windowed(
+                "demo-kafka",
+                work / "windowed",
+                seed,
+                kills=args.windowed_kills,
+                kafka_bootstrap=bootstrap,
+            ).passed
             and passed
         )
     if not passed or result.kills < args.kills:

@@ -23,8 +23,15 @@ EVENTS = 30_000
 GENERATED_DELAY_MS, APP_DELAY_MS = 120_000, 60_000
 
 
-def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> ChaosVerdict:
-    """Run :data:`APP` under ``kills`` kill -9 in ``work``, print the proof's verdict; return it."""
+def prove_windowed(
+    label: str, work: Path, seed: int, *, kills: int = 2, kafka_bootstrap: str | None = None
+) -> ChaosVerdict:
+    """Run :data:`APP` under ``kills`` kill -9 in ``work``, print the proof's verdict; return it.
+
+    With ``kafka_bootstrap``, Kafka to Kafka: the events go to an input topic
+    of one partition (which events are late depends on the order they are
+    read in), sessions and late events to topics of their own.
+    """
     from apps import transitions_per_hour as events_of
 
     work.mkdir(parents=True, exist_ok=True)
@@ -32,21 +39,22 @@ def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> Chao
         EVENTS, users=50, max_delay=GENERATED_DELAY_MS, seed=seed, step_ms=200
     )
     inp = events_of.write_events(work / "events.jsonl", events)
-    run = AppRun(
-        APP,
-        [
+    common = ["app.gap=20000", f"app.max_delay={APP_DELAY_MS}", "checkpoint.interval=100ms"]
+    if kafka_bootstrap is None:
+        io = [
             f"app.input={inp}",
             f"app.output={work / 'output'}",
             f"app.late_output={work / 'late'}",
-            "app.gap=20000",
-            f"app.max_delay={APP_DELAY_MS}",
-            "checkpoint.interval=100ms",
-        ],
-    )
+        ]
+        where = "files"
+    else:
+        io = _kafka_io(kafka_bootstrap, inp, seed)
+        where = "Kafka to Kafka"
+    run = AppRun(APP, [*io, *common])
     print(
         f"{label}: windowed app {APP} (session windows, late events to a side output), "
-        f"{EVENTS:,} events, SIGKILL x{kills} at checkpoint windows, proven against a "
-        "failure-free run",
+        f"{EVENTS:,} events, {where}, SIGKILL x{kills} at checkpoint windows, proven against "
+        "a failure-free run",
         flush=True,
     )
     started = time.monotonic()
@@ -59,3 +67,21 @@ def prove_windowed(label: str, work: Path, seed: int, *, kills: int = 2) -> Chao
         print(f"{label}: assumes: {assumption}")
     print(f"{label}: {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
     return verdict
+
+
+def _kafka_io(bootstrap: str, inp: Path, seed: int) -> list[str]:
+    """Create the topics, load the events; return the app params for Kafka mode."""
+    import asyncio
+
+    from aiostream_ckpt_dev.demo.kafka import create_topics, load_jsonl
+
+    names = {k: f"sessions-{k}-{seed}" for k in ("in", "out", "late")}
+    asyncio.run(create_topics(bootstrap, {names["in"]: 1, names["out"]: 2, names["late"]: 1}))
+    asyncio.run(load_jsonl(bootstrap, names["in"], inp))
+    return [
+        f"app.kafka_bootstrap={bootstrap}",
+        f"app.input_topic={names['in']}",
+        f"app.output_topic={names['out']}",
+        f"app.late_topic={names['late']}",
+        "app.stop_at_end=1",
+    ]
