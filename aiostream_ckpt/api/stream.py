@@ -315,6 +315,11 @@ class KeyedStream(Stream[T], Generic[T, K]):
 
         See :mod:`aiostream_ckpt.jobspec.interval_join`.
         """
+        if not isinstance(other, KeyedStream):
+            raise JobGraphError(
+                "interval_join needs the other stream keyed too: "
+                "left.key_by(f).interval_join(right.key_by(g))"
+            )
         return IntervalJoin(self, other)
 
     def process(  # type: ignore[override]

@@ -154,6 +154,8 @@ def test_bounds_are_checked() -> None:
         a.interval_join(b).between(0, 0).lower_bound_exclusive().process(Pair())
     with pytest.raises(JobGraphError, match=r"ms \(int\) or a timedelta"):
         a.interval_join(b).between("1s", 4)  # type: ignore[arg-type]
+    with pytest.raises(JobGraphError, match="other stream keyed too"):
+        a.interval_join(env.from_collection([1], uid="q"))  # type: ignore[arg-type]
     plain = env.from_collection([1], uid="p").key_by(str)
     with pytest.raises(JobGraphError, match="no watermark strategy"):
         a.interval_join(plain).between(0, 1).process(Pair())
