@@ -88,15 +88,19 @@ def imports_of(path: Path, name: str, modules: set[str]) -> Iterator[Import]:
     def walk(node: ast.AST, deferred: bool, type_only: bool) -> Iterator[Import]:
         for child in ast.iter_child_nodes(node):
             d = deferred or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
-            t = type_only or (
-                isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
-            )
+            if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
+                # the body is for the type checker only; an ``else:`` runs
+                for stmt in child.body:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), d, True)
+                for stmt in child.orelse:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), d, type_only)
+                continue
             if isinstance(child, ast.Import | ast.ImportFrom):
                 for target in targets(child):
                     found = resolve(target)
                     if found is not None and found != name:
-                        yield Import(name, found, child.lineno, d, t)
-            yield from walk(child, d, t)
+                        yield Import(name, found, child.lineno, d, type_only)
+            yield from walk(child, d, type_only)
 
     yield from walk(ast.parse(path.read_text(), str(path)), False, False)
 

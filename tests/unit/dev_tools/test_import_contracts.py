@@ -98,6 +98,26 @@ def test_a_cycle_closed_only_under_type_checking_passes(tmp_path: Path) -> None:
     assert _debts_free(check(pkg)) == []
 
 
+def test_the_else_of_type_checking_runs_and_counts(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "runtime/operators.py": "from aiostream_ckpt.runtime.failures import describe\n",
+            "runtime/failures.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    pass\n"
+                "else:\n"
+                "    from aiostream_ckpt.runtime.operators import Operator\n"
+            ),
+        },
+    )
+    assert [p for p in check(pkg) if p.startswith("import cycle")] == [
+        "import cycle: aiostream_ckpt.runtime.failures:5 -> "
+        "aiostream_ckpt.runtime.operators:1 -> aiostream_ckpt.runtime.failures"
+    ]
+
+
 def test_a_package_in_no_layer_fails(tmp_path: Path) -> None:
     pkg = _package(tmp_path, {})
     (pkg / "newroom").mkdir()
