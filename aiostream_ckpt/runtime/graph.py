@@ -43,10 +43,11 @@ from aiostream_ckpt.runtime.broadcast import (
     KeyedBroadcastProcessOperator,
 )
 from aiostream_ckpt.runtime.chain import ChainSpec
-from aiostream_ckpt.runtime.channels import ChannelWriter, InputGate
+from aiostream_ckpt.runtime.channels import ChannelSender, InputGate
 from aiostream_ckpt.runtime.co_process import (
     CoProcessOperator,
     KeyedCoProcessOperator,
+    SecondInput,
     SecondInputWriter,
 )
 from aiostream_ckpt.runtime.operators import (
@@ -64,7 +65,7 @@ from aiostream_ckpt.runtime.partitioners import (
     OutputGate,
     RebalanceGate,
 )
-from aiostream_ckpt.runtime.placement import task_id
+from aiostream_ckpt.runtime.placement import ProcessShare, task_id
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
 from aiostream_ckpt.runtime.timed_process import make_keyed_process_operator
 from aiostream_ckpt.runtime.window_operator import WindowOperator
@@ -262,14 +263,23 @@ def build_chain_specs(
     dead_letter_factory: Callable[[str, int], DeadLetterWriter] | None,
     connector_context: Callable[[str, int, int, Any], ConnectorContext],
     monotonic: Callable[[], float],
+    share: ProcessShare | None = None,
 ) -> list[ChainSpec]:
-    """Instantiate every chain ``parallelism`` times and wire the channels."""
+    """Instantiate every chain ``parallelism`` times and wire the channels.
+
+    With a ``share``, only the subtasks of that worker process: a channel
+    from or to a subtask of another worker goes over the connection to that
+    worker, its id counted in the same order in every process.
+    """
     specs: dict[tuple[int, int], ChainSpec] = {}
     errors = config.errors
-    writers: dict[tuple[int, int, int], list[ChannelWriter]] = {}
+    writers: dict[tuple[int, int, int], list[ChannelSender]] = {}
+    here = share.here if share is not None else _everywhere
     for ci, chain in enumerate(chains):
         p = chain.parallelism
         for sub in range(p):
+            if not here(sub):
+                continue
             spec = ChainSpec(
                 task_id=task_id(chain.head.uid, sub), subtask=sub, parallelism=p, operators=[]
             )
@@ -320,9 +330,10 @@ def build_chain_specs(
                 spec.barrier_handler = _barrier_handler(config, n, monotonic)
             specs[(ci, sub)] = spec
     # channel indexes: per downstream instance, edges in order, upstream instances in order
+    channel_id = 0  # the same count in every process: ids of channels between processes
     for ci, chain in enumerate(chains):
         for sub in range(chain.parallelism):
-            gate = specs[(ci, sub)].input_gate
+            gate = specs[(ci, sub)].input_gate if here(sub) else None
             base = 0
             for e in chain.inputs:
                 src_ci = next(i for i, c in enumerate(chains) if e.source in c.nodes)
@@ -334,8 +345,22 @@ def build_chain_specs(
                         idx = base
                     else:
                         idx = base + up
-                    assert gate is not None
-                    writer = SecondInputWriter(gate.queue, idx) if e.side == 1 else gate.writer(idx)
+                    channel_id += 1
+                    writer: ChannelSender
+                    if gate is not None and here(up):
+                        writer = (
+                            SecondInputWriter(gate.queue, idx) if e.side == 1 else gate.writer(idx)
+                        )
+                    elif gate is not None:  # from another worker
+                        assert share is not None
+                        wrap = SecondInput if e.side == 1 else None
+                        share.peer(up).reader(channel_id, gate, idx, wrap)
+                        continue
+                    elif here(up):  # to another worker
+                        assert share is not None
+                        writer = share.peer(sub).writer(channel_id)
+                    else:
+                        continue
                     writers.setdefault((src_ci, up, id(e)), []).append(writer)
                 base += _channels_per_edge(e, up_p)
     for (ci, sub), spec in specs.items():
@@ -350,7 +375,11 @@ def build_chain_specs(
     return [specs[k] for k in sorted(specs)]
 
 
-def _make_gate(e: Edge, writers: list[ChannelWriter], config: JobConfig) -> OutputGate:
+def _everywhere(subtask: int) -> bool:
+    return True
+
+
+def _make_gate(e: Edge, writers: list[ChannelSender], config: JobConfig) -> OutputGate:
     how = e.partitioning
     if how is Partitioning.FORWARD:
         return ForwardGate(writers)

@@ -14,16 +14,35 @@ crosses for the share of key groups another worker owns.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import orjson
 
 from aiostream_ckpt.jobspec.graph import Transformation
+from aiostream_ckpt.runtime.remote import ChannelConnection
 
 
 def worker_of(subtask: int, workers: int) -> int:
     """Return the worker that runs ``subtask`` (of any chain)."""
     return subtask % workers
+
+
+@dataclass(frozen=True)
+class ProcessShare:
+    """This process's part of the job: its worker index and a connection to every other worker."""
+
+    worker: int
+    workers: int
+    peers: Mapping[int, ChannelConnection]
+
+    def here(self, subtask: int) -> bool:
+        """Whether ``subtask`` (of any chain) runs in this process."""
+        return worker_of(subtask, self.workers) == self.worker
+
+    def peer(self, subtask: int) -> ChannelConnection:
+        """Return the connection to the worker that runs ``subtask``."""
+        return self.peers[worker_of(subtask, self.workers)]
 
 
 def task_id(head_uid: str, subtask: int) -> str:
