@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     build_app(args.module, env)
 
     async def main() -> int:
-        daemon = JobDaemon(env, loaded.daemon)
+        daemon = JobDaemon(env.spec(), loaded.daemon)
         runner = daemon.runner
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

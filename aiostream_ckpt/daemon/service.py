@@ -15,7 +15,6 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.daemon import address
@@ -23,27 +22,27 @@ from aiostream_ckpt.daemon.metrics import JobStats
 from aiostream_ckpt.daemon.rest import RestServer
 from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
+from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
 
 log = logging.getLogger(__name__)
 
 
 class JobDaemon:
-    """Runs one job with REST control; implements :class:`~.rest.JobControl`."""
+    """Runs one job spec with REST control; implements :class:`~.rest.JobControl`."""
 
     def __init__(
         self,
-        env: StreamEnvironment,
+        spec: JobSpec,
         settings: DaemonSettings | None = None,
         *,
         clock: Clock | None = None,
     ) -> None:
-        self.env = env
         self.settings = settings or DaemonSettings()
         clock = clock or SystemClock()
         self.stats = JobStats(clock.monotonic)
         self.runner = JobRunner(
-            env.spec(),
+            spec,
             clock=clock,
             on_started=self.stats.attach,
             process=self.settings.process_profile(),

@@ -81,7 +81,7 @@ async def kafka_daemon(kafka_broker, new_topic, tmp_path: Path) -> AsyncIterator
         .process(CountPageViews(), uid="pv-count")
     )
     counts.sink_to(KafkaSink(topic, kafka_broker.bootstrap_servers), uid="pv-sink")
-    daemon = JobDaemon(env, DaemonSettings(rest_enabled=False))
+    daemon = JobDaemon(env.spec(), DaemonSettings(rest_enabled=False))
     job = asyncio.create_task(daemon.run())
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(daemon, None)))
     await client.start_server()

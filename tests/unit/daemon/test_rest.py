@@ -51,7 +51,7 @@ class Running:
 
 
 async def start(tmp_path: Path, token: str | None) -> AsyncIterator[Running]:
-    daemon = JobDaemon(paced_pv_job(tmp_path), DaemonSettings(rest_enabled=False))
+    daemon = JobDaemon(paced_pv_job(tmp_path).spec(), DaemonSettings(rest_enabled=False))
     job = asyncio.create_task(daemon.run())
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(daemon, token)))
     await client.start_server()
