@@ -603,9 +603,18 @@ class DeadLetterWriter(StagedFileWriter):
         self.count += 1
 
     def add_failed_record(
-        self, record: Any, operator_uid: str, subtask: int, exc: BaseException
+        self,
+        record: Any,
+        operator_uid: str,
+        subtask: int,
+        exc: BaseException,
+        function: str | None = None,
     ) -> None:
-        """Record an event whose user function raised, with the operator and the traceback."""
+        """Record an event whose user function raised, with the operator and the traceback.
+
+        ``function`` names the user function when it is not the operator's
+        record function (a key selector, ``on_timer``, a window function).
+        """
         try:
             raw = orjson.dumps(record, default=repr).decode()
         except TypeError:
@@ -615,7 +624,11 @@ class DeadLetterWriter(StagedFileWriter):
             [
                 {
                     "reason": f"process error: {type(exc).__name__}: {exc}",
-                    "origin": {"operator": operator_uid, "subtask": subtask},
+                    "origin": {
+                        "operator": operator_uid,
+                        "subtask": subtask,
+                        **({"function": function} if function else {}),
+                    },
                     "raw": raw,
                     "traceback": trace,
                 }

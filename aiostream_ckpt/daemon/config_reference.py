@@ -129,12 +129,16 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     ),
     "errors.on_process_error": (
         None,
-        "a record whose user function (`map`, `filter`, `flat_map`, `process`, `reduce`) raises: "
-        "`fail` the job (restarts, as any failure), or `dead_letter`: the record, the operator "
-        "uid and the traceback go to the task's dead-letter output (`<dir>/<uid of the task's "
-        "head>/`, exactly once, with the checkpoint that covers the record) and processing "
-        "goes on after it; what the function did before raising (state, emitted records) "
-        "stays; key selectors of `key_by` and timers are not covered",
+        "a record whose user function raises (`map`, `filter`, `flat_map`, `process`, `reduce`, "
+        "a `key_by` key selector, `on_timer`, a window's aggregate/reduce/window function, "
+        "either input of `connect`): `fail` the job (restarts, as any failure) with an error "
+        "naming the function, the operator and the record (for a timer its key and time, for "
+        "a window its key, bounds and contents), or `dead_letter`: that record, the operator "
+        "uid, the function and the traceback go to the task's dead-letter output (`<dir>/<uid "
+        "of the task's head>/`, exactly once, with the checkpoint that covers it) and "
+        "processing goes on after it; what the function did before raising (state, emitted "
+        "records) stays; a broadcast input's records are not covered (every instance would "
+        "dead-letter them)",
     ),
     "errors.max_process_errors_per_checkpoint": (
         None,

@@ -52,9 +52,12 @@ class CoProcessOperator(ProcessOperator):
         return self._run(batch, self.function.process_element1)  # type: ignore[attr-defined]
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
-        return self._run(batch, self.function.process_element2)  # type: ignore[attr-defined]
+        pe = self.function.process_element2  # type: ignore[attr-defined]
+        return self._run(batch, pe, self.process_batch2)
 
-    def _run(self, batch: list[Any], pe: Callable[..., Any]) -> list[Any]:
+    def _run(
+        self, batch: list[Any], pe: Callable[..., Any], resume: Callable[..., Any] | None = None
+    ) -> list[Any]:
         out: list[Any] = []
         col = self._out
         col.collect = out.append
@@ -64,7 +67,7 @@ class CoProcessOperator(ProcessOperator):
             for rec in it:
                 pe(rec, ctx, col)
         except Exception as exc:
-            raise RecordFailed(self, batch, it, out) from exc
+            raise RecordFailed(self, batch, it, out, resume) from exc
         finally:
             col.detach()
         return out
@@ -88,9 +91,15 @@ class KeyedCoProcessOperator(TimedKeyedProcessOperator):
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
         pe = self.function.process_element2  # type: ignore[attr-defined]
-        return self._run(batch, pe, self._key_selectors[1])
+        return self._run(batch, pe, self._key_selectors[1], self.process_batch2)
 
-    def _run(self, batch: list[Any], pe: Callable[..., Any], ks: Callable[[Any], Any]) -> list[Any]:
+    def _run(
+        self,
+        batch: list[Any],
+        pe: Callable[..., Any],
+        ks: Callable[[Any], Any],
+        resume: Callable[..., Any] | None = None,
+    ) -> list[Any]:
         out: list[Any] = []
         col = self._out
         col.collect = out.append
@@ -102,7 +111,7 @@ class KeyedCoProcessOperator(TimedKeyedProcessOperator):
                 kc.key = ctx.current_key = ks(rec)
                 pe(rec, ctx, col)
         except Exception as exc:
-            raise RecordFailed(self, batch, it, out) from exc
+            raise RecordFailed(self, batch, it, out, resume) from exc
         finally:
             col.detach()
         return out
@@ -126,6 +135,10 @@ class CoProcessTask(StreamTask):
         try:
             out = head.process_batch2(batch)  # type: ignore[attr-defined]
         except RecordFailed as failure:
-            # the dead-letter path re-runs process_batch (the first input's): fail instead
-            raise failure.__cause__ or failure from None
+            if failure.resume is None:  # no way to go on (a broadcast input): fail
+                raise failure.__cause__ or failure from None
+            # dead letters, the rest of the batch through process_batch2 (failure.resume),
+            # then the chain after the head: what the whole chain emits
+            await self._chain.emit_fired(self._chain.finish_failed(failure))
+            return
         await self._chain.push_tail(out)

@@ -32,7 +32,9 @@ class TaskEventTime:
 
     ``advance`` is the task's step for a new watermark (a task may defer it,
     as the async operator's does until the records before it are out), which
-    comes back to :meth:`advance`; ``emit`` sends what fired timers made.
+    comes back to :meth:`advance`; ``emit`` sends what fired timers made;
+    ``finish`` takes over timer output a later operator failed on (dead
+    letters or the job's error, ``OperatorChain.operator_failed``).
     """
 
     def __init__(
@@ -43,12 +45,14 @@ class TaskEventTime:
         advance: Callable[[int], Awaitable[None]],
         broadcast: Callable[[Any], Awaitable[None]],
         emit: Callable[[list[Any]], Awaitable[None]],
+        finish: Callable[[RecordFailed], list[Any]],
     ) -> None:
         self._spec = spec
         self._clock = clock
         self._task_advance = advance
         self._broadcast = broadcast
         self._emit = emit
+        self._finish = finish
         self._valve = WatermarkValve(spec.input_gate.num_channels) if spec.input_gate else None
         self._restored: dict[str, Any] | None = None
         #: the task's current watermark (milliseconds)
@@ -115,11 +119,7 @@ class TaskEventTime:
         await self._fire(lambda op: op.process_processing_time(now))
 
     async def _fire(self, fire: Callable[[StreamOperator], list[Any]]) -> None:
-        try:
-            out = fire_chain(self._spec.operators, fire)
-        except RecordFailed as failure:  # timers' output is not dead-lettered: fail
-            raise failure.__cause__ or failure from None
-        await self._emit(out)
+        await self._emit(fire_chain(self._spec.operators, fire, self._finish))
 
     # -- checkpoint and restore ---------------------------------------------------------
 

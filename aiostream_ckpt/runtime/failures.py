@@ -21,6 +21,7 @@ from aiostream_ckpt.user_errors import short_repr, user_frame, user_traceback
 #: an operator method -> what the user function was doing
 _PHASES = {
     "process_batch": "on a record",
+    "_run": "on a record",  # two-input operators' loop over either input
     "open": "in open()",
     "close": "in close()",
     "finish": "at the end of input",
@@ -65,7 +66,7 @@ def user_function_error(
         return None
     method = frames[i].f_code.co_name
     what = f"operator {op.uid!r} failed {_PHASES.get(method, 'in ' + method)}"
-    if method == "process_batch":
+    if _PHASES.get(method) == "on a record":
         record = frames[i].f_locals.get("rec")
         if record is None and i + 1 < len(frames):
             record = _first_argument(frames[i + 1])

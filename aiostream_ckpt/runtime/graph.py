@@ -314,9 +314,13 @@ def build_chain_specs(
                             local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
                         )
                     spec.operators.append(op)
-            if errors.on_process_error is ProcessErrorPolicy.DEAD_LETTER and spec.operators:
+            # user code per record: the operators, and the key selector of a keyed output
+            runs_user_code = bool(spec.operators) or any(
+                e.partitioning is Partitioning.HASH for e in chain.outputs
+            )
+            if errors.on_process_error is ProcessErrorPolicy.DEAD_LETTER and runs_user_code:
                 if spec.dead_letter is None and dead_letter_factory is not None:
-                    spec.dead_letter_uid = spec.operators[0].uid
+                    spec.dead_letter_uid = (spec.operators[0] if spec.operators else t).uid
                     spec.dead_letter = dead_letter_factory(spec.dead_letter_uid, sub)
                 spec.process_error_limit = errors.max_process_errors_per_checkpoint
             if chain.inputs:
@@ -385,7 +389,7 @@ def _make_gate(e: Edge, writers: list[ChannelSender], config: JobConfig) -> Outp
         return ForwardGate(writers)
     if how is Partitioning.HASH:
         assert e.key_selector is not None
-        return KeyGroupGate(writers, e.key_selector, config.max_parallelism)
+        return KeyGroupGate(writers, e.key_selector, config.max_parallelism, e.target.uid)
     if how is Partitioning.BROADCAST:
         return BroadcastGate(writers)
     return RebalanceGate(writers)

@@ -17,8 +17,9 @@ from aiostream_ckpt.errors import UserFunctionError
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
 from aiostream_ckpt.runtime.failures import user_function_error
 from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.partitioners import KeyGroupGate
 from aiostream_ckpt.runtime.process_errors import ProcessErrorHandler
-from aiostream_ckpt.runtime.side_outputs import SideOutputRouter
+from aiostream_ckpt.runtime.side_outputs import SideOutputGate, SideOutputRouter
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class OperatorChain:
             if spec.process_error_limit is not None and spec.dead_letter is not None
             else None
         )
+        self._bind_process_errors()
         self._keyed = [op for op in spec.operators if op.backend is not None]
         #: the task's per-batch call: the whole chain, then the side outputs if any
         self.push = self._push if self._side is None else self._push_with_side
@@ -63,11 +65,36 @@ class OperatorChain:
         assert self._side is not None
         await self._side.flush()
 
+    def _bind_process_errors(self) -> None:
+        """Give the places that run user code outside a batch loop the policy (None: fail).
+
+        Operators' timers and window firings, and the key selectors of keyed outputs.
+        """
+        handler = self.process_errors
+        for op in self._spec.operators:
+            op.process_errors = handler
+        for gate in self._spec.outputs:
+            inner = gate.inner if isinstance(gate, SideOutputGate) else gate
+            if isinstance(inner, KeyGroupGate):
+                inner.process_errors = handler
+
     def _record_failed(self, failure: RecordFailed) -> list[Any]:
         """Finish a batch a user function failed on (dead letters), or fail with its error."""
         if self.process_errors is None:
             raise failure.__cause__ or failure from None  # errors.on_process_error=fail
         return self.process_errors.finish(failure)
+
+    #: the chain's output for a batch its head failed on off the plain path (a second input)
+    finish_failed = _record_failed
+
+    def operator_failed(self, failure: RecordFailed) -> list[Any]:
+        """As ``finish_failed``, for ``failure.operator`` alone: the caller runs the rest.
+
+        For batches run operator by operator: timer output, end-of-input flushes.
+        """
+        if self.process_errors is None:
+            raise failure.__cause__ or failure from None
+        return self.process_errors.finish_operator(failure)
 
     async def push_tail(self, batch: list[Any]) -> None:
         """Run the chain after its head on ``batch`` (what the head made off the plain path).
@@ -89,7 +116,7 @@ class OperatorChain:
             await self._side.flush()
 
     async def emit_fired(self, out: list[Any]) -> None:
-        """Send what fired timers made (it went through the chain already)."""
+        """Send what fired timers or a finished failed batch made (through the chain already)."""
         self._end_batch()
         if out:
             await self.emit(out)
@@ -125,8 +152,8 @@ class OperatorChain:
             for later in ops[i + 1 :]:
                 try:
                     out = later.process_batch(out) if out else out
-                except RecordFailed as failure:  # end-of-input flushes are not dead-lettered
-                    raise failure.__cause__ or failure from None
+                except RecordFailed as failure:
+                    out = self.operator_failed(failure)
             batch.extend(out)
         if batch:
             await self.emit(batch)

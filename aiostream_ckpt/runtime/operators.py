@@ -23,6 +23,7 @@ from aiostream_ckpt.jobspec.functions import (
     ProcessFunction,
     RuntimeContext,
 )
+from aiostream_ckpt.runtime.record_errors import dead_letter_or_raise
 from aiostream_ckpt.runtime.return_watch import ReturnWatch
 from aiostream_ckpt.state.backend import KeyContext, KeyedStateBackend
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
@@ -39,17 +40,24 @@ class RecordFailed(AiostreamError):
     re-raises the original error (``errors.on_process_error=fail``) or
     dead-letters the record and goes on after it. Finding the index costs
     nothing per record: the loops run over an iterator, whose remaining
-    length tells where it stopped.
+    length tells where it stopped. ``resume`` runs the rest of the batch when
+    that is not ``operator.process_batch`` (a second input).
     """
 
     def __init__(
-        self, operator: StreamOperator, batch: list[Any], it: Any, out: list[Any] | None
+        self,
+        operator: StreamOperator,
+        batch: list[Any],
+        it: Any,
+        out: list[Any] | None,
+        resume: Callable[[list[Any]], list[Any]] | None = None,
     ) -> None:
         super().__init__(f"operator {operator.uid!r} failed on a record", retriable=True)
         self.operator = operator
         self.batch = batch
         self.index = len(batch) - it.__length_hint__() - 1
         self.out = out
+        self.resume = resume
 
     def __str__(self) -> str:
         cause = self.__cause__
@@ -63,6 +71,9 @@ class StreamOperator(ABC):
     #: ``(tag, record)`` pairs for side outputs; the job graph sets a list on
     #: operators whose side outputs someone reads, the task drains it.
     side_output: list[tuple[Any, Any]] | None = None
+    #: The task's ``ProcessErrorHandler`` under ``errors.on_process_error=dead_letter``;
+    #: ``None`` (fail) otherwise. Used by :meth:`user_function_failed`.
+    process_errors: Any = None
 
     def __init__(self, uid: str) -> None:
         self.uid = uid
@@ -70,6 +81,17 @@ class StreamOperator(ABC):
 
     def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
         """Prepare for the first batch (state is already restored)."""
+
+    def user_function_failed(self, function: str, what: str, record: Any, exc: Exception) -> None:
+        """User code outside the record loop raised on ``record`` (a timer, a window firing).
+
+        Under ``errors.on_process_error=dead_letter`` the record goes to the
+        dead-letter output (naming ``function``) and this returns: the caller
+        goes on with the next timer or window. Otherwise raises the job's
+        error, naming the function, this operator and the record (``what``
+        says what kind of record it is).
+        """
+        dead_letter_or_raise(self.process_errors, function, self.uid, what, record, exc)
 
     @abstractmethod
     def process_batch(self, batch: list[Any]) -> list[Any]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiostream_ckpt.runtime.channels import ChannelSender
+from aiostream_ckpt.runtime.record_errors import dead_letter_or_raise
 from aiostream_ckpt.state.keygroups import (
     key_group_for,
     operator_index_for_key_group,
@@ -79,20 +80,29 @@ class KeyGroupGate(OutputGate):
 
     The route of a key is cached: serializing and hashing it once per key, not
     once per record, keeps this off the hot path.
+
+    The key selector is user code run per record here, in the upstream task:
+    a record it fails on is dead-lettered by that task's ``process_errors``
+    (``errors.on_process_error=dead_letter``, set by the task) in the name of
+    ``target_uid``, the keyed operator, and the batch goes on; else the job
+    fails naming the selector, the operator and the record.
     """
 
-    __slots__ = ("_key_selector", "_max_parallelism", "_routes")
+    __slots__ = ("_key_selector", "_max_parallelism", "_routes", "process_errors", "target_uid")
 
     def __init__(
         self,
         writers: Sequence[ChannelSender],
         key_selector: Callable[[Any], Any],
         max_parallelism: int,
+        target_uid: str = "",
     ) -> None:
         super().__init__(writers)
         self._key_selector = key_selector
         self._max_parallelism = max_parallelism
         self._routes: dict[Any, int] = {}
+        self.target_uid = target_uid
+        self.process_errors: Any = None
 
     def route(self, key: Any) -> int:
         kg = key_group_for(serialize_key(key), self._max_parallelism)
@@ -111,12 +121,23 @@ class KeyGroupGate(OutputGate):
         routes = self._routes
         ks = self._key_selector
         route = self.route
-        for rec in batch:
-            k = ks(rec)
-            idx = routes.get(k)
-            if idx is None:
-                idx = route(k)
-            parts[idx].append(rec)
+        it = iter(batch)
+        while True:
+            try:
+                for rec in it:
+                    k = ks(rec)
+                    idx = routes.get(k)
+                    if idx is None:
+                        idx = route(k)
+                    parts[idx].append(rec)
+                break
+            except Exception as exc:
+                self._key_failed(rec, exc)  # dead-lettered: go on after it
         for w, part in zip(self.writers, parts, strict=True):
             if part:
                 await w.send(part)
+
+    def _key_failed(self, record: Any, exc: Exception) -> None:
+        ks = self._key_selector
+        function = f"key selector {getattr(ks, '__qualname__', None) or repr(ks)}"
+        dead_letter_or_raise(self.process_errors, function, self.target_uid, "record", record, exc)

@@ -17,18 +17,14 @@ Only a failed batch is finished here, from the failing record on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiostream_ckpt.errors import AiostreamError, RecordError
+from aiostream_ckpt.errors import RecordError
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
+from aiostream_ckpt.runtime.record_errors import is_record_error
 
 log = logging.getLogger(__name__)
-
-
-def is_record_error(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is the user function's: our own errors and out-of-memory are never."""
-    return isinstance(exc, Exception) and not isinstance(exc, AiostreamError | MemoryError)
 
 
 class ProcessErrorHandler:
@@ -69,35 +65,52 @@ class ProcessErrorHandler:
             batch = self._run(op, batch, None)
         return batch
 
+    def finish_operator(self, failure: RecordFailed) -> list[Any]:
+        """Return what ``failure.operator`` alone emits for its batch, the failing records left out.
+
+        For batches the task runs operator by operator (timer output, end-of-input flushes).
+        """
+        return self._run(failure.operator, failure.batch, failure)
+
     def _run(self, op: StreamOperator, batch: list[Any], failure: RecordFailed | None) -> list[Any]:
         out: list[Any] = []
+        process: Callable[[list[Any]], list[Any]] = op.process_batch
         while True:
             if failure is None:
                 try:
-                    out.extend(op.process_batch(batch))
+                    out.extend(process(batch))
                     return out
                 except RecordFailed as again:
                     failure = again
             cause = failure.__cause__
             if cause is None or not is_record_error(cause):
                 raise cause or failure
+            process = failure.resume or process
             k = failure.index
             if failure.out is not None:
                 out.extend(failure.out)
             elif k:
-                out.extend(op.process_batch(batch[:k]))  # stateless: computed again
+                out.extend(process(batch[:k]))  # stateless: computed again
             self._dead_letter_one(op.uid, batch[k], cause)
             batch, failure = batch[k + 1 :], None
             if not batch:
                 return out
 
-    def dead_letter(self, uid: str, record: Any, exc: BaseException) -> None:
-        """Dead-letter ``record`` whose function failed outside a batch (an async call)."""
+    def dead_letter(
+        self, uid: str, record: Any, exc: BaseException, function: str | None = None
+    ) -> None:
+        """Dead-letter ``record`` whose function failed outside a batch.
+
+        An async call, a key selector in the shuffle, a timer or a window
+        firing: ``function`` names it when it is not the operator's own.
+        """
         if not is_record_error(exc):
             raise exc
-        self._dead_letter_one(uid, record, exc)
+        self._dead_letter_one(uid, record, exc, function)
 
-    def _dead_letter_one(self, uid: str, record: Any, exc: BaseException) -> None:
+    def _dead_letter_one(
+        self, uid: str, record: Any, exc: BaseException, function: str | None = None
+    ) -> None:
         self._since_barrier += 1
         self.total += 1
         if self._since_barrier > self._limit:
@@ -106,5 +119,5 @@ class ProcessErrorHandler:
                 f"{uid!r} since the last checkpoint (errors.max_process_errors_per_checkpoint); "
                 f"the last: {type(exc).__name__}: {exc}"
             ) from exc
-        self._dead_letter.add_failed_record(record, uid, self._subtask, exc)
+        self._dead_letter.add_failed_record(record, uid, self._subtask, exc, function)
         log.debug("task %s: record dead-lettered after %r in %s", self._task_id, exc, uid)

@@ -29,6 +29,11 @@ class SideOutputGate(OutputGate):
         self.tag = tag
         self._inner = inner
 
+    @property
+    def inner(self) -> OutputGate:
+        """The gate the side output's records go through (hash, forward...)."""
+        return self._inner
+
     async def emit(self, batch: list[Any]) -> None:
         return None
 

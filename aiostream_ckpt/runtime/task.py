@@ -83,6 +83,7 @@ class StreamTask:
             advance=self._advance_watermark,
             broadcast=chain.broadcast,
             emit=chain.emit_fired,
+            finish=chain.operator_failed,
         )
         self._time.bind_timers(self._bg.spawn, self._wake_for_timers)
         self._checkpoints = SubtaskCheckpointCoordinator(

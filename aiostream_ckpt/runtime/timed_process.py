@@ -78,12 +78,24 @@ class TimedKeyedProcessOperator(KeyedProcessOperator):
     def _on_event_timer(self, timestamp: int, key: Any) -> None:
         ctx = self._event_ctx
         ctx.current_key = key
-        self._function.on_timer(timestamp, ctx, self._out)
+        try:
+            self._function.on_timer(timestamp, ctx, self._out)
+        except Exception as exc:
+            self._timer_failed(TimeDomain.EVENT_TIME, timestamp, key, exc)
 
     def _on_processing_timer(self, timestamp: int, key: Any) -> None:
         ctx = self._proc_ctx
         ctx.current_key = key
-        self._function.on_timer(timestamp, ctx, self._out)
+        try:
+            self._function.on_timer(timestamp, ctx, self._out)
+        except Exception as exc:
+            self._timer_failed(TimeDomain.PROCESSING_TIME, timestamp, key, exc)
+
+    def _timer_failed(self, domain: TimeDomain, timestamp: int, key: Any, exc: Exception) -> None:
+        """Dead-letter the timer (it is already removed: the others fire) or fail naming it."""
+        timer = {"key": key, "timestamp": timestamp, "domain": domain.value}
+        name = f"{type(self._function).__name__}.on_timer"
+        self.user_function_failed(name, "timer", timer, exc)
 
     @property
     def timer_service(self) -> InternalTimerService | None:

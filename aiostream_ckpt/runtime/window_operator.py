@@ -34,7 +34,7 @@ from aiostream_ckpt.jobspec.window_functions import (
     WindowContext,
 )
 from aiostream_ckpt.jobspec.windows import TimeWindow
-from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
 
@@ -87,18 +87,28 @@ class WindowOperator(StreamOperator):
     # -- records ------------------------------------------------------------------------
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
+        """Add each record to its windows.
+
+        The key selector, timestamp assigner and aggregate/reduce function run
+        here (a failure is ``RecordFailed``, as in every record loop), and a
+        late firing's window function, which handles its own: :meth:`_fire`.
+        """
         out: list[Any] = []
         self._out.collect = out.append
+        if not self.spec.assigner.merging:
+            return self._add_batch(batch, out)
         kc = self._kc
         ks = self._key_selector
         tsf = self._ts
-        if self.spec.assigner.merging:
-            for rec in batch:
+        it = iter(batch)
+        try:
+            for rec in it:
                 kc.key = ks(rec)
                 if not self._add_to_session(rec, tsf(rec)):
                     self._late(rec)
-            return out
-        return self._add_batch(batch, out)
+        except Exception as exc:
+            raise RecordFailed(self, batch, it, out) from exc
+        return out
 
     def _add_batch(self, batch: list[Any], out: list[Any]) -> list[Any]:
         """Fold a batch into fixed windows: one state read and write per (key, window).
@@ -118,8 +128,9 @@ class WindowOperator(StreamOperator):
         fold, fold_owned = self._fold, self._fold_owned
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
         folded: dict[tuple[Any, tuple[int, int]], Any] = {}
+        it = iter(batch)
         try:
-            for rec in batch:
+            for rec in it:
                 key = ks(rec)
                 skipped = True
                 for window in bounds(tsf(rec)):
@@ -144,6 +155,8 @@ class WindowOperator(StreamOperator):
                         folded[kw] = fold_owned(acc, rec)
                 if skipped:
                     self._late(rec)
+        except Exception as exc:  # what the records before it folded is written back below
+            raise RecordFailed(self, batch, it, out) from exc
         finally:
             for (key, window), acc in folded.items():
                 kc.key = key
@@ -286,21 +299,26 @@ class WindowOperator(StreamOperator):
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec
         kind = spec.kind
-        if kind is WindowKind.AGGREGATE:
-            result = spec.function.get_result(value)
-        elif kind is WindowKind.REDUCE:
-            result = value
-        else:
-            spec.function.process(
-                self._kc.key, WindowContext(window, self.watermark), value, self._out
-            )
-            return
-        if spec.window_function is None:
-            self._out.collect(result)
-        else:
-            spec.window_function.process(
-                self._kc.key, WindowContext(window, self.watermark), [result], self._out
-            )
+        fn = spec.function
+        step = "get_result"
+        try:
+            if kind is WindowKind.AGGREGATE:
+                result = fn.get_result(value)
+            elif kind is WindowKind.REDUCE:
+                result = value
+            else:
+                step = "process"
+                fn.process(self._kc.key, WindowContext(window, self.watermark), value, self._out)
+                return
+            if spec.window_function is None:
+                self._out.collect(result)
+            else:
+                fn, step = spec.window_function, "process"
+                fn.process(self._kc.key, WindowContext(window, self.watermark), [result], self._out)
+        except Exception as exc:
+            # dead-lettered (the contents stay until the window's cleanup), or the job fails
+            fired = {"key": self._kc.key, "window": [window.start, window.end], "contents": value}
+            self.user_function_failed(f"{type(fn).__name__}.{step}", "window", fired, exc)
 
     @property
     def timer_service(self) -> InternalTimerService | None:

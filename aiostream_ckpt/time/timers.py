@@ -23,6 +23,7 @@ from typing import Any
 
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
+from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
@@ -40,16 +41,24 @@ def now_millis(clock: Clock) -> int:
     return round(clock.time() * 1000)
 
 
-def fire_chain(operators: Sequence[Any], fire: Callable[[Any], list[Any]]) -> list[Any]:
+def fire_chain(
+    operators: Sequence[Any],
+    fire: Callable[[Any], list[Any]],
+    finish: Callable[[RecordFailed], list[Any]],
+) -> list[Any]:
     """Fire timers along a chain; what an operator emits goes through the ones after it.
 
     Records an earlier operator emits reach a later one before that one fires,
-    so they are not late there.
+    so they are not late there. ``finish`` takes over a batch an operator
+    failed on (dead letters, or the job's error: the task's policy).
     """
     out: list[Any] = []
     for op in operators:
         if out:
-            out = op.process_batch(out)
+            try:
+                out = op.process_batch(out)
+            except RecordFailed as failure:
+                out = finish(failure)
         fired = fire(op)
         if fired:
             out = out + fired if out else fired
