@@ -12,7 +12,7 @@ back on restore (``time.checkpointed``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
@@ -22,9 +22,33 @@ from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.elements import ACTIVE, IDLE, Watermark
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.time.checkpointed import restored_time, restored_watermark
-from aiostream_ckpt.time.timers import ProcessingTimeScheduler, fire_chain, now_millis
+from aiostream_ckpt.time.timers import ProcessingTimeScheduler, now_millis
 from aiostream_ckpt.time.valve import WatermarkValve
 from aiostream_ckpt.time.watermarks import WatermarkUpdate
+
+
+def fire_chain(
+    operators: Sequence[Any],
+    fire: Callable[[Any], list[Any]],
+    finish: Callable[[RecordFailed], list[Any]],
+) -> list[Any]:
+    """Fire timers along a chain; what an operator emits goes through the ones after it.
+
+    Records an earlier operator emits reach a later one before that one fires,
+    so they are not late there. ``finish`` takes over a batch an operator
+    failed on (dead letters, or the job's error: the task's policy).
+    """
+    out: list[Any] = []
+    for op in operators:
+        if out:
+            try:
+                out = op.process_batch(out)
+            except RecordFailed as failure:
+                out = finish(failure)
+        fired = fire(op)
+        if fired:
+            out = out + fired if out else fired
+    return out
 
 
 class TaskEventTime:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
-from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
@@ -39,30 +38,6 @@ PROCESSING_TIMERS = "_timers.proc"
 
 def now_millis(clock: Clock) -> int:
     return round(clock.time() * 1000)
-
-
-def fire_chain(
-    operators: Sequence[Any],
-    fire: Callable[[Any], list[Any]],
-    finish: Callable[[RecordFailed], list[Any]],
-) -> list[Any]:
-    """Fire timers along a chain; what an operator emits goes through the ones after it.
-
-    Records an earlier operator emits reach a later one before that one fires,
-    so they are not late there. ``finish`` takes over a batch an operator
-    failed on (dead letters, or the job's error: the task's policy).
-    """
-    out: list[Any] = []
-    for op in operators:
-        if out:
-            try:
-                out = op.process_batch(out)
-            except RecordFailed as failure:
-                out = finish(failure)
-        fired = fire(op)
-        if fired:
-            out = out + fired if out else fired
-    return out
 
 
 class ProcessingTimeScheduler:
