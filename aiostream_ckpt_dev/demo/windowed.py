@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from aiostream_ckpt.daemon.app_loader import import_app
 from aiostream_ckpt_dev.chaos.cli import ChaosVerdict, run_chaos
 from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
 
@@ -32,7 +33,8 @@ def prove_windowed(
     of one partition (which events are late depends on the order they are
     read in), sessions and late events to topics of their own.
     """
-    from apps import transitions_per_hour as events_of
+    # the repo's apps/ is not installed: load it as `run` loads apps (the working directory)
+    events_of = import_app("apps.transitions_per_hour")
 
     work.mkdir(parents=True, exist_ok=True)
     events = events_of.generate_events(
