@@ -35,7 +35,7 @@ from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.daemon.config import ENV_PREFIX
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
-from aiostream_ckpt_dev.demo.windowed import prove_windowed
+from aiostream_ckpt_dev.demo.windowed import prove_windowed, verified_line
 from aiostream_ckpt_dev.recount import check_pv_count
 
 MALFORMED_LINES = 3
@@ -187,13 +187,5 @@ def demo_main(argv: list[str]) -> int:
     if not verdict.passed or not windowed:
         print("exactly-once FAILED: " + (verdict.summary if not verdict.passed else "windowed app"))
         return 1
-    print(
-        f"exactly-once verified: {verdict.events} events, {verdict.keys} keys, "
-        f"{result.kills} restarts"
-        + (
-            f"; windowed app proven under {args.windowed_kills} kills"
-            if args.windowed_kills
-            else ""
-        )
-    )
+    print(verified_line(verdict.events, verdict.keys, result.kills, args.windowed_kills))
     return 0

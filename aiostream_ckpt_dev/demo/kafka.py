@@ -36,7 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
 from aiostream_ckpt_dev.demo.files import run_demo_worker
-from aiostream_ckpt_dev.demo.windowed import prove_windowed
+from aiostream_ckpt_dev.demo.windowed import prove_windowed, verified_line
 from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 
 _LOAD_BLOCK = 4 << 20
@@ -310,13 +310,5 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
     if not passed or result.kills < args.kills:
         print(f"exactly-once FAILED ({result.kills} of {args.kills} kills happened)")
         return 1
-    print(
-        f"exactly-once verified: {verdict.events} events, {verdict.keys} keys, "
-        f"{result.kills} restarts"
-        + (
-            f"; windowed app proven under {args.windowed_kills} kills"
-            if args.windowed_kills
-            else ""
-        )
-    )
+    print(verified_line(verdict.events, verdict.keys, result.kills, args.windowed_kills))
     return 0

@@ -87,3 +87,9 @@ def _kafka_io(bootstrap: str, inp: Path, seed: int) -> list[str]:
         f"app.late_topic={names['late']}",
         "app.stop_at_end=1",
     ]
+
+
+def verified_line(events: int, keys: int, restarts: int, windowed_kills: int) -> str:
+    """Return the demos' last line on success (tests and the README look for it)."""
+    windowed = f"; windowed app proven under {windowed_kills} kills" if windowed_kills else ""
+    return f"exactly-once verified: {events} events, {keys} keys, {restarts} restarts{windowed}"
