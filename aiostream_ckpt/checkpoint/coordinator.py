@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
@@ -30,24 +30,13 @@ from aiostream_ckpt.checkpoint.metadata import (
     TaskAck,
     encode_metadata,
 )
+from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, storage_error, write_atomically
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)
-
-
-class TriggerTarget(Protocol):
-    """A source task: injects barrier n into its outputs when asked."""
-
-    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None: ...
-
-
-class CheckpointListener(Protocol):
-    def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
-
-    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
 
 
 async def _to_the_end(work: asyncio.Future[None]) -> None:
