@@ -102,6 +102,18 @@ class WorkerError(AiostreamError):
     """A worker process could not build the job, or built a different one (no retry helps)."""
 
 
+class PartitioningError(AiostreamError):
+    """Input declared partitioned by key is not, or cannot be read so at this parallelism.
+
+    Raised before a misrouted record touches keyed state (state is stored by
+    key group, so a record at an instance that does not own its key group
+    would be counted apart from its key's other records and lost to it after
+    a rescale). No retry helps: the input or the declaration must change.
+    """
+
+    retriable = False
+
+
 class RecordError(AiostreamError):
     """One input record could not be processed (malformed, undeserializable)."""
 

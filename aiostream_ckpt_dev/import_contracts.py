@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("barrier",),  # alignment: a pure decision per barrier
     ("checkpoint",),  # coordinator, barrier types, storage, metadata
     ("state", "connectors"),
-    ("aio", "clock", "durable", "durations", "failpoints", "user_errors"),
+    ("aio", "clock", "durable", "durations", "failpoints", "keygroups", "user_errors"),
     ("errors",),
 )
 

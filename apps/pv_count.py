@@ -10,6 +10,10 @@ Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
 - ``input``: JSON-lines file(s), comma-separated; or ``generate=N`` for N
   generated events (``seed``, ``keys``; ``splits`` to read them in parallel,
   ``rate`` events per second per split to pace them, e.g. in the container).
+- ``key_grouped=1``: ``input`` is partitioned by key group (files named
+  ``kg-<start>-<end>-of-<max>...``, as ``write_key_grouped`` writes them):
+  the count reads it with ``reinterpret_as_keyed``, chained to the source,
+  without a shuffle.
 - ``output``: directory of the exactly-once file sink; ``roll_size`` (bytes)
   and/or ``roll_interval`` (``"1h"``) let a part file span checkpoints
   (default: one part file per checkpoint and subtask).
@@ -141,7 +145,9 @@ def event_source(p: dict[str, Any]) -> Any:
         )
     if "input" in p:
         return JsonLinesFileSource(
-            [s for s in str(p["input"]).split(",") if s], required={"app_id": str}
+            [s for s in str(p["input"]).split(",") if s],
+            required={"app_id": str},
+            key_grouped=_flag(p.get("key_grouped", "0")),
         )
     raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
 
@@ -155,7 +161,12 @@ def build(env: StreamEnvironment) -> None:
         raise ValueError("set app.output (the output directory)")
     source = event_source(p)
     events = env.from_source(source, uid="events")
-    counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count", name="pv-count")
+    keyed = (
+        events.reinterpret_as_keyed(app_id)
+        if _flag(p.get("key_grouped", "0"))
+        else events.key_by(app_id)
+    )
+    counts = keyed.process(CountPageViews(), uid="pv-count", name="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"]), rolling=rolling(p)), uid="pv-sink")
 
 

@@ -202,6 +202,8 @@ class Stream(Generic[T]):
         :mod:`~aiostream_ckpt.jobspec.broadcast`).
         """
         if isinstance(other, BroadcastStream):
+            if isinstance(self, KeyedStream):
+                self._refuse_reinterpreted("connect(broadcast stream)")
             return BroadcastConnectedStream(self, other, self._connect_key())
         return ConnectedStreams(self, other)
 
@@ -211,6 +213,37 @@ class Stream(Generic[T]):
     def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
         """Partition by key: records with equal keys go to the same instance and state."""
         return KeyedStream(self._env, self._node, key_selector)
+
+    def reinterpret_as_keyed(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
+        """Declare this stream already partitioned by ``key_selector``: keyed, without a shuffle.
+
+        Flink's ``DataStreamUtils.reinterpretAsKeyedStream``. The next
+        operator is keyed (state, timers, windows) but connected forward,
+        chained to this stream's task where chaining allows, at the same
+        parallelism: no record crosses a partitioner, a channel or (with
+        worker processes) a process. Use it on input whose splits line up
+        with key groups (``JsonLinesFileSource(..., key_grouped=True)``,
+        ``KafkaSource(..., key_grouped=True)``), or after a keyed operator
+        with the same key and parallelism.
+
+        Why it stays exactly-once: keyed state is stored by key group, so a
+        record must reach the instance that owns its key's group. Each
+        instance checks every record's key against its key groups on
+        arrival (once per distinct key; the result is cached) and fails the
+        job with a :class:`~aiostream_ckpt.errors.PartitioningError` naming
+        the key, its key group, the owning instance and the split, before
+        the record touches state. Flink leaves a wrong declaration undefined.
+
+        >>> from aiostream_ckpt.api.environment import StreamEnvironment
+        >>> env = StreamEnvironment("doc")
+        >>> s = env.from_collection([("a", 1), ("b", 5), ("a", 2)])
+        >>> r = s.reinterpret_as_keyed(lambda t: t[0]).reduce(
+        ...     lambda x, y: (x[0], x[1] + y[1]), uid="sum", value_type=tuple[str, int]
+        ... )
+        >>> env.execute_and_collect(r)
+        [('a', 1), ('b', 5), ('a', 3)]
+        """
+        return KeyedStream(self._env, self._node, key_selector, Partitioning.FORWARD_KEYED)
 
     def rebalance(self) -> Stream[T]:
         """Spread batches round-robin over the next operator's instances."""
@@ -293,15 +326,29 @@ class KeyedStream(Stream[T], Generic[T, K]):
     """A stream partitioned by key; the next operator may use keyed state."""
 
     def __init__(
-        self, env: StreamEnvironment, node: Transformation, key_selector: Callable[[T], K]
+        self,
+        env: StreamEnvironment,
+        node: Transformation,
+        key_selector: Callable[[T], K],
+        partitioning: Partitioning = Partitioning.HASH,
     ) -> None:
         super().__init__(env, node)
         self._key_selector = key_selector
+        #: HASH after ``key_by``; FORWARD_KEYED after ``reinterpret_as_keyed``.
+        self._partitioning = partitioning
 
     def _add(self, kind: TransformKind, name: str, **kw: Any) -> Transformation:
-        kw["partitioning"] = Partitioning.HASH
+        kw["partitioning"] = self._partitioning
         kw["key_selector"] = self._key_selector
         return super()._add(kind, name, **kw)
+
+    def _refuse_reinterpreted(self, what: str) -> None:
+        """Two-input operators shuffle each input by its own key: not without a shuffle yet."""
+        if self._partitioning is Partitioning.FORWARD_KEYED:
+            raise JobGraphError(
+                f"{what} on a stream from reinterpret_as_keyed is not supported: its "
+                "inputs are shuffled by key; use key_by(...) on both inputs"
+            )
 
     @property
     def key_selector(self) -> Callable[[T], K]:
@@ -315,11 +362,13 @@ class KeyedStream(Stream[T], Generic[T, K]):
 
         See :mod:`aiostream_ckpt.jobspec.interval_join`.
         """
+        self._refuse_reinterpreted("interval_join")
         if not isinstance(other, KeyedStream):
             raise JobGraphError(
                 "interval_join needs the other stream keyed too: "
                 "left.key_by(f).interval_join(right.key_by(g))"
             )
+        other._refuse_reinterpreted("interval_join")
         return IntervalJoin(self, other)
 
     def process(  # type: ignore[override]

@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import RecordError
+from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM
 
 #: Called by readers for records they cannot turn into events; the runtime
 #: routes them to the dead-letter output (or fails the job when fail-fast).
@@ -91,6 +92,9 @@ class ConnectorContext:
     clock: Clock = field(default_factory=SystemClock)
     #: The job's ``checkpoint.max_concurrent``: sinks size their transaction pools by it.
     max_concurrent_checkpoints: int = 1
+    #: The job's ``job.max_parallelism`` (key groups): sources whose splits are
+    #: partitioned by key group hand them out by it (:mod:`.key_grouped`).
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
     dead_letter: DeadLetterFn = _raise_dead_letter
     restore: RestoreInfo | None = None
 

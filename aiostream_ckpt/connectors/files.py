@@ -17,6 +17,7 @@ from typing import IO, Any
 import orjson
 
 from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, file_key_groups
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.connectors.staging import (
     DeadLetterWriter,
@@ -27,6 +28,7 @@ from aiostream_ckpt.connectors.staging import (
     read_committed_output,
 )
 from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
 
 __all__ = [
     "DeadLetterWriter",
@@ -77,6 +79,14 @@ class JsonLinesFileSource:
     names to types every event must have (``{"app_id": str}``): an event that is
     not an object with those fields is dead-lettered like an unparsable line,
     instead of failing the job later in a key selector.
+
+    ``key_grouped=True`` declares the files partitioned by key group, each
+    named for its range (``kg-<start>-<end>-of-<max>...``, as
+    :func:`~aiostream_ckpt.connectors.key_grouped.write_key_grouped` writes
+    them): each reader then takes the files of its subtask's key groups
+    instead of round-robin, so ``reinterpret_as_keyed`` reads them without a
+    shuffle (see :mod:`aiostream_ckpt.connectors.key_grouped`), and each
+    batch holds records of one file, so an error can name it.
     """
 
     bounded = True
@@ -90,6 +100,7 @@ class JsonLinesFileSource:
         with_position: bool = False,
         required: Mapping[str, type | tuple[type, ...]] | None = None,
         block_size: int = _BLOCK_SIZE,
+        key_grouped: bool = False,
     ) -> None:
         if with_position and not parse:
             raise ConfigError("with_position needs parse=True (positions go into the event)")
@@ -103,9 +114,24 @@ class JsonLinesFileSource:
         if self.required and not parse:
             raise ConfigError("required fields need parse=True")
         self.block_size = block_size
+        #: ``key_grouped``: each file's key groups, and the max parallelism they are of.
+        self.key_groups: dict[str, KeyGroupRange] | None = None
+        self.key_groups_of = 0
+        if key_grouped:
+            declared = {split: file_key_groups(split) for split in self.splits}
+            maxps = {maxp for _, maxp in declared.values()}
+            if len(maxps) > 1:
+                raise ConfigError(f"key-grouped files of different max parallelism {maxps}")
+            self.key_groups = {split: r for split, (r, _) in declared.items()}
+            self.key_groups_of = maxps.pop() if maxps else DEFAULT_MAX_PARALLELISM
 
     def create_reader(self, ctx: ConnectorContext) -> JsonLinesFileReader:
-        own = self.splits[ctx.subtask_index :: ctx.parallelism]
+        if self.key_groups is not None:
+            own = assign_key_grouped(
+                self.key_groups, self.key_groups_of, ctx, source=f"file source {self.name!r}"
+            )
+        else:
+            own = self.splits[ctx.subtask_index :: ctx.parallelism]
         return JsonLinesFileReader(self, own, ctx)
 
 
@@ -135,6 +161,8 @@ class JsonLinesFileReader:
         self._carry = b""
         self._block_start = 0
         self._block_end = 0
+        self._one_split = source.key_groups is not None
+        self._last: str | None = None
 
     async def start(self, restored: dict[str, Any] | None) -> None:
         if restored:
@@ -231,7 +259,11 @@ class JsonLinesFileReader:
         return self._current < len(self._splits)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        return self._read(max_records, one_split=False)
+        return self._read(max_records, one_split=self._one_split)
+
+    def last_split(self) -> str | None:
+        """Return the file the last batch came from (key-grouped: each batch is of one file)."""
+        return self._last
 
     async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
         """Event time: records of the current file only, so each file has its watermark."""
@@ -248,6 +280,7 @@ class JsonLinesFileReader:
     def _read(self, max_records: int, *, one_split: bool) -> list[Any] | None:
         if self._current >= len(self._splits):
             return None
+        self._last = self._splits[self._current]
         out: list[Any] = []
         while len(out) < max_records:
             if self._next >= len(self._lines) and not self._fill():

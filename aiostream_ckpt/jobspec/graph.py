@@ -52,6 +52,10 @@ class Partitioning(Enum):
     """How records travel from an operator's inputs to its instances."""
 
     FORWARD = "forward"
+    #: Forward, to a keyed operator: the input is already partitioned by key
+    #: group (``reinterpret_as_keyed``), so no shuffle; every record's key is
+    #: checked against the instance's key groups on arrival.
+    FORWARD_KEYED = "forward_keyed"
     HASH = "hash"
     REBALANCE = "rebalance"
     BROADCAST = "broadcast"

@@ -50,6 +50,7 @@ from aiostream_ckpt.runtime.co_process import (
     SecondInput,
     SecondInputWriter,
 )
+from aiostream_ckpt.runtime.key_group_check import KeyGroupCheck
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -104,6 +105,8 @@ class Chain:
 
 
 _WIRING = (TransformKind.UNION, TransformKind.SIDE_OUTPUT)
+#: Edges where instance i feeds instance i only (one channel, chainable).
+_ONE_TO_ONE = (Partitioning.FORWARD, Partitioning.FORWARD_KEYED)
 
 
 def _resolve_inputs(node: Transformation) -> list[tuple[Transformation, OutputTag[Any] | None]]:
@@ -151,6 +154,18 @@ def plan_chains(transformations: Sequence[Transformation], config: JobConfig) ->
                     how = Partitioning.BROADCAST  # every instance gets the whole stream
                 elif how is Partitioning.FORWARD and inp.parallelism != t.parallelism:
                     how = Partitioning.REBALANCE
+                elif how is Partitioning.FORWARD_KEYED and t.kind is TransformKind.ASYNC_MAP:
+                    raise JobGraphError(
+                        f"map_async {t.uid!r} after reinterpret_as_keyed is not supported "
+                        "(it heads its own task): use key_by(...).map_async(...)"
+                    )
+                elif how is Partitioning.FORWARD_KEYED and inp.parallelism != t.parallelism:
+                    raise JobGraphError(
+                        f"{t.kind.value} {t.uid!r} reads {inp.uid!r} through "
+                        f"reinterpret_as_keyed, so it needs that input's parallelism "
+                        f"({inp.parallelism}), not {t.parallelism}: each instance reads "
+                        "the key groups of the input instance beside it"
+                    )
                 edges.append(Edge(inp, t, how, ks, tag, side if two else 0))
     consumers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
     producers: dict[int, list[Edge]] = {t.id: [] for t in nodes}
@@ -167,7 +182,7 @@ def plan_chains(transformations: Sequence[Transformation], config: JobConfig) ->
             return False
         if e.source.parallelism != e.target.parallelism:
             return False
-        return e.partitioning is Partitioning.FORWARD or (
+        return e.partitioning in _ONE_TO_ONE or (
             e.partitioning is Partitioning.HASH and e.target.parallelism == 1
         )
 
@@ -249,7 +264,7 @@ def _barrier_handler(
 
 
 def _channels_per_edge(e: Edge, upstream_p: int) -> int:
-    return 1 if e.partitioning is Partitioning.FORWARD else upstream_p
+    return 1 if e.partitioning in _ONE_TO_ONE else upstream_p
 
 
 def build_chain_specs(
@@ -299,9 +314,13 @@ def build_chain_specs(
                             t.watermark_strategy, spec.reader, monotonic
                         )
                 elif t.kind is TransformKind.SINK:
+                    if t.partitioning is Partitioning.FORWARD_KEYED:
+                        spec.operators.append(_key_group_check(t, spec, config))
                     spec.sink_uid = t.uid
                     spec.writer = t.sink().create_writer(connector_context(t.uid, sub, p, None))
                 else:
+                    if t.partitioning is Partitioning.FORWARD_KEYED:
+                        spec.operators.append(_key_group_check(t, spec, config))
                     op = _make_operator(t)
                     if op.keyed:
                         op.backend = backend_factory(
@@ -343,7 +362,7 @@ def build_chain_specs(
                 src_ci = next(i for i, c in enumerate(chains) if e.source in c.nodes)
                 up_p = chains[src_ci].parallelism
                 for up in range(up_p):
-                    if e.partitioning is Partitioning.FORWARD:
+                    if e.partitioning in _ONE_TO_ONE:
                         if up != sub:
                             continue
                         idx = base
@@ -383,9 +402,32 @@ def _everywhere(subtask: int) -> bool:
     return True
 
 
+def _key_group_check(t: Transformation, spec: ChainSpec, config: JobConfig) -> KeyGroupCheck:
+    """Build the arrival check before ``t``, fed by a FORWARD_KEYED edge (reinterpret_as_keyed)."""
+    assert t.key_selector is not None
+    reader = spec.reader  # set when the source is in this chain: name its split
+    task = spec.task_id
+
+    def describe_input() -> str:
+        last = getattr(reader, "last_split", None)
+        split = last() if callable(last) else None
+        if split is not None:
+            return f"split {split} of task {task}"
+        return f"the input of task {task}"
+
+    return KeyGroupCheck(
+        t.uid,
+        t.key_selector,
+        subtask=spec.subtask,
+        parallelism=spec.parallelism,
+        max_parallelism=config.max_parallelism,
+        describe_input=describe_input,
+    )
+
+
 def _make_gate(e: Edge, writers: list[ChannelSender], config: JobConfig) -> OutputGate:
     how = e.partitioning
-    if how is Partitioning.FORWARD:
+    if how in _ONE_TO_ONE:
         return ForwardGate(writers)
     if how is Partitioning.HASH:
         assert e.key_selector is not None

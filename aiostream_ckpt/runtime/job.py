@@ -374,6 +374,7 @@ class JobRunner:
                 attempt=attempt,
                 clock=self.clock,
                 max_concurrent_checkpoints=self.config.checkpoint.max_concurrent,
+                max_parallelism=self.config.max_parallelism,
                 restore=restore,
             )
             if dead_letter is not None:

@@ -17,6 +17,7 @@ from aiostream_ckpt.errors import (
     ConfigError,
     ConnectorError,
     JobGraphError,
+    PartitioningError,
     RecordError,
     StateMigrationError,
 )
@@ -27,6 +28,7 @@ NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
     AppLoadError,
     JobGraphError,
     StateMigrationError,
+    PartitioningError,  # input declared partitioned by key is not: the same records again
     RecordError,  # fail-fast on a malformed record: a restart reads the same record again
 )
 

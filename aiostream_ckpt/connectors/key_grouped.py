@@ -1,0 +1,154 @@
+"""Splits partitioned by key group, so a keyed operator can read them without a shuffle.
+
+A source declared *key-grouped* promises that every record of a split has a
+key in that split's key-group range (Kafka Streams calls such inputs
+co-partitioned). Each reader then takes the splits whose whole range lies in
+its own subtask's range (:meth:`KeyGroupRange.owner`, Flink's formula): the
+same subtask whose keyed operator owns those keys' state, so
+``stream.reinterpret_as_keyed(key)`` can chain the operator to the source.
+
+Why this stays right across restores and rescaling: a reader restores its
+positions by split id from the union of the old readers' positions, and a
+keyed operator its state by key group; both follow the same function of
+(range, subtask, parallelism), so after any restore a split is read where
+its keys' state is. A parallelism at which some split's range straddles two
+subtasks cannot work without a shuffle and is refused before anything is
+read, with the parallelisms that would work. A split that breaks its promise
+is caught per record by the operator's arrival check
+(:mod:`aiostream_ckpt.runtime.key_group_check`), before it touches state.
+
+Files carry their range in their name, ``kg-<start>-<end>-of-<max>...``
+(``kg-00000-00063-of-128.jsonl``), so any tool can write them;
+:func:`write_key_grouped` does it here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.errors import ConfigError, PartitioningError
+from aiostream_ckpt.keygroups import (
+    DEFAULT_MAX_PARALLELISM,
+    KeyGroupRange,
+    key_group_of,
+    operator_index_for_key_group,
+)
+
+_FILE_NAME = re.compile(r"kg-(\d+)-(\d+)-of-(\d+)(?!\d)")
+
+
+def key_grouped_file_name(key_groups: KeyGroupRange, max_parallelism: int) -> str:
+    """Name of a JSON-lines file holding the keys of ``key_groups``.
+
+    >>> key_grouped_file_name(KeyGroupRange(0, 63), 128)
+    'kg-00000-00063-of-128.jsonl'
+    """
+    return f"kg-{key_groups.start:05d}-{key_groups.end:05d}-of-{max_parallelism}.jsonl"
+
+
+def file_key_groups(path: str) -> tuple[KeyGroupRange, int]:
+    """Key-group range and max parallelism a file's name declares.
+
+    >>> file_key_groups("/in/kg-00064-00127-of-128.jsonl")
+    (KeyGroupRange(start=64, end=127), 128)
+    """
+    m = _FILE_NAME.match(os.path.basename(path))
+    if m is None:
+        raise ConfigError(
+            f"file {path} is in a key-grouped input but its name does not say its key groups: "
+            "expected kg-<start>-<end>-of-<max parallelism>... (see write_key_grouped)"
+        )
+    start, end, maxp = (int(g) for g in m.groups())
+    if not 0 <= start <= end < maxp:
+        raise ConfigError(f"file {path}: key groups {start}-{end} are not within 0..{maxp - 1}")
+    return KeyGroupRange(start, end), maxp
+
+
+def assign_key_grouped(
+    ranges: Mapping[str, KeyGroupRange],
+    declared_max_parallelism: int,
+    ctx: ConnectorContext,
+    *,
+    source: str,
+) -> list[str]:
+    """Return the splits ``ctx``'s subtask reads: those whose range its key groups hold.
+
+    Raises :class:`PartitioningError` when the splits were written for
+    another ``job.max_parallelism`` or some split straddles two subtasks at
+    ``ctx.parallelism``; the message lists the parallelisms that would work.
+    """
+    maxp = ctx.max_parallelism
+    if declared_max_parallelism != maxp:
+        raise PartitioningError(
+            f"{source}: its splits are partitioned into {declared_max_parallelism} key groups, "
+            f"but the job runs with job.max_parallelism={maxp}: key groups would not match; "
+            f"run with job.max_parallelism={declared_max_parallelism} or repartition the input"
+        )
+    p = ctx.parallelism
+    owners = {split: r.owner(p, maxp) for split, r in ranges.items()}
+    straddling = [s for s, owner in owners.items() if owner is None]
+    if straddling:
+        split = straddling[0]
+        r = ranges[split]
+        first = operator_index_for_key_group(r.start, p, maxp)
+        last = operator_index_for_key_group(r.end, p, maxp)
+        fits = [
+            q
+            for q in range(1, maxp + 1)
+            if all(x.owner(q, maxp) is not None for x in ranges.values())
+        ]
+        raise PartitioningError(
+            f"{source}: split {split} holds key groups {r.start}-{r.end}, which subtasks "
+            f"{first}-{last} of parallelism {p} share ({len(straddling)} split(s) like it): "
+            "it cannot be read without a shuffle at this parallelism; run at parallelism "
+            f"{', '.join(map(str, fits[:8]))}{'...' if len(fits) > 8 else ''} or repartition "
+            "the input into finer splits"
+        )
+    return [split for split, owner in owners.items() if owner == ctx.subtask_index]
+
+
+def write_key_grouped(
+    records: Iterable[Any],
+    key_selector: Callable[[Any], Any],
+    directory: str | Path,
+    *,
+    parts: int,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+    serializer: Callable[[Any], bytes] = orjson.dumps,
+) -> list[Path]:
+    """Write ``records`` as JSON lines into ``parts`` files partitioned by key group.
+
+    File ``j`` holds the records whose key is in the key groups subtask ``j``
+    of ``parts`` owns (named by :func:`key_grouped_file_name`), each file in
+    input order. A job reads them without a shuffle at any parallelism whose
+    subtasks' ranges hold whole files (``parts`` itself and its divisors
+    when ``max_parallelism`` is a multiple of ``parts``). Files appear
+    complete (written beside, then renamed). Returns their paths.
+    """
+    if not 1 <= parts <= max_parallelism:
+        raise ConfigError(f"parts must be within 1..{max_parallelism}, got {parts}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    ranges = [KeyGroupRange.for_operator(j, parts, max_parallelism) for j in range(parts)]
+    paths = [out / key_grouped_file_name(r, max_parallelism) for r in ranges]
+    temps = [p.with_name(f".{p.name}.tmp") for p in paths]
+    files = [open(t, "wb") for t in temps]  # noqa: SIM115 - closed below
+    try:
+        for rec in records:
+            kg = key_group_of(key_selector(rec), max_parallelism)
+            files[operator_index_for_key_group(kg, parts, max_parallelism)].write(
+                serializer(rec) + b"\n"
+            )
+    finally:
+        for f in files:
+            f.close()
+    for tmp, path in zip(temps, paths, strict=True):
+        os.replace(tmp, path)
+    return paths
