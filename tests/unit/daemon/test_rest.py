@@ -28,17 +28,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MUTATING = ["/savepoints", "/job/stop-with-savepoint", "/job/cancel"]
 
 
-def paced_pv_job(tmp_path: Path) -> StreamEnvironment:
+def paced_pv_job(tmp_path: Path, *, reinterpret: bool = False) -> StreamEnvironment:
+    """pv_count on a paced generator; ``reinterpret``: at parallelism 1, without a shuffle."""
     config = JobConfig(
-        parallelism=2, checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0.05)
+        parallelism=1 if reinterpret else 2,
+        checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0.05),
     )
     env = StreamEnvironment("pv", config=config)
     source = GeneratorSource(None, keys=20, splits=2, rate=2000)
-    counts = (
-        env.from_source(source, uid="events")
-        .key_by(app_id)
-        .process(CountPageViews(), uid="pv-count")
-    )
+    events = env.from_source(source, uid="events")
+    # one subtask owns every key group: any input is partitioned for it
+    keyed = events.reinterpret_as_keyed(app_id) if reinterpret else events.key_by(app_id)
+    counts = keyed.process(CountPageViews(), uid="pv-count")
     counts.sink_to(ExactlyOnceFileSink(tmp_path / "out"), uid="pv-sink")
     return env
 
@@ -50,8 +51,11 @@ class Running:
         self.job = job
 
 
-async def start(tmp_path: Path, token: str | None) -> AsyncIterator[Running]:
-    daemon = JobDaemon(paced_pv_job(tmp_path).spec(), DaemonSettings(rest_enabled=False))
+async def start(
+    tmp_path: Path, token: str | None, *, reinterpret: bool = False
+) -> AsyncIterator[Running]:
+    spec = paced_pv_job(tmp_path, reinterpret=reinterpret).spec()
+    daemon = JobDaemon(spec, DaemonSettings(rest_enabled=False))
     job = asyncio.create_task(daemon.run())
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(daemon, token)))
     await client.start_server()
@@ -73,6 +77,12 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
 @pytest.fixture
 async def tokenless(tmp_path: Path) -> AsyncIterator[Running]:
     async for r in start(tmp_path, None):
+        yield r
+
+
+@pytest.fixture
+async def reinterpreted(tmp_path: Path) -> AsyncIterator[Running]:
+    async for r in start(tmp_path, TOKEN, reinterpret=True):
         yield r
 
 
@@ -134,6 +144,18 @@ async def test_read_calls_work_on_loopback_without_token(running: Running) -> No
         'aiostream_job_status{status="running"} 1.0',
     ):
         assert name in text, name
+
+
+async def test_job_plan_shows_a_reinterpreted_keyed_edge_forward_and_chained(
+    reinterpreted: Running,
+) -> None:
+    status, job = await get(reinterpreted, "/job")
+    assert status == 200
+    ops = {o["uid"]: o for o in job["graph"]["operators"]}
+    assert ops["pv-count"]["partitioning"] == "forward_keyed"
+    # one task: source, the key-group arrival check, the count and the sink
+    [task] = job["graph"]["tasks"]
+    assert task["operators"] == ["events", "pv-count.key-groups", "pv-count", "pv-sink"]
 
 
 @pytest.mark.parametrize("path", MUTATING)
