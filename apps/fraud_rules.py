@@ -138,7 +138,7 @@ class FraudCheck(KeyedBroadcastProcessFunction[Txn, dict[str, Any], dict[str, An
 
 
 def _read(paths: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for path in paths.split(","):
         with open(path, "rb") as f:
             out.extend(orjson.loads(line) for line in f if line.strip())

@@ -123,7 +123,7 @@ def build_kafka(env: StreamEnvironment) -> None:
     sink = KafkaSink(
         str(p["output_topic"]),
         bootstrap,
-        semantic=str(p.get("kafka_semantic", "exactly_once")),
+        semantic=p.get("kafka_semantic", "exactly_once"),  # the sink checks the value
         key_fn=_app_id_key,
         transactional_id_prefix=p.get("transactional_id_prefix"),
         connect_timeout_s=timeout,

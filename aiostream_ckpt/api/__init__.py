@@ -19,6 +19,7 @@ from aiostream_ckpt.jobspec.functions import (
     ProcessFunction,
     RuntimeContext,
 )
+from aiostream_ckpt.jobspec.state import ListState, MapState, ReducingState, ValueState
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -42,16 +43,20 @@ __all__ = [
     "KeyedCoProcessFunction",
     "KeyedProcessFunction",
     "KeyedStream",
+    "ListState",
     "ListStateDescriptor",
+    "MapState",
     "MapStateDescriptor",
     "OutputTag",
     "ProcessFunction",
+    "ReducingState",
     "ReducingStateDescriptor",
     "RuntimeContext",
     "StateTtlConfig",
     "Stream",
     "StreamEnvironment",
     "TtlUpdateType",
+    "ValueState",
     "ValueStateDescriptor",
     "WindowedStream",
 ]

@@ -5,6 +5,7 @@ A leaf for the API and the runtime: both import it, it imports neither
 graph (:mod:`.graph`: transformations, partitioning, :class:`~.graph.JobSpec`),
 the contracts of user functions (:mod:`.functions`, :mod:`.async_functions`,
 :mod:`.co_functions`, :mod:`.broadcast`, :mod:`.window_functions`,
-:mod:`.interval_join`), event-time declarations (:mod:`.watermarks`,
-:mod:`.windows`) and the job's settings (:mod:`.config`).
+:mod:`.interval_join`), the typed keyed-state protocols (:mod:`.state`),
+event-time declarations (:mod:`.watermarks`, :mod:`.windows`) and the job's
+settings (:mod:`.config`).
 """

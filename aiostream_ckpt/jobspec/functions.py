@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from aiostream_ckpt.errors import JobGraphError
+from aiostream_ckpt.jobspec.state import ListState, MapState, ReducingState, ValueState
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
@@ -36,6 +37,8 @@ class BroadcastStates(Protocol):
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 _TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 
 
@@ -93,8 +96,20 @@ class RuntimeContext:
         self.params = params
         self._backend = backend
 
+    @overload
+    def get_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]: ...
+    @overload
+    def get_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]: ...
+    @overload
+    def get_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]: ...
+    @overload
+    def get_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]: ...
     def get_state(self, descriptor: StateDescriptor) -> Any:
-        """Keyed state for ``descriptor``, scoped to the current key."""
+        """Keyed state for ``descriptor``, scoped to the current key.
+
+        Typed by the descriptor: ``ValueStateDescriptor("n", int, default=0)``
+        gives a ``ValueState[int]`` (:mod:`~aiostream_ckpt.jobspec.state`).
+        """
         if self._backend is None:
             # not restartable: every attempt would open the same way
             raise JobGraphError(
@@ -104,16 +119,16 @@ class RuntimeContext:
             )
         return self._backend.create_state(descriptor)
 
-    def get_value_state(self, descriptor: ValueStateDescriptor[Any]) -> Any:
+    def get_value_state(self, descriptor: ValueStateDescriptor[T]) -> ValueState[T]:
         return self.get_state(descriptor)
 
-    def get_list_state(self, descriptor: ListStateDescriptor[Any]) -> Any:
+    def get_list_state(self, descriptor: ListStateDescriptor[T]) -> ListState[T]:
         return self.get_state(descriptor)
 
-    def get_map_state(self, descriptor: MapStateDescriptor[Any, Any]) -> Any:
+    def get_map_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]:
         return self.get_state(descriptor)
 
-    def get_reducing_state(self, descriptor: ReducingStateDescriptor[Any]) -> Any:
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor[T]) -> ReducingState[T]:
         return self.get_state(descriptor)
 
 

@@ -22,7 +22,7 @@ from aiostream_ckpt.jobspec.co_functions import CoSpec
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.jobspec.functions import OutputTag, ProcessFunction
 from aiostream_ckpt.jobspec.watermarks import TimestampAssigner, WatermarkStrategy
-from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
+from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction, WindowFunction
 from aiostream_ckpt.jobspec.windows import WindowAssigner
 from aiostream_ckpt.state.descriptors import Serializer
 
@@ -74,7 +74,7 @@ class WindowSpec:
     assigner: WindowAssigner
     kind: WindowKind
     timestamp_assigner: TimestampAssigner
-    function: Any  # AggregateFunction, a reduce callable, or a ProcessWindowFunction
+    function: WindowFunction  # which of them: ``kind``
     window_function: ProcessWindowFunction[Any, Any, Any] | None = None
     allowed_lateness: int = 0
     late_tag: OutputTag[Any] | None = None

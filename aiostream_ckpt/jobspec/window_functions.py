@@ -9,8 +9,8 @@ being seen by a snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
 from aiostream_ckpt.jobspec.functions import Collector, RuntimeContext
 from aiostream_ckpt.jobspec.windows import TimeWindow
@@ -101,3 +101,12 @@ class ProcessWindowFunction(Generic[IN, OUT, KEY]):
 
     def close(self) -> None:
         """Release resources when the instance stops."""
+
+
+#: What a window runs per record, by ``WindowSpec.kind``: an aggregate, a
+#: reduce callable, or a process function that gets every element at the end.
+WindowFunction = (
+    AggregateFunction[Any, Any, Any]
+    | Callable[[Any, Any], Any]
+    | ProcessWindowFunction[Any, Any, Any]
+)

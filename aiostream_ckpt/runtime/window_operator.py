@@ -23,7 +23,7 @@ with the updated result.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiostream_ckpt.jobspec.functions import Collector, RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
@@ -51,6 +51,10 @@ class WindowOperator(StreamOperator):
         self._key_selector = key_selector
         self._ts = spec.timestamp_assigner
         self._lateness = spec.allowed_lateness
+        # The function as ``spec.kind`` reads it, bound once: the record path pays no narrowing.
+        self._aggregate = cast("AggregateFunction[Any, Any, Any]", spec.function)
+        self._reduce = cast("Callable[[Any, Any], Any]", spec.function)
+        self._process = cast("ProcessWindowFunction[Any, Any, Any]", spec.function)
         self._scheduler: ProcessingTimeScheduler | None = None
         self._timers: InternalTimerService | None = None
         self._contents: Any = None
@@ -174,10 +178,10 @@ class WindowOperator(StreamOperator):
         """Return a window's contents with ``record`` added (``_MISSING``: a new window)."""
         kind = self.spec.kind
         if kind is WindowKind.AGGREGATE:
-            fn: AggregateFunction[Any, Any, Any] = self.spec.function
+            fn = self._aggregate
             return fn.add(record, fn.create_accumulator() if current is _MISSING else current)
         if kind is WindowKind.REDUCE:
-            return record if current is _MISSING else self.spec.function(current, record)
+            return record if current is _MISSING else self._reduce(current, record)
         # A new list each time: the state may still hold the old one for a snapshot.
         return [record] if current is _MISSING else [*current, record]
 
@@ -260,9 +264,9 @@ class WindowOperator(StreamOperator):
         acc = values[0]
         for v in values[1:]:
             if kind is WindowKind.AGGREGATE:
-                acc = self.spec.function.merge(acc, v)
+                acc = self._aggregate.merge(acc, v)
             elif kind is WindowKind.REDUCE:
-                acc = self.spec.function(acc, v)
+                acc = self._reduce(acc, v)
             else:
                 acc = [*acc, *v]
         return acc
@@ -299,22 +303,26 @@ class WindowOperator(StreamOperator):
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec
         kind = spec.kind
-        fn = spec.function
+        fn: object = spec.function
         step = "get_result"
         try:
             if kind is WindowKind.AGGREGATE:
-                result = fn.get_result(value)
+                result = self._aggregate.get_result(value)
             elif kind is WindowKind.REDUCE:
                 result = value
             else:
                 step = "process"
-                fn.process(self._kc.key, WindowContext(window, self.watermark), value, self._out)
+                context = WindowContext(window, self.watermark)
+                self._process.process(self._kc.key, context, value, self._out)
                 return
-            if spec.window_function is None:
+            window_fn = spec.window_function
+            if window_fn is None:
                 self._out.collect(result)
             else:
-                fn, step = spec.window_function, "process"
-                fn.process(self._kc.key, WindowContext(window, self.watermark), [result], self._out)
+                fn, step = window_fn, "process"
+                window_fn.process(
+                    self._kc.key, WindowContext(window, self.watermark), [result], self._out
+                )
         except Exception as exc:
             # dead-lettered (the contents stay until the window's cleanup), or the job fails
             fired = {"key": self._kc.key, "window": [window.start, window.end], "contents": value}

@@ -21,13 +21,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from types import UnionType
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, overload
+
+from typing_extensions import TypeVar
 
 from aiostream_ckpt.durations import parse_duration
 
-T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
+# An untyped descriptor (``ListStateDescriptor("xs")``) is a state of ``Any``, not of nothing.
+T = TypeVar("T", default=Any)
+K = TypeVar("K", default=Any)
+V = TypeVar("V", default=Any)
+
+#: What a descriptor accepts as a declared type: a class, a generic alias such
+#: as ``tuple[int, float]``, or a union (``int | None``, which types nothing).
+TypeArg = type[T] | UnionType | None
 
 Serializer = Literal["json", "pickle"]
 
@@ -83,13 +91,50 @@ class StateDescriptor:
 
 @dataclass(frozen=True, slots=True)
 class ValueStateDescriptor(StateDescriptor, Generic[T]):
-    """One value per key of ``value_type``; ``default`` is returned for a key never written."""
+    """One value per key of ``value_type``; ``default`` is returned for a key never written.
+
+    For mypy the descriptor's type is the type ``value()`` returns: ``T`` with
+    a default, ``T | None`` without one (a key never written reads ``None``).
+    """
 
     value_type: Any = None
     _: KW_ONLY
     default: Any = None
 
     kind: ClassVar[str] = "value"
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __init__(
+            self: ValueStateDescriptor[T],
+            name: str,
+            value_type: type[T] | None = None,
+            *,
+            default: T,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: ValueStateDescriptor[T | None],
+            name: str,
+            value_type: type[T],
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: ValueStateDescriptor[Any],
+            name: str,
+            value_type: UnionType | None = None,
+            *,
+            default: Any = None,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        def __init__(self, name: str, *args: Any, **kw: Any) -> None: ...
 
     def value_types(self) -> tuple[Any, Any]:
         return self.value_type, None
@@ -99,7 +144,7 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
 class ListStateDescriptor(StateDescriptor, Generic[T]):
     """A list of values of ``element_type`` per key."""
 
-    element_type: Any = None
+    element_type: TypeArg[T] = None
 
     kind: ClassVar[str] = "list"
 
@@ -112,8 +157,8 @@ class ListStateDescriptor(StateDescriptor, Generic[T]):
 class MapStateDescriptor(StateDescriptor, Generic[K, V]):
     """A map per key, ``key_type -> value_type``; map keys are stored like stream keys."""
 
-    key_type: Any = None
-    value_type: Any = None
+    key_type: TypeArg[K] = None
+    value_type: TypeArg[V] = None
 
     kind: ClassVar[str] = "map"
 
@@ -128,9 +173,9 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
     """One value of ``value_type`` per key, folded with ``reduce_fn`` on every ``add``."""
 
-    value_type: Any = None
+    value_type: TypeArg[T] = None
     _: KW_ONLY
-    reduce_fn: Callable[[Any, Any], Any] = field(default=lambda a, b: b)
+    reduce_fn: Callable[[T, T], T] = field(default=lambda a, b: b)
 
     kind: ClassVar[str] = "reducing"
 

@@ -1,0 +1,69 @@
+"""Keyed state is typed by its descriptor: mypy checks this file (``files`` in pyproject).
+
+``assert_type`` fails mypy unless the getter's type is exactly the one named,
+so an untyped (``Any``) getter fails too; at run time the test runs the
+function and checks what each state kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, assert_type
+
+from aiostream_ckpt.api import ListState, MapState, ReducingState, ValueState
+from aiostream_ckpt.api.functions import Collector, Context, KeyedProcessFunction, RuntimeContext
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from aiostream_ckpt.testing import KeyedFunctionHarness
+
+COUNT = ValueStateDescriptor("count", int, default=0)
+LAST = ValueStateDescriptor("last", str)
+SEEN = ListStateDescriptor("seen", str)
+BY_NAME = MapStateDescriptor("by-name", str, tuple[int, float])
+LONGEST = ReducingStateDescriptor("longest", str, reduce_fn=lambda a, b: max(a, b, key=len))
+
+
+class Typed(KeyedProcessFunction[str, tuple[int, str | None, list[str], int, str | None]]):
+    def open(self, ctx: RuntimeContext) -> None:
+        self.count = assert_type(ctx.get_state(COUNT), ValueState[int])
+        self.last = assert_type(ctx.get_state(LAST), ValueState[str | None])  # no default
+        self.seen = assert_type(ctx.get_state(SEEN), ListState[str])
+        self.by_name = assert_type(ctx.get_state(BY_NAME), MapState[str, tuple[int, float]])
+        self.longest = assert_type(ctx.get_reducing_state(LONGEST), ReducingState[str])
+        untyped = ctx.get_state(ValueStateDescriptor("untyped"))
+        assert_type(untyped, ValueState[Any])
+
+    def process_element(
+        self,
+        value: str,
+        ctx: Context,
+        out: Collector[tuple[int, str | None, list[str], int, str | None]],
+    ) -> None:
+        before = self.last.value()
+        self.count.update(self.count.value() + 1)
+        self.last.update(value)
+        self.seen.add(value)
+        entry = self.by_name.get(value, (0, 0.0))
+        self.by_name.put(value, (entry[0] + 1, entry[1] + 0.5))
+        self.longest.add(value)
+        counted = assert_type(self.by_name.get(value), tuple[int, float] | None)
+        assert counted is not None
+        out.collect((self.count.value(), before, self.seen.get(), counted[0], self.longest.get()))
+
+
+def test_typed_states_keep_what_the_function_wrote() -> None:
+    h = KeyedFunctionHarness(Typed(), key_selector=lambda v: v[0])
+    try:
+        for word in ("ab", "abc", "ab"):
+            h.process_element(word)
+        assert h.output() == [
+            (1, None, ["ab"], 1, "ab"),
+            (2, "ab", ["ab", "abc"], 1, "abc"),
+            (3, "abc", ["ab", "abc", "ab"], 2, "abc"),
+        ]
+        assert h.state(BY_NAME, key="a").get("ab") == (2, 1.0)
+    finally:
+        h.close()
