@@ -192,13 +192,19 @@ _TOOLS_POM = """\
 
 
 def _console_consumer(bootstrap: str, topic: str, count: int) -> Iterator[tuple[int, int, str]]:
-    """``(partition, offset, value)`` of ``count`` records, read by kafka-console-consumer."""
+    """``(partition, offset, value)`` of ``count`` records, read by kafka-console-consumer.
+
+    It stops at ``count`` records or once a poll has waited ``--timeout-ms`` for
+    the next one. Every record is committed before it starts, so a short idle
+    wait only ends the run sooner (60 s took a minute of every suite run); a
+    reader that lost records would show fewer, never a false pass.
+    """
     cp = f"{_kafka_tools_jar()}:{ensure_kafka_jars()}/*"
     cmd = [
         "java", "-cp", cp, "org.apache.kafka.tools.consumer.ConsoleConsumer",
         "--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning",
         "--isolation-level", "read_committed", "--max-messages", str(count),
-        "--timeout-ms", "60000",
+        "--timeout-ms", "15000",
         "--property", "print.partition=true", "--property", "print.offset=true",
         "--property", "print.value=true",
     ]  # fmt: skip
