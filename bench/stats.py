@@ -142,6 +142,32 @@ def steady_window(
     return SteadyWindow((v1 - v0) / (t1 - t0), t0, t1, tuple(rates))
 
 
+def step_rate(
+    samples: Sequence[tuple[float, float]], total: float, *, lo: float = 0.1, hi: float = 0.9
+) -> float | None:
+    """Rate between the first and the last *rise* of a staircase inside ``lo..hi`` of ``total``.
+
+    Committed output grows in steps, one per checkpoint. :func:`steady_window`
+    on such samples ends on the plateau before the step past ``hi``, so it
+    divides n steps' records by n + 1 steps' time (and with fewer than two
+    samples inside it has no window at all). From rise to rise, whole
+    checkpoint periods are counted. None with fewer than two rises inside.
+
+    >>> stairs = [(t / 10, 100.0 * (t // 10)) for t in range(61)]  # 100 every 1 s
+    >>> step_rate(stairs, 600.0)
+    100.0
+    >>> round(steady_window(stairs, 600.0).rate)  # four steps over five periods
+    82
+    """
+    pts = sorted(samples)
+    rises = [(t, v) for (_, before), (t, v) in itertools.pairwise(pts) if v > before]
+    inside = [(t, v) for t, v in rises if lo * total <= v <= hi * total]
+    if len(inside) < 2:
+        return None
+    (t0, v0), (t1, v1) = inside[0], inside[-1]
+    return (v1 - v0) / (t1 - t0)
+
+
 def ratio(value: float | None, ours: float | None) -> float | None:
     """``value / ours`` rounded to 3 places; None when either is missing or ours is 0.
 

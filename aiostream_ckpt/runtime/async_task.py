@@ -16,6 +16,13 @@ after the async operator runs on results as the rest of a chain runs on input.
 
 The async operator is never chained to its input (``runtime.graph``), so it is
 always the head of an input task's chain; the plain task's hot path is untouched.
+
+Before it waits, the loop reads the clock (``loop.time()``). uvloop (libuv)
+computes how long to poll from the time it cached when the iteration began,
+so without a fresh reading every timer due meanwhile (a call's
+``asyncio.sleep``, a retry's delay) fired late by as long as the chain had
+just worked: measured 11.1 / 13.1 / 16.1 ms for a 10 ms timer after 1 / 3 /
+6 ms of work (plain asyncio: 10.2 ms in each case).
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class AsyncWaitTask(StreamTask):
         metrics = self.metrics
         get: asyncio.Future[tuple[int, Any]] | None = None
         done_wait: asyncio.Future[Any] | None = None
+        fresh_time = asyncio.get_running_loop().time  # reading it refreshes uvloop's cache
         await self._time.announce()
         try:
             while not self._done.is_set():
@@ -85,6 +93,7 @@ class AsyncWaitTask(StreamTask):
                 if op.blocked:  # records wait for room (a batch, restored ones): read nothing else
                     op.admit()
                     if op.blocked:
+                        fresh_time()  # uvloop polls from this time: see the module docstring
                         await op.wakeup()
                     continue
                 if replay:
@@ -98,6 +107,7 @@ class AsyncWaitTask(StreamTask):
                             if done_wait is None:
                                 done_wait = asyncio.ensure_future(self._done.wait())
                             waits.add(done_wait)
+                        fresh_time()  # uvloop polls from this time: see the module docstring
                         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                         if not get.done():
                             continue
@@ -162,6 +172,7 @@ class AsyncWaitTask(StreamTask):
     async def _end_input(self) -> None:
         op = self._async
         while not op.idle:
+            asyncio.get_running_loop().time()  # uvloop polls from this time (module docstring)
             await op.wakeup()
             await self._emit_ready()
         await super()._end_input()
