@@ -19,7 +19,9 @@ is caught per record by the operator's arrival check
 
 Files carry their range in their name, ``kg-<start>-<end>-of-<max>...``
 (``kg-00000-00063-of-128.jsonl``), so any tool can write them;
-:func:`write_key_grouped` does it here.
+:func:`write_key_grouped` does it here. A Kafka topic of N partitions is
+key-grouped when partition j holds the key groups subtask j of N owns: the
+Kafka sink writes it so with :class:`KeyGroupPartitioner`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +115,46 @@ def assign_key_grouped(
             "the input into finer splits"
         )
     return [split for split, owner in owners.items() if owner == ctx.subtask_index]
+
+
+def partition_key_groups(
+    partitions: int, max_parallelism: int, *, source: str
+) -> list[KeyGroupRange]:
+    """Return the key groups of each partition, as :class:`KeyGroupPartitioner` lays them out.
+
+    >>> partition_key_groups(4, 128, source="s")[1]
+    KeyGroupRange(start=32, end=63)
+    """
+    if not 1 <= partitions <= max_parallelism:
+        raise PartitioningError(
+            f"{source}: {partitions} partitions cannot each hold whole key groups of "
+            f"job.max_parallelism={max_parallelism}"
+        )
+    return [KeyGroupRange.for_operator(j, partitions, max_parallelism) for j in range(partitions)]
+
+
+@dataclass(frozen=True)
+class KeyGroupPartitioner:
+    """Kafka sink partitioner: partition j of N gets the key groups subtask j of N owns.
+
+    ``key_selector`` must be the consuming job's (what its
+    ``reinterpret_as_keyed`` is given) and ``max_parallelism`` its
+    ``job.max_parallelism``: a ``KafkaSource(..., key_grouped=True)`` reading
+    the topic then hands each partition to the subtask owning its keys. The
+    Kafka record key (``key_fn``) is independent of it.
+    """
+
+    key_selector: Callable[[Any], Any]
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+
+    def partition_of_key(self, key: Any, partitions: int) -> int:
+        """Return the partition (of ``partitions``, numbered from 0) of stream key ``key``.
+
+        >>> KeyGroupPartitioner(str).partition_of_key("app-0", 2)  # key group 67
+        1
+        """
+        maxp = self.max_parallelism
+        return operator_index_for_key_group(key_group_of(key, maxp), partitions, maxp)
 
 
 def write_key_grouped(

@@ -413,6 +413,9 @@ def _key_group_check(t: Transformation, spec: ChainSpec, config: JobConfig) -> K
         split = last() if callable(last) else None
         if split is not None:
             return f"split {split} of task {task}"
+        active = getattr(reader, "active_splits", None)  # batches mix splits (Kafka)
+        if callable(active):
+            return f"one of the splits {', '.join(sorted(active()))} of task {task}"
         return f"the input of task {task}"
 
     return KeyGroupCheck(

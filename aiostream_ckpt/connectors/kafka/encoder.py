@@ -47,6 +47,10 @@ class RecordEncoder:
         self.partitions = tuple(partitions)
         self._partitioner = DefaultPartitioner()
         self._key_partition: dict[bytes, int] = {}
+        #: ``KafkaSink(partitioner=KeyGroupPartitioner)``: partitions by the stream key's group
+        self._by_key_group = sink.partitioner
+        self._group_partition: dict[Any, int] = {}
+        self._sorted = sorted(partitions)
         self._round_robin = 0
         self._pending: list[tuple[asyncio.Future[Any], int]] = []
         self._ranges: OffsetRanges = {}
@@ -62,6 +66,16 @@ class RecordEncoder:
             self._key_partition[key] = p
         return p
 
+    def _key_group_partition(self, key: Any) -> int:
+        p = self._group_partition.get(key)
+        if p is None:
+            assert self._by_key_group is not None
+            if len(self._group_partition) >= _KEY_CACHE_MAX:
+                self._group_partition.clear()
+            p = self._sorted[self._by_key_group.partition_of_key(key, len(self._sorted))]
+            self._group_partition[key] = p
+        return p
+
     async def send(self, producer: Any, batch: list[Any]) -> int:
         """Append ``batch`` to per-partition builders; submit each when full and at the end.
 
@@ -70,6 +84,7 @@ class RecordEncoder:
         """
         dumps, key_fn, headers_fn = self._dumps, self._key_fn, self._headers_fn
         cache = self._key_partition
+        by_key_group = self._by_key_group
         builders: dict[int, Any] = {}
         self._round_robin += 1
         for record in batch:
@@ -81,7 +96,9 @@ class RecordEncoder:
                 if key.__class__ is str:
                     key = key.encode()
                 p = cache.get(key) if key is not None else None
-            if p is None:
+            if by_key_group is not None:
+                p = self._key_group_partition(by_key_group.key_selector(record))
+            elif p is None:
                 p = self._partition(key)
             headers = None if headers_fn is None else list(headers_fn(record) or ())
             builder = builders.get(p)

@@ -80,6 +80,7 @@ from aiostream_ckpt.connectors.kafka.writer import (
     AtLeastOnceKafkaWriter,
     TransactionalKafkaWriter,
 )
+from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
 from aiostream_ckpt.errors import ConfigError
 
 __all__ = ["AtLeastOnceKafkaWriter", "KafkaSink", "TransactionalKafkaWriter"]
@@ -90,7 +91,12 @@ class KafkaSink:
 
     ``serializer(record) -> bytes`` makes the value; ``key_fn(record)`` the key
     (records with one key go to one partition, in order; default partitioner
-    murmur2, as the Java client); ``headers_fn(record)`` a list of ``(str,
+    murmur2, as the Java client). ``partitioner=KeyGroupPartitioner(key)``
+    places records by key group instead (partition j of N holds the key
+    groups subtask j of N owns), so a job reads the topic with
+    ``KafkaSource(..., key_grouped=True)`` and ``reinterpret_as_keyed(key)``
+    without a shuffle (:mod:`aiostream_ckpt.connectors.key_grouped`).
+    ``headers_fn(record)`` a list of ``(str,
     bytes)`` headers. ``producer_config`` is passed to ``AIOKafkaProducer``
     (TLS, SASL, compression). ``transactional_id_prefix`` defaults to
     ``{job name}-{operator uid}``; two jobs writing to one cluster must not
@@ -105,6 +111,7 @@ class KafkaSink:
         *,
         semantic: Literal["exactly_once", "at_least_once"] = "exactly_once",
         key_fn: KeyFn | None = None,
+        partitioner: KeyGroupPartitioner | None = None,
         headers_fn: HeadersFn | None = None,
         serializer: Serializer = orjson.dumps,
         producer_config: dict[str, Any] | None = None,
@@ -130,6 +137,7 @@ class KafkaSink:
         self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
         self.semantic = semantic
         self.key_fn = key_fn
+        self.partitioner = partitioner
         self.headers_fn = headers_fn
         self.serializer = serializer
         self.producer_config = dict(producer_config or {})

@@ -35,8 +35,10 @@ from aiostream_ckpt.connectors.kafka.common import (
     split_id,
     start_with_deadline,
 )
+from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, partition_key_groups
 from aiostream_ckpt.connectors.required import Required, required_problem, required_violations
 from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt.keygroups import KeyGroupRange
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,14 @@ class KafkaSource:
     reader captures its partitions' end offsets at start (the last stable
     offset under ``read_committed``) and ends once it has read up to them.
     ``consumer_config`` is passed to ``AIOKafkaConsumer`` (TLS, SASL, fetch sizes).
+
+    ``key_grouped=True`` declares the topics partitioned by key group, as a
+    ``KafkaSink(partitioner=KeyGroupPartitioner(key))`` writes them with this
+    job's ``job.max_parallelism``: each reader then takes the partitions of
+    its subtask's key groups instead of round-robin, so
+    ``reinterpret_as_keyed(key)`` reads them without a shuffle (a parallelism
+    at which a partition's key groups belong to two subtasks is refused; see
+    :mod:`aiostream_ckpt.connectors.key_grouped`).
     """
 
     def __init__(
@@ -78,6 +88,7 @@ class KafkaSource:
         commit_offsets_to_kafka: bool = False,
         group_id: str | None = None,
         stop_at_end: bool = False,
+        key_grouped: bool = False,
         poll_timeout_ms: int = 100,
         connect_timeout_s: float = 30.0,
         name: str = "kafka-source",
@@ -104,6 +115,7 @@ class KafkaSource:
         self.commit_offsets_to_kafka = commit_offsets_to_kafka
         self.group_id = group_id
         self.bounded = stop_at_end
+        self.key_grouped = key_grouped
         self.poll_timeout_ms = poll_timeout_ms
         self.connect_timeout_s = connect_timeout_s
         self.name = name
@@ -194,7 +206,10 @@ class KafkaSourceReader:
         finally:
             await client.close()
         every = [TopicPartition(t, p) for t in sorted(topics) for p in topics[t]]
-        self._own = every[ctx.subtask_index :: ctx.parallelism]
+        if src.key_grouped:
+            self._own = self._key_grouped(every, topics)
+        else:
+            self._own = every[ctx.subtask_index :: ctx.parallelism]
         consumer.assign(self._own)
         if not self._own:
             return
@@ -214,6 +229,18 @@ class KafkaSourceReader:
                 consumer.pause(*done)
         else:
             self._active = list(self._own)
+
+    def _key_grouped(self, every: list[Any], topics: dict[str, list[int]]) -> list[Any]:
+        """Return the partitions whose key groups this subtask owns (``key_grouped=True``)."""
+        ctx, what = self._ctx, f"Kafka source {self._src.name!r}"
+        maxp = ctx.max_parallelism
+        ranges: dict[str, KeyGroupRange] = {}
+        for topic, partitions in topics.items():
+            layout = partition_key_groups(len(partitions), maxp, source=f"{what} topic {topic}")
+            for j, p in enumerate(sorted(partitions)):
+                ranges[split_id(topic, p)] = layout[j]
+        own = set(assign_key_grouped(ranges, maxp, ctx, source=what))
+        return [tp for tp in every if split_id(tp.topic, tp.partition) in own]
 
     async def _starting_offsets(self, tps: list[Any]) -> dict[Any, int]:
         consumer, starting = self._consumer, self._src.starting
