@@ -31,7 +31,11 @@ from aiostream_ckpt.checkpoint.metadata import (
     encode_metadata,
 )
 from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
-from aiostream_ckpt.checkpoint.storage import CheckpointStorage, storage_error, write_atomically
+from aiostream_ckpt.checkpoint.storage import (
+    CheckpointStorage,
+    savepoint_target,
+    write_atomically,
+)
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.state.backend import SnapshotTarget
@@ -242,12 +246,11 @@ class CheckpointCoordinator:
         sp = self._savepoint_dirs.get(checkpoint_id)
         if sp is None:
             return self.storage.target(checkpoint_id, uid, subtask)
-        exclusive = sp / f"{uid}-{subtask}"
-        try:
-            exclusive.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise storage_error("create", exclusive, exc) from exc
-        return SnapshotTarget(checkpoint_id, sp, exclusive, sp, is_savepoint=True)
+        return savepoint_target(sp, checkpoint_id, uid, subtask)
+
+    def savepoint_dir(self, checkpoint_id: int) -> Path | None:
+        """Where savepoint ``checkpoint_id`` goes; None when it is a checkpoint (or not pending)."""
+        return self._savepoint_dirs.get(checkpoint_id)
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
         pending = self._pending.get(checkpoint_id)

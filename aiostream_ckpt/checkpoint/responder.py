@@ -8,9 +8,11 @@ implementation; tests can put a recorder in its place.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from aiostream_ckpt.checkpoint.metadata import TaskAck
+from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 
@@ -29,4 +31,24 @@ class CheckpointResponder(Protocol):
 
     def decline(self, checkpoint_id: int, task_id: str, reason: BaseException) -> None:
         """Report that the task cannot take ``checkpoint_id``: it is aborted, the job goes on."""
+        ...
+
+
+class TaskCoordinator(CheckpointResponder, Protocol):
+    """All a task sees of the coordinator: the responder, its registration, the job's end.
+
+    The :class:`~aiostream_ckpt.checkpoint.coordinator.CheckpointCoordinator`
+    in a single process; in a worker process, its proxy over the control
+    connection (``runtime.worker_attempt``): the task cannot tell them apart.
+    """
+
+    #: resolves to the id of the checkpoint taken after every source ended
+    finished: asyncio.Future[int]
+
+    def register_task(self, task_id: str, listener: CheckpointListener) -> None: ...
+
+    def register_source(self, task_id: str, source: TriggerTarget) -> None: ...
+
+    def source_finished(self, task_id: str) -> None:
+        """Note that source task ``task_id`` read its input to the end."""
         ...

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -69,6 +69,16 @@ def storage_error(what: str, path: Path, exc: OSError) -> CheckpointError:
     return CheckpointError(f"cannot {what} {path}: {exc.strerror or exc}{full}", retriable=True)
 
 
+def savepoint_target(directory: Path, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
+    """Return where ``uid``'s instance ``subtask`` writes savepoint ``checkpoint_id``: all in it."""
+    exclusive = directory / f"{uid}-{subtask}"
+    try:
+        exclusive.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error("create", exclusive, exc) from exc
+    return SnapshotTarget(checkpoint_id, directory, exclusive, directory, is_savepoint=True)
+
+
 def read_checkpoint(directory: Path) -> CompletedCheckpoint:
     """Read and verify the metadata of a checkpoint or savepoint directory."""
     path = directory / METADATA_FILE
@@ -88,6 +98,9 @@ class CheckpointStorage:
         """``create=False`` for readers (``checkpoints list``): nothing is written."""
         self.root = root
         self.shared_dir = root / "shared"
+        #: the pins of state backends in worker processes, asked for by each retention
+        #: pass after it listed the shared files (a worker pins a file before creating it)
+        self.remote_pins: Callable[[], set[str]] | None = None
         if not create:
             return
         try:
@@ -288,6 +301,14 @@ class CheckpointStorage:
             self._pins.clear()
 
     def _pinned(self) -> set[str]:
+        with self._pins_lock:
+            pinned: set[str] = set().union(*self._pins.values())
+        if self.remote_pins is not None:  # asked after the local ones: see apply_retention
+            pinned |= self.remote_pins()
+        return pinned
+
+    def local_pins(self) -> set[str]:
+        """Return the files pinned in this process (a worker reports them to the main one)."""
         with self._pins_lock:
             return set().union(*self._pins.values())
 

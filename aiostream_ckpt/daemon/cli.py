@@ -132,6 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.logs import setup_logging
     from aiostream_ckpt.daemon.service import JobDaemon
     from aiostream_ckpt.runtime.job import JobStatus
+    from aiostream_ckpt.runtime.workers import WorkerLaunch
 
     failpoints.arm_from_env()  # before anything can fail: a bad spec is a usage error
     sets = list(args.sets)
@@ -151,8 +152,11 @@ def _run(args: argparse.Namespace) -> int:
     env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
     build_app(args.module, env)
 
+    # job.workers > 1: each worker process builds the job from the same module and config
+    launch = WorkerLaunch(args.module, args.config, tuple(sets), loaded.job.workers)
+
     async def main() -> int:
-        daemon = JobDaemon(env.spec(), loaded.daemon)
+        daemon = JobDaemon(env.spec(), loaded.daemon, launch=launch)
         runner = daemon.runner
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

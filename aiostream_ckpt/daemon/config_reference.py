@@ -64,6 +64,11 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "job name: in logs, savepoint names and the checkpoints (`apps/pv_count.py` -> `pv_count`)",
     ),
     "job.parallelism": (None, "default parallelism of every operator"),
+    "job.workers": (
+        None,
+        "worker processes running the subtasks, subtask i in worker i % workers, each on its own "
+        "core and event loop; 1 runs them all in the main process; at most the usable cores",
+    ),
     "job.max_parallelism": (None, "key groups: the most parallelism a restore can rescale to"),
     "job.batch_size": (None, "records per batch"),
     "job.channel_capacity": (None, "batches per channel between tasks"),

@@ -24,6 +24,7 @@ from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
+from aiostream_ckpt.runtime.workers import WorkerLaunch
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class JobDaemon:
         settings: DaemonSettings | None = None,
         *,
         clock: Clock | None = None,
+        launch: WorkerLaunch | None = None,
     ) -> None:
         self.settings = settings or DaemonSettings()
         clock = clock or SystemClock()
@@ -46,6 +48,7 @@ class JobDaemon:
             clock=clock,
             on_started=self.stats.attach,
             process=self.settings.process_profile(),
+            launch=launch,
         )
         ckpt_dir = self.runner.config.checkpoint.directory
         assert ckpt_dir is not None  # JobRunner refuses a job without one

@@ -2,9 +2,10 @@
 
 It builds the job from the app module and the main process's config
 sources, as ``aiostream-ckpt run`` does, says hello on its control
-connection with the graph's fingerprint and its share of the tasks, and
-serves until told to stop; the end of the control connection (the main
-process is gone) ends it too.
+connection with the graph's fingerprint and its share of the tasks, then
+runs its share of one attempt (``runtime.worker_attempt``) until told to
+stop; the end of the control connection (the main process is gone) ends it
+too.
 """
 
 from __future__ import annotations
@@ -21,23 +22,30 @@ import uvloop
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.daemon.app_loader import app_name, build_app
 from aiostream_ckpt.daemon.config import load_config
+from aiostream_ckpt.daemon.logs import setup_logging
 from aiostream_ckpt.errors import AiostreamError, ChannelError
-from aiostream_ckpt.runtime.graph import plan_chains
+from aiostream_ckpt.jobspec.graph import JobSpec
+from aiostream_ckpt.runtime.graph import Chain, plan_chains
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_tasks
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
+from aiostream_ckpt.runtime.worker_attempt import serve_attempt
 from aiostream_ckpt.runtime.workers import die_with_parent
 
 
-def build_hello(module: str, config: Path | None, sets: list[str], index: int, workers: int) -> Any:
-    """Build the job as the main process does; return the hello that describes it."""
+def build_job(module: str, config: Path | None, sets: list[str]) -> JobSpec:
+    """Build the job spec as the main process does (``aiostream-ckpt run``)."""
     loaded = load_config(config, env=os.environ, sets=sets)
+    setup_logging(loaded.log_format, loaded.log_level)
     env = StreamEnvironment(
         loaded.job_name or app_name(module), config=loaded.job, params=loaded.params
     )
     build_app(module, env)
-    spec = env.spec()
-    chains = plan_chains(spec.transformations, spec.config)
+    return env.spec()
+
+
+def hello(spec: JobSpec, chains: list[Chain], index: int, workers: int) -> dict[str, Any]:
+    """Return what the main process checks before anything runs: the graph, this worker's tasks."""
     return {
         "type": "hello",
         "worker": index,
@@ -47,22 +55,37 @@ def build_hello(module: str, config: Path | None, sets: list[str], index: int, w
     }
 
 
-async def serve(control_fd: int, hello: dict[str, Any]) -> int:
-    conn = ChannelConnection(f"worker-{hello.get('worker')}-control", batch_codec())
+async def serve(
+    control_fd: int,
+    built: tuple[JobSpec, list[Chain]] | str,
+    index: int,
+    workers: int,
+    peer_fds: dict[int, int],
+) -> int:
+    """Say hello (or why the job could not be built), then serve one attempt."""
+    conn = ChannelConnection(f"worker-{index}-control", batch_codec())
     await conn.start(socket.socket(fileno=control_fd))
-    conn.send_message(hello)
-    if hello["type"] == "error":
-        await conn.close()
-        return 1
+    peers = {j: socket.socket(fileno=fd) for j, fd in peer_fds.items()}
     try:
-        while True:
-            message = await conn.receive_message()
-            if message.get("type") == "stop":
-                await conn.close()
-                return 0
+        if isinstance(built, str):
+            conn.send_message({"type": "error", "worker": index, "message": built})
+            return 1
+        spec, chains = built
+        conn.send_message(hello(spec, chains, index, workers))
+        return await serve_attempt(conn, spec, chains, (index, workers), peers)
     except ChannelError as exc:  # the main process is gone: nobody to work for
-        print(f"worker {hello['worker']}: {exc}", file=sys.stderr)
+        print(f"worker {index}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        for sock in peers.values():
+            if sock.fileno() != -1:
+                sock.close()
+        await conn.close()
+
+
+def _peer(value: str) -> tuple[int, int]:
+    worker, _, fd = value.partition(":")
+    return int(worker), int(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,13 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent", type=int, required=True)
     ap.add_argument("--config", type=Path)
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--peer", dest="peers", action="append", default=[], type=_peer)
     args = ap.parse_args(argv)
     die_with_parent(args.parent)
+    built: tuple[JobSpec, list[Chain]] | str
     try:
-        hello = build_hello(args.module, args.config, args.sets, args.index, args.workers)
+        spec = build_job(args.module, args.config, args.sets)
+        built = spec, plan_chains(spec.transformations, spec.config)
     except AiostreamError as exc:
-        hello = {"type": "error", "worker": args.index, "message": str(exc)}
-    code: int = uvloop.run(serve(args.control_fd, hello))
+        built = str(exc)
+    code: int = uvloop.run(
+        serve(args.control_fd, built, args.index, args.workers, dict(args.peers))
+    )
     return code
 
 

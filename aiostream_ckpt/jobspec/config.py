@@ -7,6 +7,7 @@ message naming the key rather than deep inside a running job.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -107,9 +108,19 @@ class ErrorConfig:
         )
 
 
+def usable_cores() -> int:
+    """Return how many cores this process may run on (its CPU affinity, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class JobConfig:
     parallelism: int = 1
+    #: processes running the subtasks (``runtime.placement``); 1: all in this process
+    workers: int = 1
     max_parallelism: int = 128
     batch_size: int = 2048
     channel_capacity: int = 8
@@ -134,6 +145,13 @@ class JobConfig:
             "parallelism",
             self.parallelism,
             f"1..max_parallelism ({self.max_parallelism})",
+        )
+        cores = usable_cores()
+        _check(
+            1 <= self.workers <= cores,
+            "workers",
+            self.workers,
+            f"1..{cores} (the cores this process may run on)",
         )
         _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         _check(self.channel_capacity >= 1, "channel_capacity", self.channel_capacity, ">= 1")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
@@ -22,8 +22,6 @@ from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import Clock, SystemClock
-from aiostream_ckpt.connectors.base import ConnectorContext, RestoreInfo
-from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.errors import (
     AiostreamError,
     ConfigError,
@@ -33,19 +31,22 @@ from aiostream_ckpt.errors import (
     StateMigrationError,
     UserFunctionError,
 )
-from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.jobspec.graph import JobSpec
-from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
-from aiostream_ckpt.runtime.chain import ChainSpec
-from aiostream_ckpt.runtime.co_process import CoProcessTask, is_co_chain
-from aiostream_ckpt.runtime.graph import Chain, build_chain_specs, plan_chains
+from aiostream_ckpt.runtime.attempt import AttemptSetup, build_tasks
+from aiostream_ckpt.runtime.graph import Chain, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
 from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
-from aiostream_ckpt.runtime.recovery import RestorePoints, restore_info, restore_tasks
+from aiostream_ckpt.runtime.recovery import (
+    RestorePoints,
+    decide_restore,
+    restore_info,
+    restore_tasks,
+)
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
+from aiostream_ckpt.runtime.worker_group import WorkerGroup
+from aiostream_ckpt.runtime.workers import WorkerLaunch
 from aiostream_ckpt.state import local_dirs
-from aiostream_ckpt.state.lmdb.backend import LmdbStateBackendFactory
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +86,6 @@ class JobRun:
         return c.latest_completed.checkpoint_id if c and c.latest_completed else None
 
 
-def _default_backend_factory(config: JobConfig, clock: Clock) -> LmdbStateBackendFactory:
-    return LmdbStateBackendFactory(
-        cache_max_entries=config.state.cache_max_entries,
-        full_checkpoint_every=config.checkpoint.full_every,
-        max_delta_ratio=config.checkpoint.max_delta_ratio,
-        allow_pickle=config.state.allow_pickle,
-        clock=clock,
-    )
-
-
 class JobRunner:
     """Runs one job until it finishes, is cancelled, or fails for good."""
 
@@ -105,6 +96,7 @@ class JobRunner:
         clock: Clock | None = None,
         on_started: Callable[[JobRun], None] | None = None,
         process: ProcessProfile | None = None,
+        launch: WorkerLaunch | None = None,
     ) -> None:
         self.spec = spec
         #: applied by :meth:`run`, whatever the entry point (``docs/performance.md``)
@@ -112,6 +104,8 @@ class JobRunner:
         self.config = spec.config.validate()
         if self.config.checkpoint.directory is None:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
+        #: how worker processes build this job (``job.workers`` > 1): its app module
+        self.launch = _check_launch(self.config.workers, launch)
         self.clock = clock or SystemClock()
         #: where each attempt claims its working-state directory (see :mod:`.local_dirs`)
         self.local_root = self.config.local_state_root()
@@ -183,6 +177,7 @@ class JobRunner:
     async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)
         chains = plan_chains(self.spec.transformations, self.config)
+        _check_workers_have_work(self.config.workers, chains)
         run = self.run_state
         while True:
             restored = self.restore_points.choose()
@@ -266,35 +261,22 @@ class JobRunner:
             storage=self.storage,
             allow_duplicates=config.allow_duplicate_output,
         )
+        setup = AttemptSetup(
+            job_name=self.spec.job_name,
+            config=config,
+            params=dict(self.spec.params),
+            clock=self.clock,
+            attempt=attempt,
+            restored=restored,
+            restore=restore,
+            fallback=fallback,
+            local_dir=local_dir,
+        )
         tasks: list[StreamTask] = []
         try:
-            chain_specs = build_chain_specs(
-                chains,
-                config=config,
-                job_name=self.spec.job_name,
-                attempt=attempt,
-                backend_factory=_default_backend_factory(config, self.clock),
-                local_dir=local_dir,
-                dead_letter_factory=self._dead_letter_factory(restore),
-                connector_context=self._connector_context(attempt, restore),
-                monotonic=self.clock.monotonic,
-            )
-            params = dict(self.spec.params)  # one copy per attempt, as a dict for user code
-            tasks = [
-                _task_class(chain)(
-                    chain,
-                    coordinator=coordinator,
-                    executor=executor,
-                    clock=self.clock,
-                    batch_size=config.batch_size,
-                    params=params,
-                    restored=restored,
-                )
-                for chain in chain_specs
-            ]
-            if fallback:  # every checkpoint was set aside: all earlier output is newer
-                for t in tasks:
-                    t.recover_checkpoint_id = 0
+            if config.workers > 1:
+                return await self._run_workers(setup, chains, coordinator)
+            tasks = build_tasks(setup, chains, coordinator, executor)
             self.run_state.tasks = tasks
             self.run_state.coordinator = coordinator
             if self._on_started is not None:
@@ -310,7 +292,7 @@ class JobRunner:
             except BaseException:
                 await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)
                 raise
-            return await self._supervise(coordinator, tasks)
+            return await self._supervise(coordinator, [(t.task_id, t.run()) for t in tasks])
         finally:
             self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
             executor.shutdown(wait=True, cancel_futures=True)
@@ -325,16 +307,57 @@ class JobRunner:
         after_restored = restored.checkpoint_id + 1 if restored is not None else 1
         return max(self.storage.next_checkpoint_id(), after_restored, self._next_id_floor)
 
-    async def _supervise(self, coordinator: CheckpointCoordinator, tasks: list[StreamTask]) -> bool:
+    async def _run_workers(
+        self, setup: AttemptSetup, chains: list[Chain], coordinator: CheckpointCoordinator
+    ) -> bool:
+        """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
+        assert self.launch is not None  # checked at construction
+        self.run_state.coordinator = coordinator
+        if self._on_started is not None:
+            self._on_started(self.run_state)
+        group = WorkerGroup(
+            self.launch, self.spec.transformations, chains, coordinator, self.storage
+        )
+        async with group:
+            await group.start()
+            self.storage.remote_pins = group.remote_pins
+            try:
+                surveys = await group.restore(setup)
+                highest = decide_restore(
+                    surveys,
+                    setup.restored,
+                    allow_retract=self.config.allow_retract_output,
+                    allow_duplicates=self.config.allow_duplicate_output,
+                )
+                coordinator.skip_ids_through(highest)
+                await group.recover()
+                return await self._supervise(coordinator, [("workers", group.run())], group.failure)
+            finally:
+                self.storage.remote_pins = None
+
+    async def _supervise(
+        self,
+        coordinator: CheckpointCoordinator,
+        runs: list[tuple[str, Coroutine[Any, Any, None]]],
+        failure: asyncio.Future[BaseException] | None = None,
+    ) -> bool:
+        """Run ``runs`` (the tasks, or the workers) under the coordinator until all end.
+
+        ``failure``: resolves to an error that fails the attempt (a worker's).
+        """
         async with coordinator:
-            running = [asyncio.create_task(t.run(), name=t.task_id) for t in tasks]
+            running = [asyncio.create_task(run, name=name) for name, run in runs]
             cancel_wait = asyncio.ensure_future(self._cancel.wait())
             watch: set[asyncio.Future[Any]] = {*running, coordinator.failure, cancel_wait}
+            if failure is not None:
+                watch.add(failure)
             try:
                 while True:
                     done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
                     if coordinator.failure in done:
                         raise coordinator.failure.result()
+                    if failure is not None and failure in done:
+                        raise failure.result()
                     if cancel_wait in done:
                         return False
                     for t in done:
@@ -350,38 +373,27 @@ class JobRunner:
                     t.cancel()
                 await asyncio.gather(*running, cancel_wait, return_exceptions=True)
 
-    def _dead_letter_factory(
-        self, restore: RestoreInfo | None
-    ) -> Callable[[str, int], DeadLetterWriter] | None:
-        directory = self.config.dead_letter_dir()
-        if directory is None:
-            return None
 
-        def factory(uid: str, subtask: int) -> DeadLetterWriter:
-            return DeadLetterWriter(directory / uid, subtask, restore=restore)
+def _check_launch(workers: int, launch: WorkerLaunch | None) -> WorkerLaunch | None:
+    if workers == 1:
+        return None
+    if launch is None:
+        raise ConfigError(
+            f"job.workers={workers} needs the job run from its app module "
+            "(aiostream-ckpt run MODULE): each worker process builds the job from it"
+        )
+    if launch.workers != workers:
+        raise ConfigError(f"job.workers={workers} but the workers were told {launch.workers}")
+    return launch
 
-        return factory
 
-    def _connector_context(
-        self, attempt: int, restore: RestoreInfo | None
-    ) -> Callable[[str, int, int, Any], ConnectorContext]:
-        def make(uid: str, subtask: int, parallelism: int, dead_letter: Any) -> ConnectorContext:
-            ctx = ConnectorContext(
-                job_name=self.spec.job_name,
-                operator_uid=uid,
-                subtask_index=subtask,
-                parallelism=parallelism,
-                attempt=attempt,
-                clock=self.clock,
-                max_concurrent_checkpoints=self.config.checkpoint.max_concurrent,
-                max_parallelism=self.config.max_parallelism,
-                restore=restore,
-            )
-            if dead_letter is not None:
-                ctx.dead_letter = dead_letter
-            return ctx
-
-        return make
+def _check_workers_have_work(workers: int, chains: list[Chain]) -> None:
+    widest = max(c.parallelism for c in chains)
+    if workers > widest:
+        raise ConfigError(
+            f"invalid config job.workers={workers}: must be at most the job's largest "
+            f"parallelism ({widest}): worker {widest} and above would run no subtask"
+        )
 
 
 def _failure_line(job_name: str, strategy: RestartStrategy, exc: BaseException) -> str:
@@ -407,12 +419,3 @@ def run_job(spec: JobSpec, *, clock: Clock | None = None) -> JobResult:
 
     result: JobResult = uvloop.run(main())
     return result
-
-
-def _task_class(spec: ChainSpec) -> type[StreamTask]:
-    """Chains headed by an async or a two-input operator run in their task subclass."""
-    if is_async_chain(spec):
-        return AsyncWaitTask
-    if is_co_chain(spec):
-        return CoProcessTask
-    return StreamTask

@@ -145,9 +145,32 @@ async def restore_tasks(
     allow_duplicates: bool,
 ) -> None:
     """Run steps 2-5 of the module docstring for one attempt (before the coordinator starts)."""
+    surveys = await verify_and_survey(tasks)
+    highest = decide_restore(
+        surveys, restored, allow_retract=allow_retract, allow_duplicates=allow_duplicates
+    )
+    coordinator.skip_ids_through(highest)
+    await recover_outputs(tasks)
+
+
+async def verify_and_survey(tasks: list[StreamTask]) -> list[OutputSurvey]:
+    """Run steps 2 and 3: restore every task's state, then survey every output (read-only)."""
     await _all(t.restore_state() for t in tasks)
     found = await _all(t.survey_outputs() for t in tasks)
-    surveys: list[OutputSurvey] = [s for per_task in found for s in per_task]
+    return [s for per_task in found for s in per_task]
+
+
+def decide_restore(
+    surveys: list[OutputSurvey],
+    restored: CompletedCheckpoint | None,
+    *,
+    allow_retract: bool,
+    allow_duplicates: bool,
+) -> int:
+    """Step 4 over the surveys of every task (of every worker): refuse, or say the highest id used.
+
+    New checkpoint ids must start above the returned id.
+    """
     lost = [f"{s.location}/{name}" for s in surveys for name in s.lost]
     if lost:
         what = "savepoint" if restored is not None and restored.is_savepoint else "checkpoint"
@@ -168,7 +191,11 @@ async def restore_tasks(
     retract = [(s.location, name, n) for s in surveys for name, n in s.retract]
     if retract and restored is not None and restored.is_savepoint and not allow_retract:
         raise RestoreRefusedError(_refusal(restored, retract))
-    coordinator.skip_ids_through(max((s.highest_id for s in surveys), default=0))
+    return max((s.highest_id for s in surveys), default=0)
+
+
+async def recover_outputs(tasks: list[StreamTask]) -> None:
+    """Step 5: only now do the writers commit, abort and retract."""
     await _all(t.recover_outputs() for t in tasks)
 
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from aiostream_ckpt.aio import BackgroundTasks, unless_set
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
-from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.responder import TaskCoordinator
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.base import OutputSurvey
 from aiostream_ckpt.errors import AiostreamError, CheckpointError
@@ -53,7 +53,7 @@ class StreamTask:
         self,
         spec: ChainSpec,
         *,
-        coordinator: CheckpointCoordinator,
+        coordinator: TaskCoordinator,
         executor: Executor,
         clock: Clock,
         batch_size: int,

@@ -56,7 +56,9 @@ class WorkerLaunch:
     sets: tuple[str, ...]
     workers: int
 
-    def argv(self, index: int, control_fd: int) -> list[str]:
+    def argv(
+        self, index: int, control_fd: int, peer_fds: dict[int, int] | None = None
+    ) -> list[str]:
         args = [
             sys.executable,
             "-m",
@@ -75,6 +77,8 @@ class WorkerLaunch:
             args += ["--config", str(self.config)]
         for s in self.sets:
             args += ["--set", s]
+        for worker, fd in sorted((peer_fds or {}).items()):
+            args += ["--peer", f"{worker}:{fd}"]
         return args
 
 
@@ -121,14 +125,28 @@ class WorkerProcess:
             raise AiostreamError(f"worker {self.index}: cannot go from {self.state} to {new}")
         self.state = new
 
-    async def start(self, fingerprint: str, tasks: list[str]) -> None:
-        """Start the process and wait for its hello; refuse a different graph or share."""
+    async def start(
+        self,
+        fingerprint: str,
+        tasks: list[str],
+        peers: dict[int, socket.socket] | None = None,
+    ) -> None:
+        """Start the process and wait for its hello; refuse a different graph or share.
+
+        ``peers``: this worker's end of a socket pair to each other worker (its
+        channels to their subtasks); the caller closes its copies afterwards.
+        """
         if self.state is not WorkerState.CREATED:
             return
         ours, theirs = socket.socketpair()
+        peer_fds = {j: s.fileno() for j, s in (peers or {}).items()}
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                *self.launch.argv(self.index, theirs.fileno()), pass_fds=(theirs.fileno(),)
+                *self.launch.argv(self.index, theirs.fileno(), peer_fds),
+                pass_fds=(theirs.fileno(), *peer_fds.values()),
+                # a terminal's Ctrl-C is the main process's to handle (a graceful stop),
+                # not every worker's; they still die with it (PR_SET_PDEATHSIG)
+                start_new_session=True,
             )
         finally:
             theirs.close()
@@ -163,6 +181,10 @@ class WorkerProcess:
         code = await self._proc.wait() if self._proc is not None else None
         self._transition(WorkerState.FAILED if failed or code else WorkerState.STOPPED)
         return code
+
+    async def kill(self) -> None:
+        """SIGKILL the process (one that does not stop when asked) and reap it."""
+        await self._kill()
 
     async def _kill(self) -> None:
         self.state = WorkerState.FAILED

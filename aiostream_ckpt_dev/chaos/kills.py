@@ -136,11 +136,36 @@ def run_with_kills(
 
 
 def read_fraction(pid: int, sizes: dict[str, int]) -> float:
-    """How far ``pid`` has read the furthest of the files ``sizes`` lists, 0..1.
+    """How far ``pid`` or a descendant has read the furthest of the files ``sizes`` lists, 0..1.
 
-    From the offsets of its open descriptors; a file it does not hold open
-    counts 0 (a job reads its files to the end while holding them).
+    From the offsets of their open descriptors; a file none holds open
+    counts 0 (a job reads its files to the end while holding them). The
+    descendants count because with ``job.workers`` > 1 the worker processes
+    read the input, not the main process that is killed.
     """
+    return max((_read_fraction(p, sizes) for p in family(pid)), default=0.0)
+
+
+def family(pid: int) -> list[int]:
+    """Return ``pid`` and its descendants (Linux ``/proc/<pid>/task/*/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            threads = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+    return out
+
+
+def _read_fraction(pid: int, sizes: dict[str, int]) -> float:
     best = 0.0
     try:
         fds = os.listdir(f"/proc/{pid}/fd")

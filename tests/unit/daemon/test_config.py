@@ -55,6 +55,8 @@ def test_gc_threshold_setting() -> None:
         (["checkpoint.mode=twice"], "one of exactly_once, at_least_once"),
         (["job.parallelism=0"], "invalid config parallelism=0"),
         (["job.parallelism=200"], "1..max_parallelism"),
+        (["job.workers=0"], "invalid config workers=0"),
+        (["job.workers=100000"], "the cores this process may run on"),
         (["checkpoint.max_concurrent=0"], "checkpoint.max_concurrent"),
         (["restart.strategy=forever"], "fixed_delay"),
         (["nokey"], "--set expects key=value"),

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+import pytest
+
 from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.jobspec.graph import JobSpec
+from aiostream_ckpt.runtime.job import JobRunner
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_of, worker_tasks
+from aiostream_ckpt.runtime.workers import WorkerLaunch
 
 
 def spec(parallelism: int, uid: str = "count") -> JobSpec:
@@ -40,3 +48,20 @@ def test_the_fingerprint_is_the_graph_not_the_objects() -> None:
     assert graph_fingerprint(spec(2, "other").transformations) != graph_fingerprint(
         a.transformations
     )
+
+
+def workers_spec(tmp_path: Path, parallelism: int, workers: int) -> JobSpec:
+    config = JobConfig(parallelism=parallelism, workers=workers).with_checkpoint_dir(tmp_path)
+    env = StreamEnvironment("j", config=config)
+    env.from_collection([{"k": 1}], uid="src").print()
+    return env.spec()
+
+
+def test_workers_need_the_app_module_and_a_subtask_each(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"job\.workers=2 needs the job run from its app module"):
+        JobRunner(workers_spec(tmp_path, 2, 2))
+    runner = JobRunner(
+        workers_spec(tmp_path, 1, 2), launch=WorkerLaunch("apps.x", None, (), workers=2)
+    )
+    with pytest.raises(ConfigError, match=r"at most the job's largest parallelism \(1\)"):
+        asyncio.run(runner.run())

@@ -1,0 +1,275 @@
+"""The main process's side of an attempt run by worker processes (``job.workers`` > 1).
+
+The main process keeps the :class:`~aiostream_ckpt.checkpoint.coordinator.CheckpointCoordinator`
+and runs no task: every subtask runs in worker ``subtask % workers``
+(``runtime.placement``), each worker a process with its own event loop. To the
+coordinator the group stands in for the remote tasks: it registers every
+task id (so a checkpoint completes only with every subtask's ack), a
+:class:`~aiostream_ckpt.checkpoint.participants.TriggerTarget` per source
+task that sends the trigger to its worker, and one listener that passes
+completions and aborts to every worker. The workers' acks, declines and
+ends of input come back to the coordinator as if from local tasks.
+
+Retention runs here too, but the pins of shared files (``CheckpointStorage.pin``)
+live in the workers' state backends: each retention pass asks every worker for
+its pins after listing the files (:meth:`WorkerGroup.remote_pins`).
+
+The attempt runs in the steps of ``runtime.worker_attempt``. Any worker's
+failure -- an error it reports, or its death, seen as the end of its control
+connection -- fails the attempt; :meth:`WorkerGroup.stop` then ends every
+worker, and the runner restarts them all from the latest completed checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.connectors.base import OutputSurvey
+from aiostream_ckpt.errors import ChannelError, CheckpointError, WorkerError
+from aiostream_ckpt.jobspec.graph import Transformation, TransformKind
+from aiostream_ckpt.runtime.attempt import AttemptSetup
+from aiostream_ckpt.runtime.graph import Chain
+from aiostream_ckpt.runtime.placement import graph_fingerprint, task_id, worker_of, worker_tasks
+from aiostream_ckpt.runtime.worker_messages import (
+    Message,
+    ack_of,
+    barrier_message,
+    error_of,
+    restore_json,
+    surveys_of,
+)
+from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerProcess
+
+log = logging.getLogger(__name__)
+
+#: how long a worker asked to stop may take before it is killed
+STOP_GRACE_SECONDS = 30.0
+
+
+class _RemoteSource:
+    """A source task in a worker, as the coordinator triggers it."""
+
+    def __init__(self, group: WorkerGroup, worker: int, task: str) -> None:
+        self._group, self._worker, self._task = group, worker, task
+
+    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
+        self._group.trigger(self._worker, self._task, barrier)
+
+
+class _Unheard:
+    """The listener of every remote task but one: the group tells each worker once."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        pass
+
+
+class WorkerGroup:
+    """Starts the workers of one attempt and speaks for their tasks to the coordinator."""
+
+    def __init__(
+        self,
+        launch: WorkerLaunch,
+        transformations: Sequence[Transformation],
+        chains: list[Chain],
+        coordinator: CheckpointCoordinator,
+        storage: CheckpointStorage,
+    ) -> None:
+        self.launch = launch
+        self.count = launch.workers
+        self._fingerprint = graph_fingerprint(transformations)
+        self._chains = chains
+        self._coordinator = coordinator
+        self._storage = storage
+        self.workers = [WorkerProcess(i, launch) for i in range(self.count)]
+        loop = asyncio.get_running_loop()
+        #: resolves to the first failure of any worker (reported, or its death)
+        self.failure: asyncio.Future[BaseException] = loop.create_future()
+        self._bg = BackgroundTasks(self._fail)
+        #: replies by (worker, type): surveys, recovered, done, pins
+        self._replies: dict[tuple[int, str], asyncio.Queue[Message]] = {}
+        self._loop = loop
+        self._pins_lock = asyncio.Lock()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failure.done():
+            self.failure.set_result(exc)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every worker with a socket pair to each other one; wait for their hellos."""
+        ends: dict[int, dict[int, socket.socket]] = {i: {} for i in range(self.count)}
+        for i, j in itertools.combinations(range(self.count), 2):
+            ends[i][j], ends[j][i] = socket.socketpair()
+        heads = [(c.head.uid, c.parallelism) for c in self._chains]
+        try:
+            await asyncio.gather(
+                *(
+                    w.start(
+                        self._fingerprint, worker_tasks(heads, w.index, self.count), ends[w.index]
+                    )
+                    for w in self.workers
+                )
+            )
+        finally:
+            for pair in ends.values():
+                for sock in pair.values():
+                    sock.close()  # the workers hold their own copies
+        for w in self.workers:
+            log.info("worker %d started (pid %s): %s", w.index, w.pid, ", ".join(w.hello["tasks"]))
+            self._bg.spawn(self._pump(w), f"worker-{w.index}-control")
+        self._register()
+
+    async def stop(self) -> None:
+        """Ask every worker to stop (kill one that does not in time), then stop listening."""
+
+        async def one(w: WorkerProcess) -> None:
+            try:
+                await asyncio.wait_for(w.stop(), STOP_GRACE_SECONDS)
+            except (TimeoutError, ChannelError):
+                log.warning("worker %d did not stop in time: killing it", w.index)
+                await w.kill()
+
+        await asyncio.gather(*(one(w) for w in self.workers))
+        await self._bg.cancel_all()
+
+    async def __aenter__(self) -> WorkerGroup:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the coordinator's view -------------------------------------------------------
+
+    def _register(self) -> None:
+        coordinator = self._coordinator
+        listener: Any = self
+        for chain in self._chains:
+            is_source = chain.head.kind is TransformKind.SOURCE
+            for sub in range(chain.parallelism):
+                tid = task_id(chain.head.uid, sub)
+                coordinator.register_task(tid, listener)
+                listener = _Unheard()
+                if is_source:
+                    worker = worker_of(sub, self.count)
+                    coordinator.register_source(tid, _RemoteSource(self, worker, tid))
+
+    def trigger(self, worker: int, task: str, barrier: CheckpointBarrier) -> None:
+        if barrier.kind is CheckpointKind.SAVEPOINT:  # every worker writes into its directory
+            sp = self._coordinator.savepoint_dir(barrier.checkpoint_id)
+            self._send_all(
+                {"type": "checkpoint", "id": barrier.checkpoint_id, "savepoint_dir": str(sp)}
+            )
+        self._send(worker, barrier_message(task, barrier))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        # after the coordinator has settled n: the final id is known by then
+        self._loop.call_soon(self._notify, True, checkpoint_id)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self._loop.call_soon(self._notify, False, checkpoint_id)
+
+    def _notify(self, complete: bool, checkpoint_id: int) -> None:
+        finished = self._coordinator.finished
+        final = finished.result() if finished.done() else None
+        self._send_all(
+            {"type": "notify", "complete": complete, "id": checkpoint_id, "final": final}
+        )
+
+    def remote_pins(self) -> set[str]:
+        """Every worker's pinned shared files (called by retention, in an executor thread)."""
+        return asyncio.run_coroutine_threadsafe(self._ask_pins(), self._loop).result()
+
+    async def _ask_pins(self) -> set[str]:
+        async with self._pins_lock:
+            self._send_all({"type": "pins?"})
+            replies = await self._all("pins")
+        return {f for r in replies for f in r["files"]}
+
+    # -- the attempt's steps ------------------------------------------------------------
+
+    async def restore(self, setup: AttemptSetup) -> list[OutputSurvey]:
+        """Have every worker build its share and restore its state; return all the surveys."""
+        restored = setup.restored
+        self._send_all(
+            {
+                "type": "attempt",
+                "attempt": setup.attempt,
+                "restored": str(restored.directory) if restored is not None else None,
+                "restore": restore_json(setup.restore),
+                "fallback": setup.fallback,
+                "local_dir": str(setup.local_dir),
+            }
+        )
+        return [s for r in await self._all("surveys") for s in surveys_of(r)]
+
+    async def recover(self) -> None:
+        """Have every worker recover its outputs (the restore was accepted)."""
+        self._send_all({"type": "recover"})
+        await self._all("recovered")
+
+    async def run(self) -> None:
+        """Start the tasks; return once every worker's tasks ended, raise the first failure."""
+        self._send_all({"type": "run"})
+        await self._all("done")
+
+    # -- messages -----------------------------------------------------------------------
+
+    def _send(self, worker: int, message: Message) -> None:
+        try:
+            self.workers[worker].control.send_message(message)
+        except ChannelError as exc:  # dead: its failure ends the attempt
+            self._fail(exc)
+
+    def _send_all(self, message: Message) -> None:
+        for w in self.workers:
+            self._send(w.index, message)
+
+    def _queue(self, worker: int, kind: str) -> asyncio.Queue[Message]:
+        return self._replies.setdefault((worker, kind), asyncio.Queue())
+
+    async def _all(self, kind: str) -> list[Message]:
+        """Wait for a ``kind`` reply from every worker; raise the first failure instead."""
+        gets = [asyncio.ensure_future(self._queue(w.index, kind).get()) for w in self.workers]
+        try:
+            pending: set[asyncio.Future[Any]] = {*gets, self.failure}
+            while not all(g.done() for g in gets):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if self.failure in done:
+                    raise self.failure.result()
+            return [g.result() for g in gets]
+        finally:
+            for g in gets:
+                g.cancel()
+
+    async def _pump(self, w: WorkerProcess) -> None:
+        """Hand one worker's messages to the coordinator or to whoever waits for a reply."""
+        coordinator = self._coordinator
+        while True:
+            message = await w.control.receive_message()
+            kind = message["type"]
+            if kind == "ack":
+                coordinator.acknowledge(message["id"], ack_of(message))
+            elif kind == "decline":
+                reason = CheckpointError(message["reason"])
+                coordinator.decline(message["id"], message["task"], reason)
+            elif kind == "source_finished":
+                coordinator.source_finished(message["task"])
+            elif kind == "failed":
+                raise error_of(message, w.index)
+            elif kind in ("surveys", "recovered", "done", "pins"):
+                self._queue(w.index, kind).put_nowait(message)
+            else:
+                raise WorkerError(f"worker {w.index} sent an unknown message {kind!r}")
