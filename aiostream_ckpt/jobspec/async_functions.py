@@ -53,14 +53,15 @@ class AsyncFunction(Generic[IN, OUT]):
 
 
 class KeyedAsyncFunction(AsyncFunction[IN, OUT]):
-    """An async function on a keyed stream with keyed value state, one call per key at a time.
+    """An async function on a keyed stream with keyed state, one call per key at a time.
 
-    ``key_by(f).map_async(fn)``: value states from ``ctx.get_state(ValueStateDescriptor)``
-    in :meth:`open` are read and written inside :meth:`invoke` for the key of the
-    record being handled. A call's writes take effect when its result is emitted
-    (a failed call's never do), so they are exactly-once like the result; the
-    next record of a key is issued once the previous one was emitted, so it sees
-    those writes (records of other keys go on meanwhile).
+    ``key_by(f).map_async(fn)``: value, list, map and reducing states from
+    ``ctx.get_state(...)`` in :meth:`open` are read and written inside
+    :meth:`invoke` for the key of the record being handled. A call's writes
+    take effect when its result is emitted (a failed call's never do), so they
+    are exactly-once like the result; the next record of a key is issued once
+    the previous one was emitted, so it sees those writes (records of other
+    keys go on meanwhile).
 
     >>> import asyncio
     >>> from aiostream_ckpt.api.environment import StreamEnvironment

@@ -1,4 +1,4 @@
-"""``key_by(...).map_async(KeyedAsyncFunction)``: async calls with keyed value state.
+"""``key_by(...).map_async(KeyedAsyncFunction)``: async calls with keyed state.
 
 Why the state is buffered: a call's result is emitted, and its record leaves
 the checkpoint's in-flight set, only when the operator lets it go. A call that
@@ -19,7 +19,6 @@ meanwhile.
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections import deque
 from contextvars import ContextVar
 from typing import Any
@@ -27,61 +26,11 @@ from typing import Any
 from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.jobspec.async_functions import AsyncFunction, AsyncSpec, KeyedAsyncFunction
 from aiostream_ckpt.jobspec.functions import RuntimeContext
+from aiostream_ckpt.runtime.async_state import BufferedState, buffered_state
 from aiostream_ckpt.runtime.async_wait import AsyncWaitOperator, _Entry
-from aiostream_ckpt.state.codecs import EXACT_SCALARS
-from aiostream_ckpt.state.descriptors import StateDescriptor, ValueStateDescriptor
+from aiostream_ckpt.state.descriptors import StateDescriptor
 
 _CALL: ContextVar[_Entry | None] = ContextVar("aiostream_ckpt_async_call", default=None)
-_CLEARED = object()
-
-
-class BufferedValueState:
-    """A :class:`KeyedAsyncFunction`'s value state: reads its key's, writes into the call."""
-
-    def __init__(self, op: KeyedAsyncWaitOperator, descriptor: ValueStateDescriptor[Any]) -> None:
-        self._op = op
-        self._name = descriptor.name
-        self._default = descriptor.default
-        self._state = op.keyed_state(descriptor)
-
-    def _entry(self) -> _Entry:
-        entry = _CALL.get()
-        if entry is None:
-            raise StateError(
-                f"state {self._name!r} of a KeyedAsyncFunction is read and written inside "
-                "invoke() only (it belongs to the key of the record being handled)"
-            )
-        return entry
-
-    def value(self) -> Any:
-        entry = self._entry()
-        writes = entry.writes
-        if writes is not None and self._name in writes:
-            v = writes[self._name]
-            return copy.deepcopy(self._default) if v is _CLEARED else v
-        self._op.set_key(entry.key)
-        v = self._state.value()
-        # a copy: changing a read value in place must not reach the state before emission
-        return v if v.__class__ in EXACT_SCALARS else copy.deepcopy(v)
-
-    def update(self, value: Any) -> None:
-        self._write(value)
-
-    def clear(self) -> None:
-        self._write(_CLEARED)
-
-    def _write(self, value: Any) -> None:
-        entry = self._entry()
-        if entry.writes is None:
-            entry.writes = {}
-        entry.writes[self._name] = value
-
-    def apply(self, value: Any) -> None:
-        """Write ``value`` (buffered by an emitted call) into keyed state; the key is set."""
-        if value is _CLEARED:
-            self._state.clear()
-        else:
-            self._state.update(value)
 
 
 class _KeyedAsyncContext(RuntimeContext):
@@ -98,11 +47,6 @@ class _KeyedAsyncContext(RuntimeContext):
         self._op = op
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
-        if not isinstance(descriptor, ValueStateDescriptor):
-            raise StateError(
-                f"a KeyedAsyncFunction keeps value state (ValueStateDescriptor), not "
-                f"{type(descriptor).__name__} {descriptor.name!r}"
-            )
         return self._op.buffered_state(descriptor)
 
 
@@ -126,7 +70,7 @@ class _PerAttempt(AsyncFunction[Any, Any]):
 
 
 class KeyedAsyncWaitOperator(AsyncWaitOperator):
-    """:class:`AsyncWaitOperator` with keyed value state; see the module docstring."""
+    """:class:`AsyncWaitOperator` with keyed state; see the module docstring."""
 
     keyed = True
 
@@ -136,20 +80,29 @@ class KeyedAsyncWaitOperator(AsyncWaitOperator):
         self._ks = key_selector
         #: key -> entries of that key admitted but not started (present: a call of it is out)
         self._busy: dict[Any, deque[_Entry]] = {}
-        self._states: dict[str, BufferedValueState] = {}
+        self._states: dict[str, BufferedState[Any]] = {}
 
     async def start(self, ctx: RuntimeContext, clock: Any) -> None:
         await super().start(_KeyedAsyncContext(ctx, self), clock)
 
-    def keyed_state(self, descriptor: ValueStateDescriptor[Any]) -> Any:
+    def keyed_state(self, descriptor: StateDescriptor) -> Any:
         assert self.backend is not None
         return self.backend.create_state(descriptor)
 
-    def buffered_state(self, descriptor: ValueStateDescriptor[Any]) -> BufferedValueState:
+    def buffered_state(self, descriptor: StateDescriptor) -> BufferedState[Any]:
         state = self._states.get(descriptor.name)
         if state is None:
-            state = self._states[descriptor.name] = BufferedValueState(self, descriptor)
+            state = self._states[descriptor.name] = buffered_state(self, descriptor)
         return state
+
+    def current_call(self, name: str) -> _Entry:
+        entry = _CALL.get()
+        if entry is None:
+            raise StateError(
+                f"state {name!r} of a KeyedAsyncFunction is read and written inside "
+                "invoke() only (it belongs to the key of the record being handled)"
+            )
+        return entry
 
     def set_key(self, key: Any) -> None:
         assert self.backend is not None
@@ -172,8 +125,8 @@ class KeyedAsyncWaitOperator(AsyncWaitOperator):
         writes = entry.writes
         if writes and entry.error is None:
             self.set_key(entry.key)
-            for name, value in writes.items():
-                self._states[name].apply(value)
+            for name, buf in writes.items():
+                self._states[name].apply(buf)
         waiting = self._busy[entry.key]
         if waiting:
             loop = asyncio.get_running_loop()

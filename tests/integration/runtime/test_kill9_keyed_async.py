@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aiostream_ckpt.connectors.staging import read_committed_output
 from tests.helpers import (
     DaemonProcess,
     check_pv_output,
@@ -36,21 +37,37 @@ def _args(tmp: Path, inp: Path, p: int) -> list[str]:
     ]  # fmt: skip
 
 
-def test_keyed_async_state_exactly_once_under_kill9(tmp_path: Path) -> None:
-    inp = make_pv_input(tmp_path / "in.jsonl", 60_000, seed=70, keys=300)
+def _killed_twice(tmp_path: Path, app: str, inp: Path, seed: int) -> Path:
+    """Run ``app`` on ``inp`` at parallelism 2 under two kill -9; return its output."""
+    out = tmp_path / "out"
     run_app_under_kills(
         tmp_path,
-        "tests.apps.async_pv_count",
-        [f"app.input={inp}", f"app.output={tmp_path / 'out'}", "rest.enabled=false"],
+        app,
+        [f"app.input={inp}", f"app.output={out}", "rest.enabled=false"],
         kills=2,
-        seed=7,
+        seed=seed,
         inputs=[inp],
         parallelism=2,
         batch_size=256,
         max_delay_after_checkpoint=0.12,
     )
-    check = check_pv_output(tmp_path / "out", recount(inp))
+    check = check_pv_output(out, recount(inp))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+    return out
+
+
+def test_keyed_async_state_exactly_once_under_kill9(tmp_path: Path) -> None:
+    inp = make_pv_input(tmp_path / "in.jsonl", 60_000, seed=70, keys=300)
+    _killed_twice(tmp_path, "tests.apps.async_pv_count", inp, seed=7)
+
+
+def test_list_map_and_reducing_state_exactly_once_under_kill9(tmp_path: Path) -> None:
+    """The same rule for the other state kinds: pv (the list's length) is 1..n per key, and
+    the map's total and the sum agree with it on every record."""
+    inp = make_pv_input(tmp_path / "in.jsonl", 10_000, seed=72, keys=100)
+    out = _killed_twice(tmp_path, "tests.apps.async_state_kinds", inp, seed=8)
+    disagree = [r for r in read_committed_output(out) if not r["pv"] == r["map_n"] == r["sum_n"]]
+    assert not disagree, disagree[:5]
 
 
 def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:

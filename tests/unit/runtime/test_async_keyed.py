@@ -1,4 +1,4 @@
-"""``key_by(...).map_async(KeyedAsyncFunction)``: value state per key, one call per key."""
+"""``key_by(...).map_async(KeyedAsyncFunction)``: keyed state per key, one call per key."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from aiostream_ckpt.api import (
     AsyncRetry,
     KeyedAsyncFunction,
     ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
     RuntimeContext,
     StreamEnvironment,
     ValueStateDescriptor,
 )
 from aiostream_ckpt.errors import JobFailedError, JobGraphError
 from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.state.descriptors import StateDescriptor
 
 SEEN = ValueStateDescriptor("seen", int, default=0)
 
@@ -109,9 +112,9 @@ def test_reads_see_own_writes_and_in_place_changes_do_not_leak() -> None:
     assert out == [[1], [1], [1, 3], [1, 3], [1, 3, 5]]
 
 
-class ListState(KeyedAsyncFunction[int, int]):
+class UnknownKind(KeyedAsyncFunction[int, int]):
     async def open(self, ctx: RuntimeContext) -> None:
-        ctx.get_state(ListStateDescriptor("l"))
+        ctx.get_state(StateDescriptor("s"))
 
 
 class OutsideInvoke(KeyedAsyncFunction[int, int]):
@@ -123,7 +126,10 @@ def test_misuse_is_refused_with_the_cause() -> None:
     env = StreamEnvironment("t")
     with pytest.raises(JobGraphError, match="run it on a keyed stream"):
         env.from_collection([1]).map_async(Numbered())
-    for fn, why in [(ListState(), "keeps value state"), (OutsideInvoke(), "inside invoke")]:
+    for fn, why in [
+        (UnknownKind(), "keeps value, list, map or reducing state"),
+        (OutsideInvoke(), "inside invoke"),
+    ]:
         env = StreamEnvironment("t")
         s = env.from_collection([1]).key_by(lambda v: v).map_async(fn, uid="x")
         with pytest.raises(JobFailedError, match=why):
@@ -149,3 +155,119 @@ def test_each_instance_gets_its_own_function_object() -> None:
     out = env.execute_and_collect(s.map_async(OpenedOnce(), uid="o", parallelism=2))
     assert len(set(OpenedOnce.opened)) == 2
     assert set(out) == {0, 1}
+
+
+class EachKind(KeyedAsyncFunction[int, Any]):
+    """Scripted writes per record: what a call reads before and after writing."""
+
+    async def open(self, ctx: RuntimeContext) -> None:
+        self.list = ctx.get_state(ListStateDescriptor("l", int))
+        self.map = ctx.get_state(MapStateDescriptor("m", str, int))
+        self.sum = ctx.get_state(ReducingStateDescriptor("s", int, reduce_fn=lambda a, b: a + b))
+
+    def read(self) -> tuple[list[int], list[tuple[str, int]], int | None, bool]:
+        return self.list.get(), sorted(self.map.items()), self.sum.get(), self.map.is_empty()
+
+    async def invoke(self, value: int) -> Any:
+        before = self.read()
+        await asyncio.sleep(0)
+        if value == 1:
+            self.list.add(1)
+            self.map.put("a", 1)
+            self.map.put("b", 1)
+            self.sum.add(1)
+        elif value == 2:
+            self.list.add_all([2, 20])
+            self.map.remove("a")
+            self.map.put("c", 2)
+            self.sum.add(2)
+            self.sum.add(3)
+        elif value == 3:
+            self.list.update([3])
+            self.list.add(30)
+            self.map.clear()
+            self.map.put("d", 3)
+            self.sum.clear()
+            self.sum.add(5)
+        else:
+            self.list.clear()
+            self.map.remove("d")
+            self.sum.clear()
+        flags = (self.map.contains("a"), self.map.get("c"), list(self.map.keys()))
+        return before, self.read(), flags
+
+
+def test_list_map_and_reducing_state_read_own_writes_and_apply_them_on_emission() -> None:
+    env = StreamEnvironment("t")
+    s = env.from_collection([1, 2, 3, 4]).key_by(lambda v: "one key")
+    out = env.execute_and_collect(s.map_async(EachKind(), capacity=4, uid="k"))
+    after = [
+        ([1], [("a", 1), ("b", 1)], 1, False),
+        ([1, 2, 20], [("b", 1), ("c", 2)], 6, False),
+        ([3, 30], [("d", 3)], 5, False),
+        ([], [], None, True),
+    ]
+    assert [b for b, _, _ in out] == [([], [], None, True), *after[:3]]  # the emitted writes
+    assert [a for _, a, _ in out] == after  # its own writes, within the call
+    assert [f for _, _, f in out] == [
+        (True, None, ["a", "b"]),
+        (False, 2, ["b", "c"]),
+        (False, None, ["d"]),
+        (False, None, []),
+    ]
+
+
+class FailsFirstEachKind(KeyedAsyncFunction[int, Any]):
+    """Writes every kind, then fails on each record's first attempt: those writes must not count."""
+
+    async def open(self, ctx: RuntimeContext) -> None:
+        self.list = ctx.get_state(ListStateDescriptor("l", int))
+        self.map = ctx.get_state(MapStateDescriptor("m", int, int))
+        self.sum = ctx.get_state(ReducingStateDescriptor("s", int, reduce_fn=lambda a, b: a + b))
+        self.attempts: Counter[int] = Counter()
+
+    async def invoke(self, value: int) -> Any:
+        self.list.add(value)
+        self.map.put(value, value)
+        self.sum.add(value)
+        self.attempts[value] += 1
+        if self.attempts[value] == 1:
+            self.list.clear()  # a failed clear must not clear either
+            raise ConnectionError("first attempt")
+        return self.list.get(), sorted(self.map.keys()), self.sum.get()
+
+
+def test_a_failed_attempt_leaves_no_write_of_any_kind() -> None:
+    env = StreamEnvironment("t")
+    s = env.from_collection([1, 2, 3]).key_by(lambda v: "one key")
+    retry = AsyncRetry(attempts=2, delay=0)
+    out = env.execute_and_collect(s.map_async(FailsFirstEachKind(), retry=retry, uid="f"))
+    assert out == [([1], [1], 1), ([1, 2], [1, 2], 3), ([1, 2, 3], [1, 2, 3], 6)]
+
+
+class InPlace(KeyedAsyncFunction[int, Any]):
+    """Changes read values in place, and folds with a reduce_fn that changes its accumulator."""
+
+    async def open(self, ctx: RuntimeContext) -> None:
+        self.list = ctx.get_state(ListStateDescriptor("l", list[int]))
+        self.map = ctx.get_state(MapStateDescriptor("m", str, list[int]))
+        self.acc = ctx.get_state(
+            ReducingStateDescriptor("acc", list[int], reduce_fn=lambda a, b: a.extend(b) or a)
+        )
+
+    async def invoke(self, value: int) -> Any:
+        for xs in self.list.get():
+            xs.append(-1)  # not written back: must not reach the state
+        self.map.get("k", [0]).append(-1)
+        self.list.add([value])
+        self.map.put("k", [value])
+        self.acc.add([value])
+        self.acc.get().append(-1)
+        return self.list.get(), self.map.get("k"), self.acc.get()
+
+
+def test_in_place_changes_of_read_values_do_not_reach_the_state() -> None:
+    env = StreamEnvironment("t")
+    s = env.from_collection([1, 2]).key_by(lambda v: 0)
+    out = env.execute_and_collect(s.map_async(InPlace(), uid="i"))
+    assert out == [([[1]], [1], [1]), ([[1], [2]], [2], [1, 2])]
