@@ -140,8 +140,9 @@ class StreamTask:
             self.state = TaskState.FAILED
             raise
         finally:
-            # cancelled while waiting: the record loop must stop before the writer closes
-            if work is not None and not work.done():
+            # cancelled while waiting: the record loop must stop before the writer closes,
+            # and its error is collected even when it failed in the step of the cancel
+            if work is not None:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
             await self._bg.cancel_all()
