@@ -53,3 +53,24 @@ async def unless_set(aw: Awaitable[T], event: asyncio.Event) -> T | None:
     fut.cancel()
     await asyncio.gather(fut, return_exceptions=True)
     return None
+
+
+async def unless_failed(main: Awaitable[T], failure: asyncio.Future[BaseException]) -> T:
+    """Await ``main`` unless ``failure`` is set first: then cancel ``main``, raise the failure.
+
+    ``main`` has ended when this returns or raises, also when the caller is
+    cancelled: its cleanup must not race the caller's; and its error, if it
+    failed in the step the caller was cancelled, is collected, not left for
+    asyncio to log as never retrieved.
+    """
+    work = asyncio.ensure_future(main)
+    try:
+        watch: set[asyncio.Future[Any]] = {work, failure}
+        done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
+        if failure in done:
+            raise failure.result()
+        return work.result()
+    finally:
+        # a no-op if main is done, but it collects an error main ended with meanwhile
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)

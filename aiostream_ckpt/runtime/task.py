@@ -5,8 +5,9 @@ gate, and control elements between them, and hands each to the part that owns
 it, one module each:
 
 - records: :class:`~.operator_chain.OperatorChain` runs the operators, sends the output on;
-- barrier n (a source task: when the coordinator triggers it; an input task:
-  once its ``barrier/`` handler decides) and checkpoint-complete n:
+- barrier n (a source task: once the coordinator's trigger, queued in
+  :class:`~.source_triggers.SourceTriggers`, comes up between two reads; an
+  input task: once its ``barrier/`` handler decides) and checkpoint-complete n:
   :class:`~.subtask_checkpoint.SubtaskCheckpointCoordinator` snapshots,
   forwards, acknowledges through the responder, and commits;
 - watermarks, idleness and timers: :class:`~.event_time.TaskEventTime`;
@@ -24,7 +25,7 @@ from collections import deque
 from concurrent.futures import Executor
 from typing import Any
 
-from aiostream_ckpt.aio import BackgroundTasks, unless_set
+from aiostream_ckpt.aio import BackgroundTasks, unless_failed, unless_set
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.responder import TaskCoordinator
@@ -42,6 +43,7 @@ from aiostream_ckpt.runtime.elements import (
 )
 from aiostream_ckpt.runtime.event_time import TaskEventTime
 from aiostream_ckpt.runtime.operator_chain import OperatorChain
+from aiostream_ckpt.runtime.source_triggers import SourceTriggers
 from aiostream_ckpt.runtime.subtask_checkpoint import SubtaskCheckpointCoordinator
 from aiostream_ckpt.runtime.subtask_restore import SubtaskRestore
 
@@ -70,8 +72,6 @@ class StreamTask:
         self._closed = False
         self.state = TaskState.CREATED
         self.metrics = TaskMetrics()
-        self._triggers: deque[CheckpointBarrier | ProcessingTimeTick] = deque()
-        self._trigger_event = asyncio.Event()
         self._replay: deque[tuple[int, Any]] = deque()
         self._ended_channels: set[int] = set()
         self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -101,8 +101,11 @@ class StreamTask:
         #: set once the task's last output is committed (see the checkpoint component)
         self._done = self._checkpoints.done
         coordinator.register_task(self.task_id, self._checkpoints)
+        self._triggers = SourceTriggers(
+            lambda b: self._checkpoint(b, 0.0), self._fire_processing_timers
+        )
         if spec.reader is not None:
-            coordinator.register_source(self.task_id, self)
+            coordinator.register_source(self.task_id, self._triggers)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -116,19 +119,12 @@ class StreamTask:
         self._transition(TaskState.RUNNING)
         # watched like every background task: a failed commit must fail the task
         self._bg.spawn(self._checkpoints.run_notifications(), f"{self.task_id}-notify")
-        work: asyncio.Future[Any] | None = None
         try:
             await self.restore_state()
             await self.recover_outputs()
             main = self._run_source() if self.spec.reader is not None else self._run_input()
-            work = asyncio.ensure_future(main)
-            watch: set[asyncio.Future[Any]] = {work, self._bg_error}
-            done, _ = await asyncio.wait(watch, return_when=asyncio.FIRST_COMPLETED)
-            if self._bg_error in done:
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
-                raise self._bg_error.result()
-            work.result()
+            # a background task's failure stops the record loop before the writer closes
+            await unless_failed(main, self._bg_error)
             self._transition(TaskState.FINISHED)
         except Exception as exc:
             self.state = TaskState.FAILED
@@ -140,11 +136,6 @@ class StreamTask:
             self.state = TaskState.FAILED
             raise
         finally:
-            # cancelled while waiting: the record loop must stop before the writer closes,
-            # and its error is collected even when it failed in the step of the cancel
-            if work is not None:
-                work.cancel()
-                await asyncio.gather(work, return_exceptions=True)
             await self._bg.cancel_all()
             await self.close()
 
@@ -181,11 +172,6 @@ class StreamTask:
 
     # -- source tasks -----------------------------------------------------------------
 
-    def trigger_checkpoint(self, barrier: CheckpointBarrier) -> None:
-        """Inject ``barrier`` before the next batch (called by the coordinator)."""
-        self._triggers.append(barrier)
-        self._trigger_event.set()
-
     async def _run_source(self) -> None:
         reader = self.spec.reader
         assert reader is not None
@@ -199,7 +185,7 @@ class StreamTask:
         await self._time.announce()
         while True:
             if triggers:
-                await self._inject_barriers()
+                await triggers.run()
             batch = await read(size)
             if batch is None:
                 break
@@ -215,20 +201,7 @@ class StreamTask:
             await asyncio.sleep(0)
         await self._end_input()
         self._coord.source_finished(self.task_id)
-        while not self._done.is_set():
-            if triggers:
-                await self._inject_barriers()
-                continue
-            self._trigger_event.clear()
-            await unless_set(self._trigger_event.wait(), self._done)
-
-    async def _inject_barriers(self) -> None:
-        while self._triggers:
-            item = self._triggers.popleft()
-            if isinstance(item, CheckpointBarrier):
-                await self._checkpoint(item, 0.0)
-            else:
-                await self._fire_processing_timers()
+        await triggers.serve_until(self._done)
 
     # -- input tasks ------------------------------------------------------------------
 
@@ -312,8 +285,7 @@ class StreamTask:
         if gate is not None:
             await gate.queue.put((-1, PROCESSING_TIME_TICK))
         else:
-            self._triggers.append(PROCESSING_TIME_TICK)
-            self._trigger_event.set()
+            self._triggers.timers_due()
 
     async def _end_input(self) -> None:
         await self._time.end()
