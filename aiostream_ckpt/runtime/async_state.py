@@ -21,6 +21,7 @@ One buffer type per kind, each applied with the kind's own operations:
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -60,7 +61,7 @@ def detached(value: Any) -> Any:
     return value if value.__class__ in EXACT_SCALARS else copy.deepcopy(value)
 
 
-class BufferedState(Generic[B]):
+class BufferedState(ABC, Generic[B]):
     """Base: find the call, its buffer for this state, and its key's stored state."""
 
     def __init__(self, op: KeyedCalls, descriptor: StateDescriptor) -> None:
@@ -68,8 +69,9 @@ class BufferedState(Generic[B]):
         self._name = descriptor.name
         self._state = op.keyed_state(descriptor)
 
+    @abstractmethod
     def _new_buffer(self) -> B:
-        raise NotImplementedError
+        """Return an empty buffer of this kind of state, for a call's first write."""
 
     def _buffer(self) -> tuple[_Entry, B | None]:
         """Return the running call and its buffer of this state (None: nothing written yet)."""
@@ -92,9 +94,9 @@ class BufferedState(Generic[B]):
         self._op.set_key(entry.key)
         return self._state
 
+    @abstractmethod
     def apply(self, buf: B) -> None:
         """Write an emitted call's buffer into keyed state; the operator set the key."""
-        raise NotImplementedError
 
 
 class _ValueBuffer:

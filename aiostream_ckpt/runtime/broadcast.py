@@ -15,6 +15,7 @@ with the broadcast input as the second: its batches reach ``process_batch2``.
 from __future__ import annotations
 
 import base64
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -215,7 +216,7 @@ class KeyedBroadcastContext(Context):
         kc.key = self.current_key = None
 
 
-class _BroadcastSide:
+class _BroadcastSide(ABC):
     """What both broadcast operators add to their two-input base: the maps and their snapshot."""
 
     broadcast_states: BroadcastStates
@@ -231,8 +232,9 @@ class _BroadcastSide:
         finally:
             self._ctx = ctx
 
+    @abstractmethod
     def _broadcast_batch(self, batch: list[Any]) -> list[Any]:
-        raise NotImplementedError
+        """Run the function's ``process_broadcast_element`` on each record of ``batch``."""
 
     def snapshot_state(self) -> dict[str, Any] | None:
         if self._subtask != 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 _WARN_AT = 0.8
 
 
-class _WriterBase:
+class _WriterBase(ABC):
     """Connection, topic check and delivery, shared by both semantics."""
 
     def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
@@ -121,8 +122,9 @@ class _WriterBase:
         self._closed = True
         await run_to_end(self._close(), timeout_s=None)
 
+    @abstractmethod
     async def _close(self) -> None:
-        raise NotImplementedError
+        """Close what this semantics opened (producers, metadata client); once, from ``close``."""
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
