@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -414,3 +415,36 @@ async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: i
         finally:
             await consumer.stop()
     assert ends["read_committed"] == ends["read_uncommitted"], ends
+
+
+# -- Kafka wire fakes: what a broker answers to aiostream_ckpt_dev.kafka_wire ------------
+
+
+def list_offsets_response(cid: int, topic: str, parts: dict[int, int], err: int = 0) -> bytes:
+    """A ListOffsets v2 response body, as the broker sends it (after the size prefix)."""
+    name = topic.encode()
+    body = struct.pack(">iii", cid, 0, 1) + struct.pack(">h", len(name)) + name
+    body += struct.pack(">i", len(parts))
+    for p, off in parts.items():
+        body += struct.pack(">ihqq", p, err, -1, off)
+    return body
+
+
+def parse_list_offsets_request(frame: bytes) -> tuple[int, int, int, str, list[int]]:
+    """Read a ListOffsets v2 request (after the size prefix) as a broker would."""
+    api, ver, cid, clen = struct.unpack_from(">hhih", frame, 0)
+    pos = 10 + clen
+    replica, isolation, n_topics, nlen = struct.unpack_from(">ibih", frame, pos)
+    pos += 11
+    topic = frame[pos : pos + nlen].decode()
+    pos += nlen
+    (n_parts,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    parts = []
+    for _ in range(n_parts):
+        p, ts = struct.unpack_from(">iq", frame, pos)
+        assert ts == -1  # latest
+        parts.append(p)
+        pos += 12
+    assert (replica, isolation, n_topics, pos) == (-1, 0, 1, len(frame))
+    return api, ver, cid, topic, parts

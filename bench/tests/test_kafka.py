@@ -6,58 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt_dev.kafka_wire import decode_list_offsets, encode_list_offsets
 from bench import kafka, kafka_systems
 from bench.kafka import not_run, select_paths
 from bench.kafka_offsets import EndOffsetSampler
 from bench.kafka_recount import recount_values
 from bench.kafka_systems import KafkaSpec, KafkaWorkload, OursKafka
 from bench.systems import Workload
-
-
-def _response(cid: int, topic: str, parts: dict[int, int], err: int = 0) -> bytes:
-    """A ListOffsets v2 response body, as the broker sends it (after the size prefix)."""
-    name = topic.encode()
-    body = struct.pack(">iii", cid, 0, 1) + struct.pack(">h", len(name)) + name
-    body += struct.pack(">i", len(parts))
-    for p, off in parts.items():
-        body += struct.pack(">ihqq", p, err, -1, off)
-    return body
-
-
-def _parse_request(frame: bytes) -> tuple[int, int, int, str, list[int]]:
-    api, ver, cid, clen = struct.unpack_from(">hhih", frame, 0)
-    pos = 10 + clen
-    replica, isolation, n_topics, nlen = struct.unpack_from(">ibih", frame, pos)
-    pos += 11
-    topic = frame[pos : pos + nlen].decode()
-    pos += nlen
-    (n_parts,) = struct.unpack_from(">i", frame, pos)
-    pos += 4
-    parts = []
-    for _ in range(n_parts):
-        p, ts = struct.unpack_from(">iq", frame, pos)
-        assert ts == -1  # latest
-        parts.append(p)
-        pos += 12
-    assert (replica, isolation, n_topics, pos) == (-1, 0, 1, len(frame))
-    return api, ver, cid, topic, parts
-
-
-def test_list_offsets_request_is_v2_latest_read_uncommitted() -> None:
-    framed = encode_list_offsets("pv-out", [0, 1, 2, 3], 42)
-    (size,) = struct.unpack_from(">i", framed)
-    assert size == len(framed) - 4
-    assert _parse_request(framed[4:]) == (2, 2, 42, "pv-out", [0, 1, 2, 3])
-
-
-def test_list_offsets_response_decodes_and_checks() -> None:
-    body = _response(9, "t", {0: 10, 1: 0, 2: 5, 3: 7})
-    assert decode_list_offsets(body, 9) == {0: 10, 1: 0, 2: 5, 3: 7}
-    with pytest.raises(OSError, match="correlation"):
-        decode_list_offsets(body, 8)
-    with pytest.raises(OSError, match="error code 3"):
-        decode_list_offsets(_response(9, "t", {0: 1}, err=3), 9)
+from tests.helpers import list_offsets_response, parse_list_offsets_request
 
 
 def test_sampler_sums_end_offsets_from_a_fake_broker() -> None:
@@ -74,10 +29,10 @@ def test_sampler_sums_end_offsets_from_a_fake_broker() -> None:
                 if len(head) < 4:
                     return
                 frame = conn.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
-                _, _, cid, topic, parts = _parse_request(frame)
+                _, _, cid, topic, parts = parse_list_offsets_request(frame)
                 n += 1
                 requests.append(cid)
-                body = _response(cid, topic, {p: 100 * n + p for p in parts})
+                body = list_offsets_response(cid, topic, {p: 100 * n + p for p in parts})
                 conn.sendall(struct.pack(">i", len(body)) + body)
 
     t = threading.Thread(target=serve, daemon=True)

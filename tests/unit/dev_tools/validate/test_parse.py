@@ -1,4 +1,4 @@
-"""The pure parts of the validator: no JVM, so they run in the fast suite too."""
+"""The pure parts of the validator, no JVM (the Spark runs: tests/integration/validate)."""
 
 from __future__ import annotations
 
