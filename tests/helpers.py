@@ -106,6 +106,7 @@ def run_app_under_kills(
     batch_size: int = 512,
     max_delay_after_checkpoint: float = 1.0,
     timeout: float = 300,
+    kill_workers: bool = False,
 ) -> tuple[ChaosResult, Path]:
     """Run ``aiostream-ckpt run APP`` to the end under ``kills`` kill -9; return it and its log.
 
@@ -135,6 +136,7 @@ def run_app_under_kills(
         log_path=log,
         cwd=REPO,
         inputs=inputs,
+        kill_workers=kill_workers,
     )
     assert result.exit_code == 0, log.read_text()[-4000:]
     if at_least is None:

@@ -41,6 +41,8 @@ class ChaosResult:
     runs: int
     elapsed: float
     kill_times: list[float] = field(default_factory=list)
+    #: of ``kills``, those that hit a worker process (``kill_workers``)
+    worker_kills: int = 0
 
 
 def run_with_kills(
@@ -55,11 +57,17 @@ def run_with_kills(
     cwd: Path | None = None,
     on_line: Callable[[str], None] | None = None,
     inputs: Sequence[Path] | None = None,
+    kill_workers: bool = False,
 ) -> ChaosResult:
     """Run ``cmd`` to completion, SIGKILLing it ``kills`` times along the way.
 
     With ``inputs`` (files the worker reads) and a ``/proc`` to watch it by,
     kill points are fractions of the input (see the module docstring).
+
+    ``kill_workers`` (``job.workers`` > 1): each kill picks, by the seed, the
+    main process or one of its worker processes. A killed worker fails the
+    attempt and the main process restarts it; the next kill waits for a
+    checkpoint completed after it, as after a restart of the command.
     """
     rng = random.Random(seed)
     started = time.monotonic()
@@ -112,9 +120,24 @@ def run_with_kills(
                 elif want_kill and kill_at is None and checkpointed.is_set():
                     kill_at = now + delay
                 if kill_at is not None and now >= kill_at:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    break
+                    victim = _victim(proc.pid, rng) if kill_workers else proc.pid
+                    os.kill(victim, signal.SIGKILL)
+                    if victim == proc.pid:
+                        proc.wait()
+                        break
+                    result.kills += 1
+                    result.worker_kills += 1
+                    result.kill_times.append(now - started)
+                    if log is not None:
+                        log.write(
+                            f"=== chaos: SIGKILL #{result.kills} (worker {victim}) ===\n".encode()
+                        )
+                    # as after a restart: wait for a checkpoint of the new attempt
+                    checkpointed.clear()
+                    any_checkpoint = False
+                    run_start = kill_at = None
+                    want_kill = result.kills < kills
+                    delay = rng.uniform(0.0, max_delay_after_checkpoint)
                 time.sleep(0.005)
             reader.join(timeout=5)
             if proc.returncode == -signal.SIGKILL and kill_at is not None:
@@ -133,6 +156,20 @@ def run_with_kills(
             proc.wait()
         if log is not None:
             log.close()
+
+
+def _victim(pid: int, rng: random.Random) -> int:
+    """Return ``pid`` or one of its worker processes, chosen by ``rng``."""
+    workers = [p for p in family(pid)[1:] if _is_worker(p)]
+    return rng.choice([pid, *workers])
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"aiostream_ckpt.daemon.worker" in f.read()
+    except OSError:
+        return False
 
 
 def read_fraction(pid: int, sizes: dict[str, int]) -> float:

@@ -6,24 +6,18 @@ output is checked against a recount of the input, key by key.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
-from aiostream_ckpt_dev.chaos.kills import read_fraction
+from aiostream_ckpt_dev.chaos.kills import ChaosResult
 from tests.helpers import (
-    REPO,
     check_pv_output,
     cli,
-    cli_cmd,
     make_pv_input,
     recount,
     run_app_under_kills,
@@ -31,6 +25,8 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.integration
 
+#: run_with_kills' seeded choice of a victim: a worker, not the main process
+WORKER_SEED = 0
 _STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 
 
@@ -120,45 +116,33 @@ def test_a_checkpoint_completes_with_every_subtask_of_both_workers(runs: dict[in
         assert st["operator"]["positions"], sub  # the source's file offset, from its worker
 
 
-def _lines(proc: subprocess.Popen[str], into: list[str]) -> None:
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        into.append(line)
+def _pv_under_kills(
+    tmp_path: Path, *, seed: int, kill_workers: bool
+) -> tuple[ChaosResult, str, list[Path]]:
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 40_000, seed=seed + i) for i in range(2)]
+    result, log_path = run_app_under_kills(
+        tmp_path,
+        "apps.pv_count",
+        [
+            f"app.input={','.join(map(str, inputs))}",
+            f"app.output={tmp_path / 'out'}",
+            "job.workers=2",
+            "restart.delay=0s",
+        ],
+        kills=1,
+        seed=seed,
+        inputs=inputs,  # by how far the workers read (the main process reads nothing)
+        parallelism=2,
+        timeout=120,
+        kill_workers=kill_workers,
+    )
+    return result, log_path.read_text(), inputs
 
 
 def test_kill9_of_a_worker_restarts_every_worker_from_the_checkpoint(tmp_path: Path) -> None:
-    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 60_000, seed=7 + i) for i in range(2)]
-    sizes = {str(p.resolve()): p.stat().st_size for p in inputs}
-    proc = subprocess.Popen(
-        cli_cmd(*pv_args(tmp_path, inputs, 2)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=_lines, args=(proc, lines), daemon=True)
-    reader.start()
-    victim = None
-    try:
-        deadline = time.monotonic() + 120
-        while victim is None and proc.poll() is None and time.monotonic() < deadline:
-            log = "".join(lines)
-            pids = worker_pids(log)
-            # kill worker 1 once a checkpoint completed and it read a third of its file
-            checkpointed = "checkpoint 1 completed" in log
-            if 1 in pids and checkpointed and read_fraction(pids[1][0], sizes) >= 0.3:
-                victim = pids[1][0]
-                os.kill(victim, signal.SIGKILL)
-            time.sleep(0.005)  # polling the kill condition, not waiting for time
-        assert victim is not None, "".join(lines)[-3000:]
-        assert proc.wait(timeout=120) == 0, "".join(lines)[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        reader.join(timeout=5)
-    log = "".join(lines)
+    # the seed has run_with_kills pick a worker, not the main process
+    result, log, inputs = _pv_under_kills(tmp_path, seed=WORKER_SEED, kill_workers=True)
+    assert result.worker_kills == 1 and result.runs == 1, log[-3000:]
     assert "peer process is gone" in log and "restart 1" in log, log[-3000:]
     pids = worker_pids(log)
     assert len(pids[0]) == len(pids[1]) == 2  # the surviving worker was restarted too
@@ -170,27 +154,11 @@ def test_kill9_of_a_worker_restarts_every_worker_from_the_checkpoint(tmp_path: P
 def test_kill9_of_the_main_process_leaves_no_worker_and_a_rerun_recovers(
     tmp_path: Path,
 ) -> None:
-    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 60_000, seed=3 + i) for i in range(2)]
-    out = tmp_path / "out"
-    _, log_path = run_app_under_kills(
-        tmp_path,
-        "apps.pv_count",
-        [
-            f"app.input={','.join(map(str, inputs))}",
-            f"app.output={out}",
-            "job.workers=2",
-            "restart.delay=0s",
-        ],
-        kills=1,
-        seed=11,
-        inputs=inputs,  # by how far the workers read (the main process reads nothing)
-        parallelism=2,
-        timeout=120,
-    )
-    log = log_path.read_text()
+    result, log, inputs = _pv_under_kills(tmp_path, seed=3, kill_workers=False)
+    assert result.runs == 2, log[-3000:]
     pids = worker_pids(log)
     assert len(pids[0]) == len(pids[1]) == 2, log[-3000:]  # one attempt per run
     # the killed run's workers died with it (PR_SET_PDEATHSIG), the re-run's ended with it
     assert not any(alive(p) for ps in pids.values() for p in ps)
-    check = check_pv_output(out, recount(*inputs))
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
