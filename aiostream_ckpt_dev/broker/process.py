@@ -24,13 +24,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
 from aiostream_ckpt_dev.broker.jars import ensure_kafka_jars
 from aiostream_ckpt_dev.kafka_wire import metadata_broker_count
+from aiostream_ckpt_dev.maven import QUICK_START_JVM_OPTIONS
 
 LOOPBACK = "127.0.0.1"
 _NODE_ID = 1
@@ -97,6 +98,9 @@ class KafkaBroker:
     ``restart()`` keeps the ports and the data, so clients reconnect and see
     the same topics and transactions, as after a real broker restart.
     ``properties`` overrides or extends the generated ``server.properties``.
+    ``jvm_options`` go to every JVM it starts (the storage format and the
+    broker); :data:`~aiostream_ckpt_dev.maven.QUICK_START_JVM_OPTIONS` unless given; a
+    broker measured for peak throughput (the bench) passes ``()``.
     ``detach`` starts the JVM in its own session, so it outlives this process
     (the CLI). Otherwise it is tied to us: if the Python process dies, even by
     SIGKILL, the kernel sends the broker SIGTERM (Linux ``PDEATHSIG``, via
@@ -111,6 +115,7 @@ class KafkaBroker:
         controller_port: int | None = None,
         properties: Mapping[str, str] | None = None,
         heap: str = "512m",
+        jvm_options: Sequence[str] = QUICK_START_JVM_OPTIONS,
         start_timeout_s: float = 90.0,
         detach: bool = False,
         libs_dir: Path | None = None,
@@ -121,6 +126,7 @@ class KafkaBroker:
         self._controller_port = controller_port
         self._properties = dict(properties or {})
         self._heap = heap
+        self._jvm_options = list(jvm_options)
         self._start_timeout_s = start_timeout_s
         self._detach = detach
         self._libs_dir = libs_dir
@@ -322,6 +328,7 @@ class KafkaBroker:
         return [
             java,
             f"-Xmx{self._heap}",
+            *self._jvm_options,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.xml'}",
             f"-Dkafka.logs.dir={self.data_dir / 'logs'}",

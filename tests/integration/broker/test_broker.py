@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from aiostream_ckpt_dev.broker import KafkaBroker
 from aiostream_ckpt_dev.broker.cli import broker_main
 from aiostream_ckpt_dev.broker.jars import KAFKA_VERSION, ensure_kafka_jars
 from aiostream_ckpt_dev.kafka_wire import metadata_broker_count
-from aiostream_ckpt_dev.maven import cache_root
+from aiostream_ckpt_dev.maven import QUICK_START_JVM_OPTIONS, cache_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -21,6 +22,11 @@ def test_session_broker_answers_metadata(kafka_broker):
     assert kafka_broker.bootstrap_servers.startswith("127.0.0.1:")
     assert metadata_broker_count("127.0.0.1", kafka_broker.port, timeout_s=5) == 1
     assert "Kafka Server started" in kafka_broker.log_path.read_text()
+
+
+def test_broker_jvm_runs_with_the_quick_start_options(kafka_broker):
+    cmdline = Path(f"/proc/{kafka_broker.pid}/cmdline").read_bytes().split(b"\0")
+    assert {o.encode() for o in QUICK_START_JVM_OPTIONS} <= set(cmdline)
 
 
 def test_cached_jars_are_reused(kafka_broker):
@@ -106,6 +112,18 @@ def test_mvn_failure_reports_its_output(tmp_path, monkeypatch):
     with pytest.raises(ConnectorError, match=r"(?s)mvn failed.*Could not resolve dependencies"):
         ensure_kafka_jars(tmp_path / "cache")
     assert not (tmp_path / "cache" / "libs" / ".complete").exists()
+
+
+def test_mvn_runs_with_the_quick_start_options_before_the_users(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "mvn"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "MAVEN_OPTS=$MAVEN_OPTS"\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    monkeypatch.setenv("MAVEN_OPTS", "-Xmx2g")
+    with pytest.raises(ConnectorError) as info:
+        ensure_kafka_jars(tmp_path / "cache")
+    assert f"MAVEN_OPTS={' '.join(QUICK_START_JVM_OPTIONS)} -Xmx2g" in str(info.value)
 
 
 def test_concurrent_callers_run_mvn_once(tmp_path, monkeypatch):

@@ -28,7 +28,12 @@ from aiostream_ckpt_dev.broker.jars import KAFKA_VERSION, ensure_kafka_jars
 from aiostream_ckpt_dev.broker.process import KafkaBroker
 from aiostream_ckpt_dev.chaos.cli import run_chaos
 from aiostream_ckpt_dev.demo.kafka import create_topics, load_jsonl, worker_flags
-from aiostream_ckpt_dev.maven import cache_root, copy_dependencies, file_lock
+from aiostream_ckpt_dev.maven import (
+    QUICK_START_JVM_OPTIONS,
+    cache_root,
+    copy_dependencies,
+    file_lock,
+)
 from aiostream_ckpt_dev.validate.parse import canonical
 from aiostream_ckpt_dev.validate.proof import AppRun, compare_dirs, load_contract
 from aiostream_ckpt_dev.validate.proof_cli import prove
@@ -201,7 +206,8 @@ def _console_consumer(bootstrap: str, topic: str, count: int) -> Iterator[tuple[
     """
     cp = f"{_kafka_tools_jar()}:{ensure_kafka_jars()}/*"
     cmd = [
-        "java", "-cp", cp, "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "java", *QUICK_START_JVM_OPTIONS, "-cp", cp,
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
         "--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning",
         "--isolation-level", "read_committed", "--max-messages", str(count),
         "--timeout-ms", "15000",
