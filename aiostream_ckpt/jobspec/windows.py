@@ -133,3 +133,6 @@ class EventTimeSessionWindows(WindowAssigner):
 
     def assign(self, timestamp: int) -> list[TimeWindow]:
         return [TimeWindow(timestamp, timestamp + self.gap)]
+
+    def bounds(self, timestamp: int) -> Sequence[tuple[int, int]]:
+        return ((timestamp, timestamp + self.gap),)

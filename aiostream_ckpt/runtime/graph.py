@@ -67,6 +67,7 @@ from aiostream_ckpt.runtime.partitioners import (
     RebalanceGate,
 )
 from aiostream_ckpt.runtime.placement import ProcessShare, task_id
+from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
 from aiostream_ckpt.runtime.timed_process import make_keyed_process_operator
 from aiostream_ckpt.runtime.window_operator import WindowOperator
@@ -246,7 +247,9 @@ def _make_operator(t: Transformation) -> StreamOperator:
         return make_keyed_process_operator(t.uid, fn, t.key_selector)
     if kind is TransformKind.WINDOW:
         assert t.key_selector is not None
-        return WindowOperator(t.uid, copy.deepcopy(t.payload(WindowSpec)), t.key_selector)
+        window = copy.deepcopy(t.payload(WindowSpec))
+        cls = SessionWindowOperator if window.assigner.merging else WindowOperator
+        return cls(t.uid, window, t.key_selector)
     if kind is TransformKind.REDUCE:
         assert t.key_selector is not None
         return ReduceOperator(t.uid, t.function(), t.key_selector, t.state_type)

@@ -1,17 +1,13 @@
 """The window operator: keyed window contents and timers, all in keyed state.
 
 Per key, one map state holds every open window of that key, ``(start, end) ->
-contents`` (an accumulator, a reduced value, or the list of elements). For
-session windows the map's keys *are* the key's window set, so merging is a
-rewrite of that map and survives checkpoints as is: nothing else needs to be
-restored. Timers are the operator's :class:`InternalTimerService` (keyed state
-too): one at ``window.max_timestamp`` to fire, one at ``max_timestamp +
+contents`` (an accumulator, a reduced value, or the list of elements); session
+windows keep theirs apart (:mod:`~aiostream_ckpt.runtime.session_windows`).
+Timers are the operator's :class:`InternalTimerService` (keyed state too): one
+at ``window.max_timestamp`` to fire, one at ``max_timestamp +
 allowed_lateness`` to drop the contents. A timer carries no window, only a
 time; on a timer the operator fires/cleans the key's windows whose time it
-is. A session that grows or merges keeps its parts' timers, which fire no
-later than its own; when one fires, the key's sessions get the timers they
-lack (see :meth:`WindowOperator._add_to_session`). So a key's timers follow
-its live windows, whatever its history, and most records set none.
+is. So a key's timers follow its live windows, whatever its history.
 
 Lateness follows Flink: a window is late once ``max_timestamp +
 allowed_lateness <= watermark``; a record whose windows are all late goes to
@@ -91,7 +87,7 @@ class WindowOperator(StreamOperator):
     # -- records ------------------------------------------------------------------------
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        """Add each record to its windows.
+        """Add each record to its windows (see :meth:`_add_batch`).
 
         The key selector, timestamp assigner and aggregate/reduce function run
         here (a failure is ``RecordFailed``, as in every record loop), and a
@@ -99,20 +95,7 @@ class WindowOperator(StreamOperator):
         """
         out: list[Any] = []
         self._out.collect = out.append
-        if not self.spec.assigner.merging:
-            return self._add_batch(batch, out)
-        kc = self._kc
-        ks = self._key_selector
-        tsf = self._ts
-        it = iter(batch)
-        try:
-            for rec in it:
-                kc.key = ks(rec)
-                if not self._add_to_session(rec, tsf(rec)):
-                    self._late(rec)
-        except Exception as exc:
-            raise RecordFailed(self, batch, it, out) from exc
-        return out
+        return self._add_batch(batch, out)
 
     def _add_batch(self, batch: list[Any], out: list[Any]) -> list[Any]:
         """Fold a batch into fixed windows: one state read and write per (key, window).
@@ -185,6 +168,10 @@ class WindowOperator(StreamOperator):
         # A new list each time: the state may still hold the old one for a snapshot.
         return [record] if current is _MISSING else [*current, record]
 
+    def _first(self, record: Any) -> Any:
+        """Return the contents of a new window holding ``record``."""
+        return self._fold(_MISSING, record)
+
     def _fold_owned(self, current: Any, record: Any) -> Any:
         """Like :meth:`_fold`, for contents the batch owns: a list ``_fold`` made grows in place."""
         if self.spec.kind is WindowKind.PROCESS:
@@ -212,65 +199,6 @@ class WindowOperator(StreamOperator):
         if self._lateness:
             timers.register_event_time_timer(max_ts + self._lateness)
 
-    def _add_to_session(self, record: Any, ts: int) -> bool:
-        """Add to the key's sessions, merging those the new one touches; False if late.
-
-        Only a new session sets timers here: a grown or merged one keeps the
-        timers its parts had, all at or before its own times, and when one of
-        them fires :meth:`_on_timer` sets the session's current ones. So a
-        record that extends a session (most do) costs no timer work, and a key
-        holds about one timer per session, not one per record.
-        """
-        new = self.spec.assigner.assign(ts)[0]
-        contents = self._contents
-        merged = new
-        touched: list[tuple[tuple[int, int], Any]] = []
-        for window, value in contents.items():
-            if new.intersects(window):
-                touched.append((window, value))
-                merged = merged.cover(window)
-        window = (merged.start, merged.end)
-        max_ts = window[1] - 1
-        if max_ts + self._lateness <= self.watermark:
-            return False  # only possible with nothing touched: those were cleaned up
-        current: Any = _MISSING
-        if touched:
-            touched.sort()
-            current = self._merge_contents([v for _, v in touched])
-            for w, _ in touched:
-                if w != window:
-                    contents.remove(w)
-        contents.put(window, self._fold(current, record))
-        if not touched or max_ts <= self.watermark:
-            self._after_add(window)
-        return True
-
-    def _rearm(self, timestamp: int) -> None:
-        """Set the missing timers of the key's sessions after one fired at ``timestamp``."""
-        timers = self._timers
-        assert timers is not None
-        for window, _ in self._contents.items():
-            for t in self._timer_times(window):
-                if t > timestamp and not timers.has_event_time_timer(t):
-                    timers.register_event_time_timer(t)
-
-    def _timer_times(self, window: tuple[int, int]) -> tuple[int, ...]:
-        """Return the event-time timers a window sets: fire, and clean up after the lateness."""
-        max_ts = window[1] - 1
-        return (max_ts, max_ts + self._lateness) if self._lateness else (max_ts,)
-
-    def _merge_contents(self, values: list[Any]) -> Any:
-        kind = self.spec.kind
-        acc = values[0]
-        for v in values[1:]:
-            if kind is WindowKind.AGGREGATE:
-                acc = self._aggregate.merge(acc, v)
-            elif kind is WindowKind.REDUCE:
-                acc = self._reduce(acc, v)
-            else:
-                acc = [*acc, *v]
-        return acc
-
     # -- time ---------------------------------------------------------------------------
 
     def process_watermark(self, timestamp: int) -> list[Any]:
@@ -297,8 +225,6 @@ class WindowOperator(StreamOperator):
                 self._fire(window, value)
             if max_ts + lateness == timestamp:
                 contents.remove(raw)
-        if self.spec.assigner.merging:
-            self._rearm(timestamp)
 
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec

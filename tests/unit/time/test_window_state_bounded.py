@@ -8,7 +8,8 @@ from typing import Any
 
 from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
-from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
+from aiostream_ckpt.runtime.session_windows import SESSIONS, SessionWindowOperator
+from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
@@ -24,7 +25,7 @@ def _session_operator(tmp: Path, lateness: int) -> tuple[Any, LmdbStateBackend]:
         function=CountAggregate(),
         allowed_lateness=lateness,
     )
-    op = WindowOperator("sessions", spec, lambda e: e["user"])
+    op = SessionWindowOperator("sessions", spec, lambda e: e["user"])
     backend = LmdbStateBackend(
         operator_uid="sessions",
         subtask_index=0,
@@ -52,12 +53,13 @@ def test_growing_sessions_keep_one_window_and_its_timers(tmp_path: Path) -> None
                 ts += 10
             # mid-session: each user has one window, and that window's timers only
             # (before: a timer per click at every old end, until the watermark passed)
-            assert backend.cached_entries(WINDOW_CONTENTS) == 2
+            assert [len(op.open_sessions(u)) for u in ("u1", "u2")] == [1, 1]
             assert op.timer_service.pending() == (2 * (2 if lateness else 1), 0)
             ts += 5_000  # the session ends
             out += op.process_watermark(ts - 2_000)
         assert out == [250] * 40  # 20 sessions of each user, 250 clicks each, fired once
-        assert backend.cached_entries(WINDOW_CONTENTS) == 0
+        assert op.open_sessions("u1") == op.open_sessions("u2") == []
+        assert list(backend.keys(SESSIONS)) == []
         assert backend.cached_entries("_timers.event") == 0
         assert op.timer_service.pending() == (0, 0)
         backend.close()
@@ -72,7 +74,7 @@ def test_merged_sessions_fire_once_at_their_own_end(tmp_path: Path) -> None:
         out: list[Any] = []
         for ts in clicks:
             out += op.process_batch([{"user": "u", "ts": ts}])
-        assert backend.cached_entries(WINDOW_CONTENTS) == 2  # [0, 4000) and [9000, 10000)
+        assert op.open_sessions("u") == [(0, 4_000), (9_000, 10_000)]
         assert op.timer_service.pending()[0] <= 4 * (2 if lateness else 1)
         out += op.process_watermark(1_499)  # the first part's end: not the session's
         assert out == []
@@ -80,6 +82,50 @@ def test_merged_sessions_fire_once_at_their_own_end(tmp_path: Path) -> None:
         assert out == [5]
         out += op.process_watermark(20_000)
         assert out == [5, 1]
-        assert backend.cached_entries(WINDOW_CONTENTS) == 0
+        assert op.open_sessions("u") == []
+        assert list(backend.keys(SESSIONS)) == []
         assert op.timer_service.pending() == (0, 0)
         backend.close()
+
+
+def test_sessions_of_the_map_layout_are_moved_at_open(tmp_path: Path) -> None:
+    # a checkpoint of the layout before: each session a ``window-contents`` map entry,
+    # with its timer; opening the operator moves them, and they go on merging and firing
+    backend = LmdbStateBackend(
+        operator_uid="sessions",
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, MAXP - 1),
+        max_parallelism=MAXP,
+        local_dir=tmp_path,
+    )
+    old = backend.create_state(MapStateDescriptor("window-contents"))
+    old_timers = backend.create_state(MapStateDescriptor("_timers.event"))
+    for key, window, count in (
+        ("u", (0, 1_500), 2),
+        ("u", (9_000, 10_000), 1),
+        ("v", (0, 1_000), 4),
+    ):
+        backend.key_context.key = key
+        old.put(window, count)
+        old_timers.put(window[1] - 1, 0)
+    spec = WindowSpec(
+        assigner=EventTimeSessionWindows.with_gap(1_000),
+        kind=WindowKind.AGGREGATE,
+        timestamp_assigner=lambda e: e["ts"],
+        function=CountAggregate(),
+    )
+    op = SessionWindowOperator("sessions", spec, lambda e: e["user"])
+    op.backend = backend
+    op.open(
+        RuntimeContext(
+            operator_uid="sessions", subtask_index=0, parallelism=1, params={}, backend=backend
+        )
+    )
+    assert op.open_sessions("u") == [(0, 1_500), (9_000, 10_000)]
+    assert list(backend.keys("window-contents")) == []
+    out = op.process_batch([{"user": "u", "ts": 1_200}, {"user": "u", "ts": 8_500}])
+    out += op.process_watermark(20_000)
+    # u: [0, 2200) holds 3, [8500, 10000) 2, each fired at its end from its parts' timers
+    assert sorted(out) == [2, 3, 4]
+    assert op.open_sessions("u") == op.open_sessions("v") == []
+    backend.close()
