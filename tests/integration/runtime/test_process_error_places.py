@@ -22,12 +22,13 @@ import pytest
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
-from aiostream_ckpt_dev.chaos.kills import run_with_kills
 from tests.apps.poison_places import POISON_APP, WINDOW_MS
-from tests.helpers import REPO, check_pv_output, cli, cli_cmd, recount
+from tests.helpers import check_pv_output, cli, recount, run_app_under_kills
 from tests.integration.runtime.test_process_errors import process_dead_letters
 
 pytestmark = pytest.mark.integration
+
+POISON_PLACES_APP = "tests.apps.poison_places"
 
 #: where -> (parallelism, the failing user function, its operator)
 PLACES = {
@@ -65,18 +66,15 @@ def make_inputs(tmp_path: Path, where: str, events: int, poison: int, seed: int)
     return {"input": ",".join(map(str, paths))}, paths, added
 
 
-def command(tmp_path: Path, where: str, params: dict[str, Any], *extra: str) -> list[str]:
+def settings(tmp_path: Path, where: str, params: dict[str, Any]) -> list[str]:
+    """The ``--set`` lines of a run with the poison in ``where``."""
     sets = {
-        "checkpoint.dir": tmp_path / "ckpt",
         "app.output": tmp_path / "out",
         "app.poison_in": where,
         "checkpoint.interval": "30ms",
-        "job.batch_size": "256",
-        "job.parallelism": PLACES[where][0],
         **{f"app.{k}": v for k, v in params.items()},
     }
-    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    return cli_cmd("run", "tests.apps.poison_places", *args, *extra)
+    return [f"{k}={v}" for k, v in sets.items()]
 
 
 def window_counts(*paths: Path) -> collections.Counter[tuple[str, int, int]]:
@@ -113,14 +111,18 @@ def dead_letter_subject(where: str, raw: dict[str, Any]) -> Any:
 def test_poison_in_each_place_is_dead_lettered_once_under_kill9(tmp_path: Path, where: str) -> None:
     seed = list(PLACES).index(where)
     params, paths, added = make_inputs(tmp_path, where, 60_000, 12, seed)
-    cmd = command(tmp_path, where, params, "--set", "errors.on_process_error=dead_letter")
-    log = tmp_path / "worker.log"
-    result = run_with_kills(
-        cmd, kills=2, seed=seed, max_delay_after_checkpoint=0.12, timeout=300,
-        log_path=log, cwd=REPO, inputs=paths,
-    )  # fmt: skip
-    assert result.exit_code == 0, log.read_text()[-4000:]
-    assert result.kills == 2, log.read_text()[-3000:]
+    dead_letter = [*settings(tmp_path, where, params), "errors.on_process_error=dead_letter"]
+    run_app_under_kills(
+        tmp_path,
+        POISON_PLACES_APP,
+        dead_letter,
+        kills=2,
+        seed=seed,
+        inputs=paths,
+        parallelism=PLACES[where][0],
+        batch_size=256,
+        max_delay_after_checkpoint=0.12,
+    )
     if where == "window":
         got = collections.Counter(
             (r["app_id"], r["start"], r["n"]) for r in read_committed_output(tmp_path / "out")
@@ -154,7 +156,14 @@ FAILURES = {
 @pytest.mark.parametrize("where", list(PLACES))
 def test_poison_in_each_place_fails_the_job_by_default(tmp_path: Path, where: str) -> None:
     params, _, _ = make_inputs(tmp_path, where, 3_000, 1, seed=7)
-    r = cli(*command(tmp_path, where, params, "--set", "restart.strategy=none")[3:])
+    lines = [
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        f"job.parallelism={PLACES[where][0]}",
+        "job.batch_size=256",
+        *settings(tmp_path, where, params),
+        "restart.strategy=none",
+    ]
+    r = cli("run", POISON_PLACES_APP, *(arg for line in lines for arg in ("--set", line)))
     assert r.returncode == 1, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
     assert FAILURES[where] in last, last
