@@ -31,7 +31,7 @@ from aiostream_ckpt.state.descriptors import (
 class BroadcastStates(Protocol):
     """The broadcast states an operator instance hands its function (``runtime.broadcast``)."""
 
-    def get(self, descriptor: MapStateDescriptor[Any, Any]) -> Any: ...
+    def get(self, descriptor: MapStateDescriptor[Any, Any]) -> MapState[Any, Any]: ...
 
 
 IN = TypeVar("IN")
@@ -195,8 +195,12 @@ class Context:
         if side is not None:
             side.append((tag, value))
 
-    def get_broadcast_state(self, descriptor: MapStateDescriptor[Any, Any]) -> Any:
-        """Return the broadcast state of ``descriptor`` (writable on the broadcast side)."""
+    def get_broadcast_state(self, descriptor: MapStateDescriptor[K, V]) -> MapState[K, V]:
+        """Return the broadcast state of ``descriptor``.
+
+        Writable on the broadcast side only: elsewhere ``put``/``remove``/``clear``
+        raise, as every instance must keep the same maps.
+        """
         if self._broadcast is None:
             raise TypeError(
                 "broadcast state needs a (Keyed)BroadcastProcessFunction on a stream connected "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, assert_type
 
+import pytest
+
 from aiostream_ckpt.api import ListState, MapState, ReducingState, ValueState
 from aiostream_ckpt.api.functions import Collector, Context, KeyedProcessFunction, RuntimeContext
 from aiostream_ckpt.state.descriptors import (
@@ -67,3 +69,9 @@ def test_typed_states_keep_what_the_function_wrote() -> None:
         assert h.state(BY_NAME, key="a").get("ab") == (2, 1.0)
     finally:
         h.close()
+
+
+def test_broadcast_state_is_typed_by_its_descriptor_and_needs_a_broadcast_function() -> None:
+    ctx = Context()
+    with pytest.raises(TypeError, match="broadcast state needs a"):
+        assert_type(ctx.get_broadcast_state(BY_NAME), MapState[str, tuple[int, float]])
