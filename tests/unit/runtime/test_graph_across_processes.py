@@ -27,13 +27,13 @@ from aiostream_ckpt.runtime.wire import batch_codec
 
 
 def build_share(
-    share: ProcessShare | None, tmp_path: Path
+    share: ProcessShare | None, tmp_path: Path, *, reinterpret: bool = False
 ) -> tuple[list[ChainSpec], list[tuple[str, int]]]:
     config = JobConfig(parallelism=2, chaining=False)
     env = StreamEnvironment("split", config=config)
-    env.from_source(GeneratorSource(100, keys=10, splits=2), uid="gen").key_by(
-        lambda e: e["app_id"]
-    ).map(lambda e: e, uid="keyed").print()
+    events = env.from_source(GeneratorSource(100, keys=10, splits=2), uid="gen")
+    keyed = events.reinterpret_as_keyed if reinterpret else events.key_by
+    keyed(lambda e: e["app_id"]).map(lambda e: e, uid="keyed").print()
     spec = env.spec()
     chains = plan_chains(spec.transformations, spec.config)
 
@@ -111,3 +111,16 @@ async def test_a_keyed_edge_crosses_to_the_other_worker_in_band(
     assert sorted(got, key=lambda r: r["n"]) == records
     assert all(out.route(r["app_id"]) == 1 for r in remote[0][1])
     assert all(out.route(r["app_id"]) == 0 for r in local[0][1])
+
+
+@pytest.mark.parametrize("reinterpret", [False, True])
+async def test_a_keyed_edge_crosses_workers_unless_the_input_is_key_grouped(
+    tmp_path: Path, reinterpret: bool
+) -> None:
+    """reinterpret_as_keyed: subtask i feeds subtask i, which runs in the same worker."""
+    share = ProcessShare(0, 2, {1: ChannelConnection("w0->w1", batch_codec())})
+    specs, _ = build_share(share, tmp_path, reinterpret=reinterpret)
+    writers = [w for s in specs for gate in s.outputs for w in gate.writers]
+    crossing = [w for w in writers if isinstance(w, RemoteChannelWriter)]
+    assert writers
+    assert len(crossing) == (0 if reinterpret else 1)
