@@ -84,6 +84,9 @@ class CheckpointCoordinator:
         self._pending: dict[int, PendingCheckpoint] = {}
         self._savepoint_dirs: dict[int, Path] = {}
         self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
+        #: each pending checkpoint's timeout; cancelled when it ends, or it would sleep out the
+        #: whole ``timeout`` (60 s: 60-300 idle tasks at 1-0.2 s checkpoints)
+        self._expiry: dict[int, asyncio.Task[None]] = {}
         self._consecutive_failures = 0
         self._last_completion = -float("inf")
         self._slot_free = asyncio.Event()
@@ -98,7 +101,8 @@ class CheckpointCoordinator:
         self.failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         #: Set when a checkpoint taken after every source finished has completed.
         self.finished: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.history: list[dict[str, Any]] = []
+        #: Called with each checkpoint's history entry; the job's history (the REST API's
+        #: ``JobStats``) keeps them, the coordinator keeps none: a second copy only grew RSS.
         self.on_history: Callable[[dict[str, Any]], None] | None = None
 
     # -- wiring ---------------------------------------------------------------------
@@ -189,7 +193,9 @@ class CheckpointCoordinator:
         barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
         log.debug("triggering %s %d", kind.value, cid)
         deadline = pending.trigger_monotonic + self.config.timeout
-        self._bg.spawn(self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout")
+        self._expiry[cid] = self._bg.spawn(
+            self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout"
+        )
         for source in self._sources.values():
             source.trigger_checkpoint(barrier)
         return fut
@@ -268,6 +274,13 @@ class CheckpointCoordinator:
             log.warning("checkpoint %d declined by %s: %s", checkpoint_id, task_id, reason)
             self._abort(checkpoint_id, AbortReason.DECLINED, detail=str(reason))
 
+    def _forget(self, checkpoint_id: int) -> None:
+        """Drop an ended checkpoint and stop its timeout (unless that is what ends it)."""
+        del self._pending[checkpoint_id]
+        expiry = self._expiry.pop(checkpoint_id, None)
+        if expiry is not None and expiry is not asyncio.current_task():
+            expiry.cancel()
+
     async def _expire_at(self, checkpoint_id: int, deadline: float) -> None:
         await self._clock.sleep(deadline - self._clock.monotonic())
         pending = self._pending.get(checkpoint_id)
@@ -336,7 +349,7 @@ class CheckpointCoordinator:
         cid = pending.checkpoint_id
         sp = self._savepoint_dirs.get(cid)
         pending.transition(CheckpointStatus.COMPLETED)
-        del self._pending[cid]
+        self._forget(cid)
         self._slot_free.set()
         self._consecutive_failures = 0
         self._last_completion = self._clock.monotonic()
@@ -411,7 +424,7 @@ class CheckpointCoordinator:
         finalizing = pending.status is CheckpointStatus.FINALIZING
         if finalizing and reason is not AbortReason.STORAGE_FAILED:
             return  # its metadata write decides (see _complete)
-        del self._pending[checkpoint_id]
+        self._forget(checkpoint_id)
         pending.transition(CheckpointStatus.ABORTED)
         self._slot_free.set()
         if not pending.is_savepoint:
@@ -474,8 +487,6 @@ class CheckpointCoordinator:
         )
 
     def _append_history(self, entry: dict[str, Any]) -> None:
-        self.history.append(entry)
-        del self.history[:-1000]
         if self.on_history is not None:
             self.on_history(entry)
 

@@ -130,7 +130,7 @@ class JobStats:
             run.coordinator.on_history = self.on_history
 
     def on_history(self, entry: dict[str, Any]) -> None:
-        self.history.append(dict(entry))
+        self.history.append(entry)  # the coordinator keeps no reference: no copy needed
         kind = "savepoint" if entry.get("savepoint") else "checkpoint"
         status = str(entry.get("status"))
         self.counts[(kind, status)] = self.counts.get((kind, status), 0) + 1
