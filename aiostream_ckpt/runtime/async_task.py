@@ -81,6 +81,7 @@ class AsyncWaitTask(StreamTask):
         handler = self.spec.barrier_handler
         assert gate is not None and handler is not None
         op = self._async
+        queue = gate.queue
         replay = self._replay
         metrics = self.metrics
         get: asyncio.Future[tuple[int, Any]] | None = None
@@ -98,9 +99,12 @@ class AsyncWaitTask(StreamTask):
                     continue
                 if replay:
                     channel, element = replay.popleft()
+                elif get is None and not queue.empty():
+                    # taken at once: a get task takes loop iterations while the room waits
+                    channel, element = queue.get_nowait()
                 else:
                     if get is None:
-                        get = asyncio.ensure_future(gate.queue.get())
+                        get = asyncio.ensure_future(queue.get())
                     if not get.done():
                         waits: set[asyncio.Future[Any]] = {get, op.wakeup()}
                         if self.state is TaskState.ENDED:

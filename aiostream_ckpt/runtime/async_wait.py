@@ -308,7 +308,10 @@ class AsyncWaitOperator(StreamOperator):
 
     async def _call(self, entry: _Entry) -> None:
         try:
-            entry.result = await self._attempts(entry.record)
+            if self._retry is None:  # one coroutine less a call
+                entry.result = await self._fn.invoke(entry.record)
+            else:
+                entry.result = await self._attempts(entry.record)
         except asyncio.CancelledError:
             if not entry.timed_out:
                 raise  # stop(): the task is closing
