@@ -183,12 +183,15 @@ def write_key_grouped(
     paths = [out / key_grouped_file_name(r, max_parallelism) for r in ranges]
     temps = [p.with_name(f".{p.name}.tmp") for p in paths]
     files = [open(t, "wb") for t in temps]  # noqa: SIM115 - closed below
+    part_of: dict[Any, int] = {}  # key -> file: its group is computed once per key
     try:
         for rec in records:
-            kg = key_group_of(key_selector(rec), max_parallelism)
-            files[operator_index_for_key_group(kg, parts, max_parallelism)].write(
-                serializer(rec) + b"\n"
-            )
+            key = key_selector(rec)
+            j = part_of.get(key)
+            if j is None:
+                kg = key_group_of(key, max_parallelism)
+                j = part_of[key] = operator_index_for_key_group(kg, parts, max_parallelism)
+            files[j].write(serializer(rec) + b"\n")
     finally:
         for f in files:
             f.close()

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import orjson
 import pytest
 
+from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.key_grouped import write_key_grouped
+from aiostream_ckpt.daemon.config import load_config
+from aiostream_ckpt.errors import JobFailedError
+from apps import pv_count
 from apps.pv_count import app_id
-from tests.helpers import check_pv_output, cli, make_pv_input, recount
+from tests.helpers import check_pv_output, cli, recount
 
 pytestmark = pytest.mark.integration
 
 
 def _key_grouped_input(tmp_path: Path, events: int, parts: int) -> list[Path]:
-    raw = make_pv_input(tmp_path / "raw.jsonl", events, seed=3, keys=300)
-    records = (orjson.loads(line) for line in raw.read_bytes().splitlines())
+    records = ({"app_id": f"app-{(i * 7919) % 300}", "seq": i} for i in range(events))
     return write_key_grouped(records, app_id, tmp_path / "in", parts=parts)
 
 
@@ -31,8 +33,8 @@ def test_kill9_and_restores_at_2_then_1_read_each_file_where_its_state_is(
     files = _key_grouped_input(tmp_path, 200_000, parts=2)
     out = tmp_path / "out"
 
-    def run(parallelism: int, env: dict[str, str] | None = None) -> tuple[int, str]:
-        sets = {
+    def settings(parallelism: int) -> dict[str, str]:
+        return {
             "app.input": ",".join(map(str, files)),
             "app.output": str(out),
             "app.key_grouped": "1",
@@ -43,6 +45,9 @@ def test_kill9_and_restores_at_2_then_1_read_each_file_where_its_state_is(
             "rest.enabled": "false",
             "restart.strategy": "none",
         }
+
+    def run(parallelism: int, env: dict[str, str] | None = None) -> tuple[int, str]:
+        sets = settings(parallelism)
         args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
         done = cli("run", "apps.pv_count", *args, env=env)
         return done.returncode, done.stderr
@@ -51,11 +56,16 @@ def test_kill9_and_restores_at_2_then_1_read_each_file_where_its_state_is(
     code, log = run(2, {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"})
     assert code == -9, log[-2000:]
     committed_before = sorted(p.name for p in out.glob("part-*"))
-    # parallelism 4 would split a file's key groups over two subtasks: refused, nothing changed
-    code, log = run(4)
-    assert code == 1, log[-2000:]
-    assert "PartitioningError" in log and "subtasks 0-1 of parallelism 4" in log, log[-2000:]
-    assert "run at parallelism 1, 2" in log
+    # parallelism 4 would split a file's key groups over two subtasks: refused, nothing
+    # changed (run in this process, as the CLI would: same config, same runner)
+    loaded = load_config(sets=[f"{k}={v}" for k, v in settings(4).items()])
+    env = StreamEnvironment("pv_count", config=loaded.job, params=loaded.params)
+    pv_count.build(env)
+    with pytest.raises(JobFailedError) as refused:
+        env.execute()
+    text = str(refused.value)
+    assert "not retriable" in text and "subtasks 0-1 of parallelism 4" in text, text
+    assert "run at parallelism 1, 2" in text
     assert sorted(p.name for p in out.glob("part-*")) == committed_before
     # parallelism 2 again, from that checkpoint: SIGKILLed after 2 more
     code, log = run(2, {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"})
