@@ -23,7 +23,10 @@ from ``input_topic``, write ``{"app_id", "pv"}`` to ``output_topic`` keyed by
 ``app_id`` (one key's updates stay in one partition, in order). Optional:
 ``stop_at_end=1`` (bounded: stop at the end offsets seen at start),
 ``kafka_semantic`` (``exactly_once``, the default, or ``at_least_once``),
-``transactional_id_prefix``, ``kafka_connect_timeout`` (seconds, default 30).
+``transactional_id_prefix``, ``kafka_connect_timeout`` (seconds, default 30),
+``key_grouped=1`` (``input_topic`` was written by key group of ``app_id``,
+``KafkaSink(partitioner=KeyGroupPartitioner(...))``: the count reads it
+without a shuffle, and writes ``output_topic`` the same way).
 """
 
 from __future__ import annotations
@@ -38,12 +41,14 @@ import orjson
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.api.functions import Collector, Context, RuntimeContext
+from aiostream_ckpt.api.stream import KeyedStream, Stream
 from aiostream_ckpt.connectors.files import (
     ExactlyOnceFileSink,
     JsonLinesFileSource,
     RollingPolicy,
 )
 from aiostream_ckpt.connectors.generator import GeneratorSource
+from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
 from aiostream_ckpt.durations import parse_duration
 
 
@@ -118,6 +123,7 @@ def build_kafka(env: StreamEnvironment) -> None:
         bootstrap,
         stop_at_end=_flag(p.get("stop_at_end", "0")),
         required={"app_id": str},
+        key_grouped=_flag(p.get("key_grouped", "0")),
         connect_timeout_s=timeout,
     )
     sink = KafkaSink(
@@ -125,12 +131,20 @@ def build_kafka(env: StreamEnvironment) -> None:
         bootstrap,
         semantic=p.get("kafka_semantic", "exactly_once"),  # the sink checks the value
         key_fn=_app_id_key,
+        partitioner=KeyGroupPartitioner(app_id) if _flag(p.get("key_grouped", "0")) else None,
         transactional_id_prefix=p.get("transactional_id_prefix"),
         connect_timeout_s=timeout,
     )
     events = env.from_source(source, uid="events")
-    counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count", name="pv-count")
+    counts = _keyed(events, p).process(CountPageViews(), uid="pv-count", name="pv-count")
     counts.sink_to(sink, uid="pv-sink")
+
+
+def _keyed(events: Stream[Any], p: Mapping[str, Any]) -> KeyedStream[Any, Any]:
+    """``key_by(app_id)``, or with ``key_grouped=1`` the input taken as partitioned so already."""
+    if _flag(p.get("key_grouped", "0")):
+        return events.reinterpret_as_keyed(app_id)
+    return events.key_by(app_id)
 
 
 def event_source(p: dict[str, Any]) -> Any:
@@ -161,12 +175,7 @@ def build(env: StreamEnvironment) -> None:
         raise ValueError("set app.output (the output directory)")
     source = event_source(p)
     events = env.from_source(source, uid="events")
-    keyed = (
-        events.reinterpret_as_keyed(app_id)
-        if _flag(p.get("key_grouped", "0"))
-        else events.key_by(app_id)
-    )
-    counts = keyed.process(CountPageViews(), uid="pv-count", name="pv-count")
+    counts = _keyed(events, p).process(CountPageViews(), uid="pv-count", name="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"]), rolling=rolling(p)), uid="pv-sink")
 
 

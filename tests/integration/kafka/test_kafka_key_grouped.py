@@ -24,6 +24,7 @@ from aiostream_ckpt.errors import JobFailedError
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.keygroups import KeyGroupRange, key_group_of
 from aiostream_ckpt.testing import run_job_async
+from apps import pv_count
 from apps.pv_count import CountPageViews, app_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -39,7 +40,10 @@ async def _write(topic: str, bootstrap: str, **sink: Any) -> None:
 
 
 async def _partitions(bootstrap: str, topic: str, n: int) -> dict[int, list[Any]]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    """Each partition's committed records (``read_committed``, up to the end offsets now)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(n)]
@@ -47,7 +51,7 @@ async def _partitions(bootstrap: str, topic: str, n: int) -> dict[int, list[Any]
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)
         got: dict[int, list[Any]] = {p: [] for p in range(n)}
-        while sum(map(len, got.values())) < sum(end.values()):
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
             for tp, records in (await consumer.getmany(timeout_ms=500)).items():
                 got[tp.partition].extend(orjson.loads(r.value) for r in records)
         return got
@@ -93,3 +97,31 @@ async def test_a_topic_keyed_by_murmur2_is_refused_as_key_grouped(
     text = str(info.value)
     assert "PartitioningError" in text and "not retriable" in text, text
     assert "key 'app-" in text and "key group" in text and f"{topic}:" in text, text
+
+
+async def test_pv_count_kafka_mode_key_grouped_reads_and_writes_by_key_group(
+    kafka_broker: Any, new_topic: Any
+) -> None:
+    """``app.key_grouped=1``: exactly-once counts, and the output topic laid out by key group."""
+    bootstrap = kafka_broker.bootstrap_servers
+    source, output = await new_topic(4), await new_topic(2)
+    await _write(source, bootstrap, partitioner=KeyGroupPartitioner(app_id))
+    params = {
+        "kafka_bootstrap": bootstrap,
+        "input_topic": source,
+        "output_topic": output,
+        "stop_at_end": "1",
+        "key_grouped": "1",
+    }
+    config = JobConfig(parallelism=2, batch_size=200)
+    env = StreamEnvironment(f"pv-{output}", config=config, params=params)
+    pv_count.build(env)
+    await run_job_async(env, {})
+    final: dict[str, int] = collections.defaultdict(int)
+    for j, records in (await _partitions(bootstrap, output, 2)).items():
+        own = KeyGroupRange.for_operator(j, 2, 128)
+        assert records and all(key_group_of(r["app_id"], 128) in own for r in records)
+        for r in records:
+            assert r["pv"] == final[r["app_id"]] + 1  # a key's updates in order, once each
+            final[r["app_id"]] = r["pv"]
+    assert final == collections.Counter(e["app_id"] for e in EVENTS)
