@@ -33,6 +33,11 @@ def short_repr(record: Any) -> str:
     return text if len(text) <= _MAX_RECORD_CHARS else text[:_MAX_RECORD_CHARS] + "..."
 
 
+def function_name(fn: Any) -> str:
+    """How an error names a user function: its qualified name, else its ``repr``."""
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
 def user_traceback(exc: BaseException) -> str:
     """``Traceback`` text of ``exc`` with only the user's frames ('' when there are none).
 

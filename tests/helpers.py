@@ -403,8 +403,8 @@ def completed_checkpoint(
     )
 
 
-async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: int) -> None:
-    """No open transaction on ``topic``: a read_committed reader can reach the end."""
+async def topic_end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[str, Any]:
+    """Per isolation level, the end offset of each partition (read_committed: the stable one)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     tps = [TopicPartition(topic, p) for p in range(partitions)]
@@ -416,6 +416,12 @@ async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: i
             ends[level] = await consumer.end_offsets(tps)
         finally:
             await consumer.stop()
+    return ends
+
+
+async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: int) -> None:
+    """No open transaction on ``topic``: a read_committed reader can reach the end."""
+    ends = await topic_end_offsets(bootstrap, topic, partitions)
     assert ends["read_committed"] == ends["read_uncommitted"], ends
 
 

@@ -27,6 +27,31 @@ def _raise_dead_letter(raw: bytes | str, reason: str, origin: dict[str, Any]) ->
     raise RecordError(f"malformed record at {origin}: {reason}")
 
 
+#: ``(function, record, exc)``: a user function run per record outside an
+#: operator (a sink's serializer, a source's timestamp assigner; ``function``
+#: names it) raised ``exc`` on ``record``. Returns when the record is to be
+#: left out (dead-lettered under ``errors.on_process_error=dead_letter``);
+#: raises the job's error otherwise. The task binds it (see :class:`RecordFunctions`).
+RecordErrorFn = Callable[[str, Any, Exception], None]
+
+
+def raise_record_error(function: str, record: Any, exc: Exception) -> None:
+    """Raise ``exc`` as it was: the :data:`RecordErrorFn` of a component the task did not bind."""
+    raise exc
+
+
+@runtime_checkable
+class RecordFunctions(Protocol):
+    """A component that runs user functions per record outside the operators' loops.
+
+    The task sets ``record_failed`` to its ``errors.on_process_error`` policy;
+    the component calls it only for a record a function raised on, so the
+    record path pays nothing for it.
+    """
+
+    record_failed: RecordErrorFn
+
+
 @dataclass(frozen=True, slots=True)
 class RestoreInfo:
     """What an attempt restores from, for writers that must say why they retract output."""

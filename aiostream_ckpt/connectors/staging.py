@@ -40,7 +40,12 @@ from typing import IO, Any
 import orjson
 
 from aiostream_ckpt import failpoints
-from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo
+from aiostream_ckpt.connectors.base import (
+    OutputSurvey,
+    RecordErrorFn,
+    RestoreInfo,
+    raise_record_error,
+)
 from aiostream_ckpt.connectors.output_recovery import (
     claim_location,
     count_records,
@@ -49,6 +54,7 @@ from aiostream_ckpt.connectors.output_recovery import (
 )
 from aiostream_ckpt.durable import fsync_dir
 from aiostream_ckpt.errors import ConnectorError
+from aiostream_ckpt.user_errors import function_name
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +312,8 @@ class StagedFileWriter:
         self._recovered = False
         self._closed = False
         self.records_written = 0
+        #: see :class:`~aiostream_ckpt.connectors.base.RecordFunctions`
+        self.record_failed: RecordErrorFn = raise_record_error
 
     # -- recovery ---------------------------------------------------------
 
@@ -449,13 +457,39 @@ class StagedFileWriter:
         """Append records to the open transaction (blocking, buffered local I/O)."""
         if not batch:
             return
+        try:
+            data = serialize_lines(batch, self._dumps)
+        except Exception:
+            batch, data = self._serialize_each(batch)
+            if not batch:
+                return
         f = self._file or self._open_txn()
         try:
-            f.write(serialize_lines(batch, self._dumps))
+            f.write(data)
         except OSError as e:
             staged = self._open.staged if self._open is not None else ""
             raise _io_error("write", self.directory / staged, e) from e
         self.records_written += len(batch)
+
+    def _serialize_each(self, batch: list[Any]) -> tuple[list[Any], bytes]:
+        """Serialize a batch the serializer failed on record by record: kept records, their lines.
+
+        Each failing record goes to ``record_failed`` before anything is
+        written, so the transaction holds whole batches only.
+        """
+        dumps = self._dumps
+        function = f"serializer {function_name(dumps)}"
+        kept: list[Any] = []
+        lines: list[bytes] = []
+        for rec in batch:
+            try:
+                line = dumps(rec)
+            except Exception as exc:
+                self.record_failed(function, rec, exc)  # raises unless dead-lettered
+                continue
+            kept.append(rec)
+            lines.append(line)
+        return kept, b"".join(line + b"\n" for line in lines)
 
     async def write(self, batch: list[Any]) -> None:
         self.write_sync(batch)

@@ -136,14 +136,17 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         None,
         "a record whose user function raises (`map`, `filter`, `flat_map`, `process`, `reduce`, "
         "a `key_by` key selector, `on_timer`, a window's aggregate/reduce/window function, "
-        "either input of `connect`): `fail` the job (restarts, as any failure) with an error "
-        "naming the function, the operator and the record (for a timer its key and time, for "
-        "a window its key, bounds and contents), or `dead_letter`: that record, the operator "
-        "uid, the function and the traceback go to the task's dead-letter output (`<dir>/<uid "
-        "of the task's head>/`, exactly once, with the checkpoint that covers it) and "
-        "processing goes on after it; what the function did before raising (state, emitted "
-        "records) stays; a broadcast input's records are not covered (every instance would "
-        "dead-letter them)",
+        "either input of `connect`, `process_broadcast_element`, a watermark strategy's "
+        "timestamp assigner (also when it returns no number), a sink's serializer (the Kafka "
+        "sink's `serializer`, `key_fn`, `headers_fn`)): `fail` the job (restarts, as any "
+        "failure) with an error naming the function, the operator and the record (for a timer "
+        "its key and time, for a window its key, bounds and contents), or `dead_letter`: that "
+        "record, the operator uid, the function and the traceback go to the task's dead-letter "
+        "output (`<dir>/<uid of the task's head>/`, exactly once, with the checkpoint that "
+        "covers it) and processing goes on after it; what the function did before raising "
+        "(state, emitted records) stays; a record a sink cannot serialize is left out of the "
+        "output whole; a broadcast record every instance failed on is dead-lettered once (by "
+        "instance 0) and left out by all",
     ),
     "errors.max_process_errors_per_checkpoint": (
         None,

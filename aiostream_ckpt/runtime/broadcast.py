@@ -26,6 +26,7 @@ from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
 from aiostream_ckpt.jobspec.functions import Context, OnTimerContext, RuntimeContext, TimeDomain
 from aiostream_ckpt.runtime.co_process import CoProcessOperator, KeyedCoProcessOperator
+from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.state.codecs import MapKeyCodec, value_codec
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, StateDescriptor
 from aiostream_ckpt.state.serde import decode_key
@@ -229,6 +230,11 @@ class _BroadcastSide(ABC):
         ctx, self._ctx = self._ctx, self._broadcast_ctx
         try:
             return self._broadcast_batch(batch)
+        except RecordFailed as failure:
+            # dead-lettered, the rest of the batch goes on here; once: every instance has it
+            failure.resume = self.process_batch2
+            failure.broadcast = True
+            raise
         finally:
             self._ctx = ctx
 

@@ -135,8 +135,6 @@ class CoProcessTask(StreamTask):
         try:
             out = head.process_batch2(batch)  # type: ignore[attr-defined]
         except RecordFailed as failure:
-            if failure.resume is None:  # no way to go on (a broadcast input): fail
-                raise failure.__cause__ or failure from None
             # dead letters, the rest of the batch through process_batch2 (failure.resume),
             # then the chain after the head: what the whole chain emits
             await self._chain.emit_fired(self._chain.finish_failed(failure))

@@ -336,9 +336,13 @@ def build_chain_specs(
                             local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
                         )
                     spec.operators.append(op)
-            # user code per record: the operators, and the key selector of a keyed output
-            runs_user_code = bool(spec.operators) or any(
-                e.partitioning is Partitioning.HASH for e in chain.outputs
+            # user code per record: the operators, the key selector of a keyed output,
+            # the source's timestamp assigner, the sink's serializer
+            runs_user_code = (
+                bool(spec.operators)
+                or spec.source_watermarks is not None
+                or spec.writer is not None
+                or any(e.partitioning is Partitioning.HASH for e in chain.outputs)
             )
             if errors.on_process_error is ProcessErrorPolicy.DEAD_LETTER and runs_user_code:
                 if spec.dead_letter is None and dead_letter_factory is not None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from aiostream_ckpt.connectors.base import RecordFunctions
 from aiostream_ckpt.errors import UserFunctionError
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
 from aiostream_ckpt.runtime.failures import user_function_error
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.partitioners import KeyGroupGate
 from aiostream_ckpt.runtime.process_errors import ProcessErrorHandler
+from aiostream_ckpt.runtime.record_errors import record_error_policy
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate, SideOutputRouter
 
 log = logging.getLogger(__name__)
@@ -68,15 +70,21 @@ class OperatorChain:
     def _bind_process_errors(self) -> None:
         """Give the places that run user code outside a batch loop the policy (None: fail).
 
-        Operators' timers and window firings, and the key selectors of keyed outputs.
+        Operators' timers and window firings, the key selectors of keyed outputs,
+        the source's timestamp assigner and the sink's serializer.
         """
         handler = self.process_errors
-        for op in self._spec.operators:
+        spec = self._spec
+        for op in spec.operators:
             op.process_errors = handler
-        for gate in self._spec.outputs:
+        for gate in spec.outputs:
             inner = gate.inner if isinstance(gate, SideOutputGate) else gate
             if isinstance(inner, KeyGroupGate):
                 inner.process_errors = handler
+        if spec.source_watermarks is not None and spec.head_uid is not None:
+            spec.source_watermarks.record_failed = record_error_policy(handler, spec.head_uid)
+        if isinstance(spec.writer, RecordFunctions) and spec.sink_uid is not None:
+            spec.writer.record_failed = record_error_policy(handler, spec.sink_uid)
 
     def _record_failed(self, failure: RecordFailed) -> list[Any]:
         """Finish a batch a user function failed on (dead letters), or fail with its error."""

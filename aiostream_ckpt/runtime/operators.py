@@ -41,8 +41,12 @@ class RecordFailed(AiostreamError):
     dead-letters the record and goes on after it. Finding the index costs
     nothing per record: the loops run over an iterator, whose remaining
     length tells where it stopped. ``resume`` runs the rest of the batch when
-    that is not ``operator.process_batch`` (a second input).
+    that is not ``operator.process_batch`` (a second input). ``broadcast``:
+    the record came on a broadcast input, so every instance failed on it and
+    instance 0 alone dead-letters it.
     """
+
+    broadcast = False
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from aiostream_ckpt.state.keygroups import (
     operator_index_for_key_group,
     serialize_key,
 )
+from aiostream_ckpt.user_errors import function_name
 
 _ROUTE_CACHE_LIMIT = 1 << 20
 
@@ -138,6 +139,5 @@ class KeyGroupGate(OutputGate):
                 await w.send(part)
 
     def _key_failed(self, record: Any, exc: Exception) -> None:
-        ks = self._key_selector
-        function = f"key selector {getattr(ks, '__qualname__', None) or repr(ks)}"
+        function = f"key selector {function_name(self._key_selector)}"
         dead_letter_or_raise(self.process_errors, function, self.target_uid, "record", record, exc)

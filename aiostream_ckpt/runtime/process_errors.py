@@ -91,7 +91,7 @@ class ProcessErrorHandler:
                 out.extend(failure.out)
             elif k:
                 out.extend(process(batch[:k]))  # stateless: computed again
-            self._dead_letter_one(op.uid, batch[k], cause)
+            self._dead_letter_one(op.uid, batch[k], cause, copy=failure.broadcast)
             batch, failure = batch[k + 1 :], None
             if not batch:
                 return out
@@ -109,8 +109,20 @@ class ProcessErrorHandler:
         self._dead_letter_one(uid, record, exc, function)
 
     def _dead_letter_one(
-        self, uid: str, record: Any, exc: BaseException, function: str | None = None
+        self,
+        uid: str,
+        record: Any,
+        exc: BaseException,
+        function: str | None = None,
+        *,
+        copy: bool = False,
     ) -> None:
+        """Count the failed record and write its dead letter (a ``copy``: instance 0 writes it).
+
+        ``copy``: a broadcast record, which every instance got and failed on;
+        each leaves it out (so their broadcast states stay the same) but only
+        instance 0 writes it, so it is dead-lettered once at any parallelism.
+        """
         self._since_barrier += 1
         self.total += 1
         if self._since_barrier > self._limit:
@@ -119,5 +131,8 @@ class ProcessErrorHandler:
                 f"{uid!r} since the last checkpoint (errors.max_process_errors_per_checkpoint); "
                 f"the last: {type(exc).__name__}: {exc}"
             ) from exc
+        if copy and self._subtask != 0:
+            log.debug("task %s: broadcast record left out after %r in %s", self._task_id, exc, uid)
+            return
         self._dead_letter.add_failed_record(record, uid, self._subtask, exc, function)
         log.debug("task %s: record dead-lettered after %r in %s", self._task_id, exc, uid)

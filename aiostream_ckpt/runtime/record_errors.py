@@ -1,7 +1,8 @@
 """A record whose user function raised outside an operator's record loop: dead letter or failure.
 
-A key selector in the shuffle, ``on_timer``, a window firing: their errors are
-caught where the code runs, and :func:`dead_letter_or_raise` applies the
+A key selector in the shuffle, ``on_timer``, a window firing, a source's
+timestamp assigner, a sink's serializer: their errors are caught where the
+code runs, and :func:`dead_letter_or_raise` applies the
 job's ``errors.on_process_error``. Apart from ``runtime.failures`` (which
 reads operators' frames) so that operators and gates can use it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from aiostream_ckpt.connectors.base import RecordErrorFn
 from aiostream_ckpt.errors import AiostreamError, UserFunctionError
 from aiostream_ckpt.user_errors import short_repr, user_frame, user_traceback
 
@@ -50,3 +52,16 @@ def dead_letter_or_raise(
     if handler is None or not is_record_error(exc):
         raise_record_failure(function, uid, what, record, exc)
     handler.dead_letter(uid, record, exc, function)
+
+
+def record_error_policy(handler: Any, uid: str) -> RecordErrorFn:
+    """Make the ``record_failed`` of a ``RecordFunctions`` component of ``uid``.
+
+    A source's timestamp assigner, a sink's serializer: ``handler`` as in
+    :func:`dead_letter_or_raise`.
+    """
+
+    def failed(function: str, record: Any, exc: Exception) -> None:
+        dead_letter_or_raise(handler, function, uid, "record", record, exc)
+
+    return failed

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiostream_ckpt.connectors.base import (
+    RecordErrorFn,
     SourceReader,
     SplitAwareReader,
     WatermarkEmittingReader,
+    raise_record_error,
 )
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK, WatermarkStrategy
+from aiostream_ckpt.user_errors import function_name
 
 #: The split id of a reader that cannot tell its splits apart.
 WHOLE_READER = "*"
@@ -74,7 +77,10 @@ class SourceWatermarks(WatermarkStatusTracker):
     """Wraps a reader: reads (per split when it can) and keeps per-split watermarks.
 
     Lives in the source task; ``read_batch`` replaces the reader's own, then
-    :meth:`poll` after each read says what to send downstream.
+    :meth:`poll` after each read says what to send downstream. A record the
+    timestamp assigner fails on (or gives no number for) goes to
+    ``record_failed`` (the task's ``errors.on_process_error``) and, when that
+    returns, is left out of the batch.
     """
 
     def __init__(
@@ -84,6 +90,7 @@ class SourceWatermarks(WatermarkStatusTracker):
         monotonic: Callable[[], float],
     ) -> None:
         self._assign = strategy.assigner()
+        self.record_failed: RecordErrorFn = raise_record_error
         self._delay = strategy.max_out_of_orderness_ms
         self._idle_after = (
             None if strategy.idle_timeout_ms is None else strategy.idle_timeout_ms / 1000
@@ -105,7 +112,7 @@ class SourceWatermarks(WatermarkStatusTracker):
             if batch is None:
                 self._ended = True
             elif batch:
-                self._observe(WHOLE_READER, batch)
+                batch = self._observe(WHOLE_READER, batch)
             return batch
         groups = await split_reader.read_split_batches(max_records)
         if groups is None:
@@ -113,18 +120,22 @@ class SourceWatermarks(WatermarkStatusTracker):
             return None
         if len(groups) == 1:
             split, records = groups[0]
-            self._observe(split, records)
-            return records
+            return self._observe(split, records)
         out: list[Any] = []
         for split, records in groups:
-            self._observe(split, records)
-            out.extend(records)
+            out.extend(self._observe(split, records))
         return out
 
-    def _observe(self, split: str, records: list[Any]) -> None:
+    def _observe(self, split: str, records: list[Any]) -> list[Any]:
+        """Note the split's newest timestamp; return ``records``, those without one left out."""
         if not records:
-            return
-        ts = max(map(self._assign, records))
+            return records
+        try:
+            ts = max(map(self._assign, records))
+        except Exception:
+            records, ts = self._assign_each(records)
+            if not records:
+                return records
         now = self._monotonic()
         state = self._splits.get(split)
         if state is None:
@@ -132,6 +143,24 @@ class SourceWatermarks(WatermarkStatusTracker):
         if ts > state.max_ts:
             state.max_ts = ts
         state.last_active = now
+        return records
+
+    def _assign_each(self, records: list[Any]) -> tuple[list[Any], Any]:
+        """Time a batch the assigner failed on, record by record: the timed records, their max."""
+        kept: list[Any] = []
+        newest: Any = MIN_WATERMARK
+        function = f"timestamp assigner {function_name(self._assign)}"
+        for rec in records:
+            try:
+                ts = self._assign(rec)
+                if not isinstance(ts, int | float) or isinstance(ts, bool):
+                    raise TypeError(f"the timestamp is {ts!r}, not milliseconds (an int)")
+            except Exception as exc:
+                self.record_failed(function, rec, exc)  # raises unless dead-lettered
+                continue
+            kept.append(rec)
+            newest = max(newest, ts)
+        return kept, newest
 
     def _active(self) -> Collection[str]:
         if self._split_reader is not None:

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import errors as kafka_errors
 from aiokafka.partitioner import DefaultPartitioner
 
+from aiostream_ckpt.connectors.base import RecordErrorFn, raise_record_error
 from aiostream_ckpt.connectors.kafka.common import connector_error
 from aiostream_ckpt.errors import ConnectorError
+from aiostream_ckpt.user_errors import function_name
 
 if TYPE_CHECKING:
     from aiostream_ckpt.connectors.kafka.sink import KafkaSink
@@ -76,31 +78,42 @@ class RecordEncoder:
             self._group_partition[key] = p
         return p
 
-    async def send(self, producer: Any, batch: list[Any]) -> int:
+    async def send(
+        self, producer: Any, batch: list[Any], record_failed: RecordErrorFn = raise_record_error
+    ) -> int:
         """Append ``batch`` to per-partition builders; submit each when full and at the end.
 
         The per-record loop is the sink's hot path (measured): cached key ->
         partition lookups inline, no per-record method calls beyond the user's.
+        A record the serializer, ``key_fn`` or ``headers_fn`` raises on goes to
+        ``record_failed`` before any of it is appended; when that returns
+        (dead-lettered), the batch goes on without it. Returns the records sent.
         """
         dumps, key_fn, headers_fn = self._dumps, self._key_fn, self._headers_fn
         cache = self._key_partition
         by_key_group = self._by_key_group
         builders: dict[int, Any] = {}
         self._round_robin += 1
+        sent = len(batch)
         for record in batch:
-            value = dumps(record)
             key: Any = None
             p: int | None = None
-            if key_fn is not None:
-                key = key_fn(record)
-                if key.__class__ is str:
-                    key = key.encode()
-                p = cache.get(key) if key is not None else None
-            if by_key_group is not None:
-                p = self._key_group_partition(by_key_group.key_selector(record))
-            elif p is None:
+            try:
+                value = dumps(record)
+                if key_fn is not None:
+                    key = key_fn(record)
+                    if key.__class__ is str:
+                        key = key.encode()
+                    p = cache.get(key) if key is not None else None
+                if by_key_group is not None:
+                    p = self._key_group_partition(by_key_group.key_selector(record))
+                headers = None if headers_fn is None else list(headers_fn(record) or ())
+            except Exception as exc:
+                record_failed(self._failed_function(record), record, exc)  # raises unless
+                sent -= 1  # dead-lettered
+                continue
+            if p is None:
                 p = self._partition(key)
-            headers = None if headers_fn is None else list(headers_fn(record) or ())
             builder = builders.get(p)
             if builder is None:
                 builder = builders[p] = producer.create_batch()
@@ -116,7 +129,24 @@ class RecordEncoder:
         for p, builder in builders.items():
             if builder.record_count():
                 await self._submit(producer, builder, p)
-        return len(batch)
+        return sent
+
+    def _failed_function(self, record: Any) -> str:
+        """Which of the sink's functions raises on ``record`` (they are run again to tell)."""
+        by_key_group = self._by_key_group
+        for what, fn in (
+            ("serializer", self._dumps),
+            ("key_fn", self._key_fn),
+            ("key selector", None if by_key_group is None else by_key_group.key_selector),
+            ("headers_fn", self._headers_fn),
+        ):
+            if fn is None:
+                continue
+            try:
+                fn(record)
+            except Exception:
+                return f"{what} {function_name(fn)}"
+        return f"serializer {function_name(self._dumps)}"
 
     async def _submit(self, producer: Any, builder: Any, partition: int) -> None:
         count = builder.record_count()

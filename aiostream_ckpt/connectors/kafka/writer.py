@@ -19,7 +19,9 @@ from aiostream_ckpt import failpoints
 from aiostream_ckpt.connectors.base import (
     ConnectorContext,
     OutputSurvey,
+    RecordErrorFn,
     duplicate_output_refusal,
+    raise_record_error,
 )
 from aiostream_ckpt.connectors.kafka.committer import (
     Committer,
@@ -70,6 +72,8 @@ class _WriterBase(ABC):
         self._closed = False
         self._failure: ConnectorError | None = None
         self.records_written = 0
+        #: see :class:`~aiostream_ckpt.connectors.base.RecordFunctions`
+        self.record_failed: RecordErrorFn = raise_record_error
 
     @property
     def _label(self) -> str:
@@ -303,7 +307,7 @@ class TransactionalKafkaWriter(_WriterBase):
         self._check_usable()
         slot = self._open or await self._begin()
         assert self._encoder is not None
-        self.records_written += await self._encoder.send(slot.producer, batch)
+        self.records_written += await self._encoder.send(slot.producer, batch, self.record_failed)
 
     async def _begin(self) -> Slot:
         try:
@@ -477,7 +481,7 @@ class AtLeastOnceKafkaWriter(_WriterBase):
             return
         self._check_usable()
         assert self._encoder is not None
-        self.records_written += await self._encoder.send(self._producer, batch)
+        self.records_written += await self._encoder.send(self._producer, batch, self.record_failed)
 
     async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
         self._check_usable()

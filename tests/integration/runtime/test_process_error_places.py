@@ -1,13 +1,15 @@
 """errors.on_process_error wherever user code runs per record, under kill -9.
 
 Beyond the record functions of ``test_process_errors``: the key selector (in
-the shuffle, at parallelism 2), ``on_timer``, a window function and the
-second input of ``connect()``. ``dead_letter``: every poison record (event,
-timer or window) reaches the dead-letter output exactly once, naming the
-user function and the operator, and the job's output equals a failure-free
-run's without the poison. ``fail``: the job stops naming the function, the
-operator and the record. On main these places failed the job whatever the
-policy (the second input even said nothing about the record).
+the shuffle, at parallelism 2), ``on_timer``, a window function, the
+second input of ``connect()``, the source's timestamp assigner, the sink's
+serializer and the broadcast input (at parallelism 2: every instance fails
+on the record, one dead letter). ``dead_letter``: every poison record (event,
+timer, window or output) reaches the dead-letter output exactly once, naming
+the user function and the operator, and the job's output equals a
+failure-free run's without the poison. ``fail``: the job stops naming the
+function, the operator and the record. Before, these places failed the job
+whatever the policy (the second input even said nothing about the record).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ PLACES = {
     "timer": (1, "CountWithTimers.on_timer", "pv-count"),
     "window": (1, "Describe.process", "pv-windows"),
     "second_input": (1, None, "pv-count"),
+    "timestamp_assigner": (1, "timestamp assigner poison_ts", "events"),
+    "sink_serializer": (1, "serializer poison_dumps", "pv-sink"),
+    "broadcast": (2, None, "pv-count"),
 }
 
 
@@ -56,11 +61,13 @@ def poisoned(path: Path, events: int, poison: int, *, seed: int) -> list[dict[st
 def make_inputs(tmp_path: Path, where: str, events: int, poison: int, seed: int):
     """The input files (``app.*`` settings) and the poison events, per place."""
     parallelism = PLACES[where][0]
-    if where == "second_input":
-        a, b = tmp_path / "in-a.jsonl", tmp_path / "in-b.jsonl"
-        write_generated_jsonl(a, events, seed=seed, keys=50)
-        added = poisoned(b, events, poison, seed=seed + 1)
-        return {"input": a, "input_b": b}, [a, b], added
+    if where in ("second_input", "broadcast"):
+        a = [tmp_path / f"in-a{i}.jsonl" for i in range(parallelism)]
+        for i, path in enumerate(a):
+            write_generated_jsonl(path, events, seed=seed + i, keys=50)
+        b = tmp_path / "in-b.jsonl"
+        added = poisoned(b, events, poison, seed=seed + 10)
+        return {"input": ",".join(map(str, a)), "input_b": b}, [*a, b], added
     paths = [tmp_path / f"in-{i}.jsonl" for i in range(parallelism)]
     added = [e for i, p in enumerate(paths) for e in poisoned(p, events, poison, seed=seed + i)]
     return {"input": ",".join(map(str, paths))}, paths, added
@@ -94,6 +101,8 @@ def poison_subjects(where: str, added: list[dict[str, Any]]) -> list[Any]:
         return sorted(e["ts"] for e in added)
     if where == "window":
         return sorted({e["ts"] - e["ts"] % WINDOW_MS for e in added})
+    if where == "sink_serializer":  # the poison key's updates 1..n
+        return list(range(1, len(added) + 1))
     return sorted(e["poison"] for e in added)
 
 
@@ -104,13 +113,17 @@ def dead_letter_subject(where: str, raw: dict[str, Any]) -> Any:
     if where == "window":
         assert raw["key"] == POISON_APP and raw["window"][1] - raw["window"][0] == WINDOW_MS
         return raw["window"][0]
+    if where == "sink_serializer":
+        assert raw["app_id"] == POISON_APP, raw
+        return raw["pv"]
     return raw["poison"]
 
 
 @pytest.mark.parametrize("where", list(PLACES))
 def test_poison_in_each_place_is_dead_lettered_once_under_kill9(tmp_path: Path, where: str) -> None:
     seed = list(PLACES).index(where)
-    params, paths, added = make_inputs(tmp_path, where, 60_000, 12, seed)
+    events = 30_000 if where == "broadcast" else 60_000  # broadcast: 3 inputs, 2 instances
+    params, paths, added = make_inputs(tmp_path, where, events, 12, seed)
     dead_letter = [*settings(tmp_path, where, params), "errors.on_process_error=dead_letter"]
     run_app_under_kills(
         tmp_path,
@@ -129,8 +142,9 @@ def test_poison_in_each_place_is_dead_lettered_once_under_kill9(tmp_path: Path, 
         )
         assert got == window_counts(*paths)
     else:
-        expected = recount(*paths)
-        del expected[POISON_APP]
+        # the broadcast input is not counted
+        expected = recount(*(paths[:-1] if where == "broadcast" else paths))
+        expected.pop(POISON_APP, None)
         check = check_pv_output(tmp_path / "out", expected)
         assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
     dead = process_dead_letters(tmp_path / "ckpt" / "dead-letter")
@@ -150,6 +164,11 @@ FAILURES = {
     "timer": "CountWithTimers.on_timer of operator 'pv-count' failed on timer {'key': 'app-poison'",
     "window": "Describe.process of operator 'pv-windows' failed on window {'key': 'app-poison'",
     "second_input": "operator 'pv-count' failed on a record {'app_id': 'app-poison', 'poison': 1",
+    "timestamp_assigner": "timestamp assigner poison_ts of operator 'events' failed on record "
+    "{'app_id': 'app-poison', 'poison': 1",
+    "sink_serializer": "serializer poison_dumps of operator 'pv-sink' failed on record "
+    "{'app_id': 'app-poison', 'pv': 1}",
+    "broadcast": "operator 'pv-count' failed on a record {'app_id': 'app-poison', 'poison': 1",
 }
 
 
@@ -168,3 +187,5 @@ def test_poison_in_each_place_fails_the_job_by_default(tmp_path: Path, where: st
     last = r.stderr.strip().splitlines()[-1]
     assert FAILURES[where] in last, last
     assert "ValueError: poison" in last, last
+    if where == "broadcast":
+        assert "in process_broadcast_element" in last, last

@@ -73,6 +73,37 @@ async def test_bounded_out_of_orderness_and_monotonous() -> None:
     assert m.poll() == WatermarkUpdate(watermark=6)
 
 
+async def test_records_the_assigner_fails_on_go_to_record_failed_and_are_left_out() -> None:
+    """A raising assigner, or one giving no number, fails that record only (dead-lettered)."""
+
+    def ts(e: dict[str, Any]) -> Any:
+        if e.get("bad"):
+            raise KeyError("ts")
+        return e.get("ts")
+
+    s = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(ts)
+    batches = [[_ev(5), {"bad": 1}, {"ts": None}, _ev(9), _ev(7)], [{"bad": 2}], [_ev(11)]]
+    w = SourceWatermarks(s, _PlainReader(batches), _Now())  # type: ignore[arg-type]
+    failed: list[tuple[str, Any, str]] = []
+    w.record_failed = lambda fn, rec, exc: failed.append((fn, rec, f"{type(exc).__name__}: {exc}"))
+    assert await w.read_batch(10) == [_ev(5), _ev(9), _ev(7)]
+    assert w.poll() == WatermarkUpdate(watermark=8)
+    assert await w.read_batch(10) == []  # all failed: no timestamp, nothing to send
+    assert w.poll() is None
+    assert await w.read_batch(10) == [_ev(11)]
+    assert w.poll() == WatermarkUpdate(watermark=10)
+    name = f"timestamp assigner {ts.__qualname__}"
+    assert failed == [
+        (name, {"bad": 1}, "KeyError: 'ts'"),
+        (name, {"ts": None}, "TypeError: the timestamp is None, not milliseconds (an int)"),
+        (name, {"bad": 2}, "KeyError: 'ts'"),
+    ]
+    # unbound (no task): the assigner's error as it was
+    plain = SourceWatermarks(s, _PlainReader([[{"bad": 3}]]), _Now())  # type: ignore[arg-type]
+    with pytest.raises(KeyError):
+        await plain.read_batch(10)
+
+
 def test_strategy_needs_a_timestamp_assigner() -> None:
     with pytest.raises(ConfigError, match="timestamp assigner"):
         StreamEnvironment("x").from_source(
