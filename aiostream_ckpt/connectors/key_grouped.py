@@ -30,6 +30,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -102,11 +103,17 @@ def assign_key_grouped(
         r = ranges[split]
         first = operator_index_for_key_group(r.start, p, maxp)
         last = operator_index_for_key_group(r.end, p, maxp)
-        fits = [
-            q
-            for q in range(1, maxp + 1)
-            if all(x.owner(q, maxp) is not None for x in ranges.values())
-        ]
+        # the first few parallelisms that work (an error path: stop early)
+        fits = list(
+            islice(
+                (
+                    q
+                    for q in range(1, maxp + 1)
+                    if all(x.owner(q, maxp) is not None for x in ranges.values())
+                ),
+                9,
+            )
+        )
         raise PartitioningError(
             f"{source}: split {split} holds key groups {r.start}-{r.end}, which subtasks "
             f"{first}-{last} of parallelism {p} share ({len(straddling)} split(s) like it): "
