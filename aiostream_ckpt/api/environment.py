@@ -107,6 +107,7 @@ class StreamEnvironment:
         parallelism: int | None = None,
         partitioning: Partitioning = Partitioning.FORWARD,
         key_selector: Callable[[Any], Any] | None = None,
+        key_type: Any = None,
         inputs: list[Transformation],
         watermark_strategy: WatermarkStrategy | None = None,
         state_type: Any = None,
@@ -142,6 +143,7 @@ class StreamEnvironment:
             fn=fn,
             partitioning=partitioning,
             key_selector=key_selector,
+            key_type=key_type,
             watermark_strategy=watermark_strategy,
             state_type=state_type,
         )

@@ -32,6 +32,7 @@ from aiostream_ckpt.jobspec.async_functions import (
 from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, ProcessFunction
 from aiostream_ckpt.jobspec.graph import Partitioning, Transformation, TransformKind, UserFunction
 from aiostream_ckpt.jobspec.windows import WindowAssigner
+from aiostream_ckpt.state.codecs import StreamKeyCodec
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class Stream(Generic[T]):
         parallelism: int | None = None,
         partitioning: Partitioning = Partitioning.FORWARD,
         key_selector: Callable[[Any], Any] | None = None,
+        key_type: Any = None,
         inputs: list[Transformation] | None = None,
         state_type: Any = None,
     ) -> Transformation:
@@ -81,6 +83,7 @@ class Stream(Generic[T]):
             parallelism=parallelism,
             partitioning=partitioning,
             key_selector=key_selector,
+            key_type=key_type,
             inputs=inputs if inputs is not None else [self._node],
             state_type=state_type,
         )
@@ -210,11 +213,36 @@ class Stream(Generic[T]):
     def _connect_key(self) -> Callable[[Any], Any] | None:
         return None
 
-    def key_by(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
-        """Partition by key: records with equal keys go to the same instance and state."""
-        return KeyedStream(self._env, self._node, key_selector)
+    def key_by(
+        self, key_selector: Callable[[T], K], *, key_type: type[K] | Any = None
+    ) -> KeyedStream[T, K]:
+        """Partition by key: records with equal keys go to the same instance and state.
 
-    def reinterpret_as_keyed(self, key_selector: Callable[[T], K]) -> KeyedStream[T, K]:
+        Keys are stored (and hashed to key groups) as their JSON bytes. Undeclared,
+        a key must be a ``str``, ``int``, ``bool``, ``None``, finite ``float`` or a
+        tuple of those (anything else is refused at its first state access: it
+        would come back as another type after a restore). ``key_type`` declares
+        another: an enum, ``date``/``datetime``, a frozen dataclass, a tuple of
+        those (``tuple[Color, date]``); such keys come back as themselves after
+        a restore, in timers, ``ctx.current_key`` and window results.
+
+        >>> import enum
+        >>> from aiostream_ckpt.api.environment import StreamEnvironment
+        >>> class Color(enum.Enum):
+        ...     RED = "red"
+        >>> env = StreamEnvironment("doc")
+        >>> s = env.from_collection([("red", 1), ("red", 2)])
+        >>> r = s.key_by(lambda t: Color(t[0]), key_type=Color).reduce(
+        ...     lambda x, y: (x[0], x[1] + y[1]), uid="sum", value_type=tuple[str, int]
+        ... )
+        >>> env.execute_and_collect(r)
+        [('red', 1), ('red', 3)]
+        """
+        return KeyedStream(self._env, self._node, key_selector, key_type=key_type)
+
+    def reinterpret_as_keyed(
+        self, key_selector: Callable[[T], K], *, key_type: type[K] | Any = None
+    ) -> KeyedStream[T, K]:
         """Declare this stream already partitioned by ``key_selector``: keyed, without a shuffle.
 
         Flink's ``DataStreamUtils.reinterpretAsKeyedStream``. The next
@@ -243,7 +271,9 @@ class Stream(Generic[T]):
         >>> env.execute_and_collect(r)
         [('a', 1), ('b', 5), ('a', 3)]
         """
-        return KeyedStream(self._env, self._node, key_selector, Partitioning.FORWARD_KEYED)
+        return KeyedStream(
+            self._env, self._node, key_selector, Partitioning.FORWARD_KEYED, key_type=key_type
+        )
 
     def rebalance(self) -> Stream[T]:
         """Spread batches round-robin over the next operator's instances."""
@@ -331,15 +361,21 @@ class KeyedStream(Stream[T], Generic[T, K]):
         node: Transformation,
         key_selector: Callable[[T], K],
         partitioning: Partitioning = Partitioning.HASH,
+        *,
+        key_type: Any = None,
     ) -> None:
         super().__init__(env, node)
+        if key_type is not None:
+            StreamKeyCodec(key_type)  # an unsupported type fails here, where it is declared
         self._key_selector = key_selector
+        self._key_type = key_type
         #: HASH after ``key_by``; FORWARD_KEYED after ``reinterpret_as_keyed``.
         self._partitioning = partitioning
 
     def _add(self, kind: TransformKind, name: str, **kw: Any) -> Transformation:
         kw["partitioning"] = self._partitioning
         kw["key_selector"] = self._key_selector
+        kw["key_type"] = self._key_type
         return super()._add(kind, name, **kw)
 
     def _refuse_reinterpreted(self, what: str) -> None:

@@ -117,6 +117,8 @@ class Transformation:
     fn: UserFunction = None
     partitioning: Partitioning = Partitioning.FORWARD
     key_selector: Callable[[Any], Any] | None = None
+    #: ``key_by(..., key_type=)``: the declared type of the keys (None: JSON scalars, tuples).
+    key_type: Any = None
     #: Sources only: where event time starts (timestamps and watermarks).
     watermark_strategy: WatermarkStrategy | None = None
     #: ``reduce`` only: the declared type of the value it keeps in state (None: untyped).

@@ -334,6 +334,7 @@ def build_chain_specs(
                             ),
                             max_parallelism=config.max_parallelism,
                             local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
+                            key_type=t.key_type,
                         )
                     spec.operators.append(op)
             # user code per record: the operators, the key selector of a keyed output,

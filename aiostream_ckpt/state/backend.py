@@ -197,4 +197,5 @@ class KeyedStateBackendFactory(Protocol):
         key_group_range: KeyGroupRange,
         max_parallelism: int,
         local_dir: Path,
+        key_type: Any = None,
     ) -> KeyedStateBackend: ...

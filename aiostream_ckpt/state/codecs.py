@@ -128,7 +128,7 @@ def key_misfit(key: Any, where: str = "map key") -> str | None:
 
 
 def key_type_error(key: Any, key_bytes: bytes) -> StateTypeError:
-    """Return the error for a stream key that would not read back the same after a restore.
+    """Return the error for an undeclared stream key that would not read back the same.
 
     Why: stored keys are their JSON bytes (the key group hashes them), so a key
     of another type (an enum, a date, a str subclass) would come back as
@@ -136,12 +136,86 @@ def key_type_error(key: Any, key_bytes: bytes) -> StateTypeError:
     window's key would differ from a failure-free run's.
     """
     back = decode_key(key_bytes)
+    name = type(key).__name__
     return StateTypeError(
-        f"key_by gave a key of type {type(key).__name__} ({key!r}): keyed state stores "
-        f"keys as JSON, so after a restore it would come back as {back!r} "
-        f"({type(back).__name__}); return str, int, bool, None, finite float or tuples "
-        "of those from the key selector (e.g. an enum's .value)"
+        f"key_by gave a key of type {name} ({key!r}): keyed state stores keys as JSON, "
+        f"so after a restore it would come back as {back!r} ({type(back).__name__}). "
+        f"Declare the key's type: key_by(selector, key_type={name}) (enums, dates, "
+        "datetimes, tuples, frozen dataclasses), or return str, int, bool, None, "
+        "finite float or tuples of those from the key selector"
     )
+
+
+class StreamKeyCodec:
+    """Stream keys: their orjson bytes (what the key group hashes), read back by type.
+
+    Untyped (``key_type`` None): JSON scalars and tuples of them (arrays come
+    back as tuples). Declared (``key_by(selector, key_type=Color)``): msgspec
+    decodes the same bytes into the type, so an enum, a date or a tuple of
+    them hashes to the same key group in every process and comes back as
+    itself after a restore (in timers, ``ctx.current_key``, window results).
+    """
+
+    __slots__ = ("key_type", "loads")
+
+    def __init__(self, key_type: Any = None) -> None:
+        self.key_type = key_type
+        self.loads: Loads
+        if key_type is None:
+            self.loads = decode_key
+        else:
+            self.loads = self._typed_loads(key_type)
+
+    @staticmethod
+    def _typed_loads(key_type: Any) -> Loads:
+        try:
+            decode = msgspec.json.Decoder(key_type).decode
+        except TypeError as exc:
+            raise StateError(f"key_type {type_name(key_type)} is not supported: {exc}") from exc
+
+        return _migrating(decode, f"a stored key does not fit key_type {type_name(key_type)}")
+
+    def check(self, key: Any, key_bytes: bytes) -> None:
+        """Refuse ``key`` (encoded as ``key_bytes``) unless it reads back the same."""
+        if self.key_type is None:
+            if key.__class__ is not str and key_misfit(key, "key") is not None:
+                raise key_type_error(key, key_bytes)
+            return
+        why = _misread(self.loads, key, key_bytes)
+        if why is None:
+            return
+        raise StateTypeError(
+            f"key_by declared key_type={type_name(self.key_type)}, but the key selector "
+            f"gave {key!r} of type {type(key).__name__} ({why})"
+        )
+
+
+UNTYPED_KEYS = StreamKeyCodec()
+
+
+def _misread(loads: Loads, key: Any, key_bytes: bytes) -> str | None:
+    """Say how ``key`` (encoded as ``key_bytes``) would read back otherwise, or None."""
+    try:
+        back = loads(key_bytes)
+    except (msgspec.ValidationError, ValueError, StateMigrationError) as exc:
+        return str(exc.__cause__ or exc)
+    if back.__class__ is key.__class__ and back == key:
+        return None
+    return f"it would read back as {back!r}"
+
+
+def _migrating(decode: Loads, misfit: str) -> Loads:
+    """``decode``, raising StateMigrationError (``misfit``) for bytes written under another type."""
+
+    def loads(raw: bytes) -> Any:
+        try:
+            return decode(raw)
+        except msgspec.ValidationError as exc:
+            raise StateMigrationError(
+                f"{misfit} ({exc}); it was written under another type"
+            ) from exc
+
+    return loads
 
 
 def type_name(tp: Any) -> str:
@@ -224,16 +298,10 @@ class TypedJsonCodec(ValueCodec):
             ) from exc
         self._tp = tp if check_type is None else check_type
         self._check_decode = check_decoder.decode
-        decode = decoder.decode
-
-        def loads(raw: bytes) -> Any:
-            try:
-                return decode(raw)
-            except msgspec.ValidationError as exc:
-                raise StateMigrationError(
-                    f"state {state!r}: a stored value does not fit the declared type "
-                    f"{type_name(tp)} ({exc}); it was written under another type"
-                ) from exc
+        loads = _migrating(
+            decoder.decode,
+            f"state {state!r}: a stored value does not fit the declared type {type_name(tp)}",
+        )
 
         super().__init__(f"json[{type_name(tp)}]", _json_encode, loads, ints_as_text=False)
 
@@ -340,14 +408,10 @@ class MapKeyCodec:
                 return
             why = f"{bad}; untyped map keys are int, str, bool, None, finite float, tuples"
         else:
-            try:
-                back = self.loads(key_bytes)
-            except (msgspec.ValidationError, ValueError) as exc:
-                back, why = None, str(exc)
-            else:
-                if back.__class__ is key.__class__ and back == key:
-                    return
-                why = f"it would read back as {back!r}"
+            misread = _misread(self.loads, key, key_bytes)
+            if misread is None:
+                return
+            why = misread
         raise StateTypeError(
             f"state {state!r}: cannot use a map key of type {type(key).__name__} ({why}); "
             "declare key_type on the MapStateDescriptor"

@@ -69,7 +69,7 @@ from aiostream_ckpt.state.backend import (
     SnapshotTarget,
     StateHandle,
 )
-from aiostream_ckpt.state.codecs import json_encoder
+from aiostream_ckpt.state.codecs import UNTYPED_KEYS, StreamKeyCodec, json_encoder
 from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
@@ -96,7 +96,7 @@ from aiostream_ckpt.state.lmdb.states import (
 )
 from aiostream_ckpt.state.lmdb.writes import RunState, SnapshotRun, WriteQueue
 from aiostream_ckpt.state.local_dirs import working_state_error
-from aiostream_ckpt.state.serde import decode_key, key_group_bytes, name_part
+from aiostream_ckpt.state.serde import key_group_bytes, name_part
 
 HANDLE_FORMAT = 1
 MAP_SIZE = 64 << 30  # sparse; only touched pages take disk
@@ -219,6 +219,7 @@ class LmdbStateBackend:
         allow_pickle: bool = False,
         apply_slice_keys: int = APPLY_SLICE_KEYS,
         max_delta_ratio: float = 0.5,
+        key_type: Any = None,
     ) -> None:
         if full_checkpoint_every < 1:
             raise StateError("full_checkpoint_every must be >= 1")
@@ -233,6 +234,8 @@ class LmdbStateBackend:
         self.key_group_range = key_group_range
         self.max_parallelism = max_parallelism
         self.key_context = KeyContext()
+        #: ``key_by(..., key_type=)``: how keys are checked and read back (``keys()``, timers)
+        self._stream_keys = UNTYPED_KEYS if key_type is None else StreamKeyCodec(key_type)
         self._clock: Clock = clock or SystemClock()
         self._cache_max_entries = cache_max_entries
         self._allow_pickle = allow_pickle
@@ -331,6 +334,7 @@ class LmdbStateBackend:
             max_parallelism=self.max_parallelism,
             key_group_range=self.key_group_range,
             now=self._clock.time,
+            stream_keys=self._stream_keys,
         )
         self._states[descriptor.name] = state
         self._meta[descriptor.name] = wanted
@@ -602,6 +606,7 @@ class LmdbStateBackend:
         state = self._states.get(state_name)
         stored: dict[Any, bool] = {}
         part = name_part(state_name)
+        loads = self._stream_keys.loads
         cur = self.read_txn().cursor()
         for kg in range(self.key_group_range.start, self.key_group_range.end + 1):
             prefix = key_group_bytes(kg) + part
@@ -613,7 +618,7 @@ class LmdbStateBackend:
                 rest = db_key[len(prefix) :]
                 kb = rest[2 : 2 + int.from_bytes(rest[:2], "big")]
                 live = state is None or state.store_live(raw)
-                key = decode_key(kb)
+                key = loads(kb)
                 stored[key] = stored.get(key, False) or live
         if state is None:
             return iter([k for k, live in stored.items() if live])
@@ -685,6 +690,7 @@ class LmdbStateBackendFactory:
         key_group_range: KeyGroupRange,
         max_parallelism: int,
         local_dir: Path,
+        key_type: Any = None,
     ) -> LmdbStateBackend:
         return LmdbStateBackend(
             operator_uid=operator_uid,
@@ -698,4 +704,5 @@ class LmdbStateBackendFactory:
             allow_pickle=self.allow_pickle,
             apply_slice_keys=self.apply_slice_keys,
             max_delta_ratio=self.max_delta_ratio,
+            key_type=key_type,
         )

@@ -68,8 +68,8 @@ from aiostream_ckpt.state.backend import KeyContext
 from aiostream_ckpt.state.codecs import (
     EXACT_SCALARS,
     UNTYPED,
-    key_misfit,
-    key_type_error,
+    UNTYPED_KEYS,
+    StreamKeyCodec,
     value_codec,
 )
 from aiostream_ckpt.state.descriptors import (
@@ -135,6 +135,7 @@ class KeyedStateBase:
         "_now",
         "_prefixes",
         "_refresh_on_read",
+        "_stream_keys",
         "_ttl",
         "descriptor",
         "name",
@@ -154,8 +155,10 @@ class KeyedStateBase:
         max_parallelism: int,
         key_group_range: KeyGroupRange,
         now: Callable[[], float],
+        stream_keys: StreamKeyCodec = UNTYPED_KEYS,
     ) -> None:
         self.descriptor = descriptor
+        self._stream_keys = stream_keys
         self.name = descriptor.name
         self._host = host
         self._ctx = key_context
@@ -187,8 +190,8 @@ class KeyedStateBase:
             raise StateError(
                 f"state {self.name!r}: key {key!r} is not serializable: {exc}"
             ) from exc
-        if key.__class__ is not str and key_misfit(key, "key") is not None:
-            raise key_type_error(key, kb)
+        if key.__class__ is not str or self._stream_keys.key_type is not None:
+            self._stream_keys.check(key, kb)
         kg = zlib.crc32(kb) % self._maxp
         if not self._kg_start <= kg <= self._kg_end:
             raise StateError(

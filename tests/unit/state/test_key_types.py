@@ -1,0 +1,97 @@
+"""Stream keys of declared types (``key_by(selector, key_type=...)``): hashed and stored
+as their JSON bytes, read back as themselves; undeclared non-JSON keys are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.api import StreamEnvironment
+from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.state.codecs import StateTypeError
+from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+from aiostream_ckpt.state.keygroups import key_group_for, serialize_key
+from tests.apps.typed_keys import Color
+
+
+@dataclass(frozen=True)
+class Account:
+    bank: str
+    number: int
+
+
+KEYS: list[tuple[Any, Any]] = [
+    (Color, Color.GREEN),
+    (date, date(2024, 2, 29)),
+    (datetime, datetime(2024, 2, 29, 12, 30, 1, 5, tzinfo=UTC)),
+    (tuple[Color, date], (Color.RED, date(2024, 3, 1))),
+    (Account, Account("x", 7)),
+]
+
+
+@pytest.mark.parametrize(("tp", "key"), KEYS, ids=[t.__name__ for t, _ in KEYS])
+def test_declared_key_reads_back_with_its_type_after_restore(env, tp, key) -> None:
+    b = env.backend(key_type=tp)
+    d = ValueStateDescriptor("n", int)
+    b.key_context.key = key
+    b.create_state(d).update(5)
+    r = env.backend(key_type=tp)
+    r.restore(env.root, [env.checkpoint(b, 1)])
+    [got] = list(r.keys("n"))
+    assert type(got) is type(key) and got == key
+    r.key_context.key = got
+    assert r.create_state(d).value() == 5
+
+
+def test_key_groups_of_declared_keys_are_the_same_in_every_process() -> None:
+    # the key group is the crc32 of the key's JSON bytes: no per-process hash seed
+    keys = [Color.BLUE, date(2024, 2, 29), (Color.RED, date(2024, 3, 1))]
+    here = [key_group_for(serialize_key(k), 128) for k in keys]
+    code = (
+        "from datetime import date; from tests.apps.typed_keys import Color; "
+        "from aiostream_ckpt.state.keygroups import key_group_for, serialize_key; "
+        "print([key_group_for(serialize_key(k), 128) for k in "
+        "[Color.BLUE, date(2024, 2, 29), (Color.RED, date(2024, 3, 1))]])"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert there.strip() == str(here)
+
+
+def test_undeclared_enum_key_is_refused_naming_its_type_and_key_type(env) -> None:
+    b = env.backend()
+    s = b.create_state(ValueStateDescriptor("n", int))
+    for key, name in ((Color.RED, "Color"), (date(2024, 2, 29), "date")):
+        b.key_context.key = key
+        with pytest.raises(StateTypeError) as err:
+            s.value()
+        msg = str(err.value)
+        assert f"key of type {name}" in msg and f"key_type={name}" in msg
+
+
+def test_a_key_of_another_type_than_declared_is_refused(env) -> None:
+    b = env.backend(key_type=Color)
+    s = b.create_state(ValueStateDescriptor("n", int))
+    b.key_context.key = "red"  # the selector forgot Color(...)
+    with pytest.raises(StateTypeError, match=r"key_type=Color.*'red' of type str"):
+        s.value()
+
+
+def test_a_key_type_that_is_no_type_fails_at_key_by() -> None:
+    env = StreamEnvironment("doc")
+    with pytest.raises(StateError, match="key_type 'Color' is not supported"):
+        env.from_collection([1]).key_by(lambda x: x, key_type="Color")
+
+
+def test_declared_keys_run_through_a_job() -> None:
+    env = StreamEnvironment("doc")
+    days = [date(2024, 2, 28), date(2024, 2, 29), date(2024, 2, 28)]
+    s = env.from_collection(days).key_by(lambda d: d, key_type=date)
+    out = s.reduce(lambda a, b: b, uid="last", value_type=date)
+    assert env.execute_and_collect(out) == days
