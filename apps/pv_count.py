@@ -94,6 +94,7 @@ PROOF = ProofContract(
     oracle=expected_updates,
     kafka_outputs=("output_topic",),
     kafka_inputs=("input_topic",),
+    kafka_oracle_input="input",
 )
 
 #: The key selector; ``itemgetter`` runs in C, a third cheaper than a ``def`` per record.

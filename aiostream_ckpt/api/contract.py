@@ -53,6 +53,9 @@ class ProofContract:
     kafka_outputs: tuple[str, ...] = ()
     #: Kafka mode: params naming the input topics (``chaos`` counts their events)
     kafka_inputs: tuple[str, ...] = ()
+    #: Kafka mode: the param the oracle reads input files from (comma-separated);
+    #: ``chaos --oracle`` writes the input topics' values there (one a line) for it
+    kafka_oracle_input: str | None = None
     #: the app param holding the bootstrap servers; set, it selects Kafka mode
     kafka_bootstrap: str = "kafka_bootstrap"
 

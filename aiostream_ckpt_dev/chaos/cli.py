@@ -8,7 +8,8 @@
    :mod:`aiostream_ckpt_dev.chaos.faults` between restarts, until it
    finishes, then compare each declared output and the dead letters with the
    reference; with ``--oracle``, also the main output with the app's
-   independent recount from the input.
+   independent recount from the input (in Kafka mode from the input topics,
+   read once; an oracle that cannot run is a FAIL before any round).
 3. Until ``--kills`` kills happened, print one verdict line::
 
        chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
@@ -28,6 +29,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.errors import AiostreamError
@@ -48,7 +50,13 @@ from aiostream_ckpt_dev.validate.proof import (
     twin_outputs,
 )
 from aiostream_ckpt_dev.validate.proof_cli import add_reference_runs
-from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, drop_topics, new_twin, record_span
+from aiostream_ckpt_dev.validate.proof_kafka import (
+    KafkaTopic,
+    drop_topics,
+    new_twin,
+    record_span,
+    write_values,
+)
 
 
 @dataclass
@@ -146,11 +154,15 @@ def run_chaos(
     workdir.mkdir(parents=True, exist_ok=True)
     reference = workdir / "reference"
     plan_outputs(run, contract, reference)  # fails early when the main output is not set
-    ref_seconds = reference_run(run, contract, reference)
     verdict = ChaosVerdict()
     kafka = _kafka(run, contract)
-    oracle = oracle and contract.oracle is not None and kafka is None  # it recounts files
-    verdict.assumptions = assumptions(contract, reference_runs, oracle=oracle)
+    refused = oracle_refusal(contract, kafka) if oracle else None
+    if refused is not None:  # asked for and cannot run: a FAIL, before any work
+        verdict.problems.append(f"oracle: not run — {refused}")
+        return verdict
+    ref_seconds = reference_run(run, contract, reference)
+    oracle_params = _oracle_params(run, contract, kafka, workdir) if oracle else None
+    verdict.assumptions = assumptions(contract, reference_runs, oracle=oracle_params is not None)
     if reference_runs > 1:
         second = workdir / "reference-2"
         reference_run(run, contract, second)
@@ -194,7 +206,7 @@ def run_chaos(
         stalled = stalled + 1 if result.kill_count == 0 else 0
         if stalled >= 3:
             verdict.problems.append("3 rounds in a row ended before any kill: more input needed")
-        _prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle)
+        _prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle_params)
         if echo:
             print(
                 f"chaos round {r}: {result.kill_count} kills "
@@ -227,6 +239,46 @@ def _check_twins(
                 f"two failure-free runs differ ({bad}; e.g. {first_example}), so comparing "
                 "with a reference proves nothing for it"
             )
+
+
+def oracle_refusal(contract: ProofContract, kafka: str | None) -> str | None:
+    """Say why the app's oracle cannot check the run (``kafka``: its bootstrap), or None."""
+    if contract.oracle is None:
+        return "the app's PROOF declares no oracle"
+    if kafka is None:
+        return None
+    if not contract.kafka_inputs:
+        return "Kafka mode, and the app's PROOF names no kafka_inputs to read the input from"
+    if contract.kafka_oracle_input is None:
+        return (
+            "Kafka mode, and the app's PROOF names no kafka_oracle_input (the param its oracle "
+            "reads input files from)"
+        )
+    return None
+
+
+def _oracle_params(
+    run: AppRun, contract: ProofContract, kafka: str | None, workdir: Path
+) -> dict[str, Any]:
+    """Return the params the oracle recounts from: the run's, in Kafka mode its input as files.
+
+    The input topics stay as they are for the whole run (each round only
+    writes fresh output topics), so they are read once.
+    """
+    from aiostream_ckpt.daemon.config import load_config
+
+    params = dict(load_config(run.config, env=os.environ, sets=run.sets).params)
+    if kafka is None:
+        return params
+    assert contract.kafka_oracle_input is not None
+    files = []
+    for p in contract.kafka_inputs:
+        if p in params:
+            path = workdir / f"oracle-input-{p}.jsonl"
+            write_values(KafkaTopic(kafka, str(params[p])), path)
+            files.append(str(path))
+    params[contract.kafka_oracle_input] = ",".join(files)
+    return params
 
 
 def _kafka(run: AppRun, contract: ProofContract) -> str | None:
@@ -296,25 +348,21 @@ def _prove_round(
     run: AppRun,
     contract: ProofContract,
     reference: Path,
-    oracle: bool,
+    oracle_params: dict[str, Any] | None,
 ) -> None:
     """Compare the round's outputs with the reference (and the main one with the oracle).
 
     Counts add up over outputs; for the main output, each count is the larger
     of the reference's and the oracle's, so that a loss both runs share (a bug
-    the reference repeats) still counts.
+    the reference repeats) still counts. ``oracle_params``: what the oracle
+    recounts from (None: no oracle).
     """
-    compared = [
-        (out.label, compare_dirs(out.actual, out.reference, contract))
-        for out in plan_outputs(run, contract, reference)
-    ]
+    outputs = plan_outputs(run, contract, reference)
+    compared = [(out.label, compare_dirs(out.actual, out.reference, contract)) for out in outputs]
     main_counts = Counter(compared[0][1].counts)
-    if oracle and contract.oracle is not None:
-        from aiostream_ckpt.daemon.config import load_config
-
-        params = load_config(run.config, env=os.environ, sets=run.sets).params
-        main = Path(str(params[contract.outputs[0]]))
-        recount = compare_oracle(main, contract.oracle(params), contract)
+    if oracle_params is not None and contract.oracle is not None:
+        # outputs[0] is the main output of this round: its directory or its topic
+        recount = compare_oracle(outputs[0].actual, contract.oracle(oracle_params), contract)
         compared.append(("oracle recount", recount))
         main_counts |= Counter(recount.counts)  # per-key maximum
     for i, (name, c) in enumerate(compared):

@@ -250,12 +250,12 @@ def describe(where: Location) -> str:
 
 
 def compare_oracle(
-    actual: Path, expected: Iterable[dict[str, Any]], contract: ProofContract
+    actual: Location, expected: Iterable[dict[str, Any]], contract: ProofContract
 ) -> Comparison:
-    """Compare ``actual`` with records an independent recount says the input gives."""
+    """Compare ``actual`` (a directory or a topic) with what an independent recount expects."""
     ignore = contract.ignore_fields
     oracle = [(canonical(orjson.dumps(e), None, ignore)[0], None, True, "oracle") for e in expected]
-    return compare(lambda: read_records(actual, None, ignore), lambda: oracle)
+    return compare(records_of(actual, None, ignore), lambda: oracle)
 
 
 def to_result(label: str, comparison: Comparison, seconds: float, notes: list[str]) -> CheckResult:

@@ -19,6 +19,7 @@ import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
@@ -49,6 +50,26 @@ def read_committed(
         canon, k, ok = canonical(value, key, ignore)
         out.append((canon, k, ok, f"{where.topic}/{partition}@{offset}"))
     return out
+
+
+def write_values(where: KafkaTopic, path: Path) -> int:
+    """Write every committed value of ``where`` to ``path``, one a line; return how many.
+
+    The input of an app in Kafka mode, for its oracle, which reads input
+    files. Values are written as they are (one without a value as an empty
+    line); a value with a newline in it cannot be one line and is an error.
+    """
+    n = 0
+    with open(path, "wb") as f:
+        for partition, offset, value in asyncio.run(_drain(where)):
+            if value is not None and b"\n" in value:
+                raise ValidationError(
+                    f"{where.topic}/{partition}@{offset}: the value holds a newline, so the "
+                    "oracle cannot read the topic as lines"
+                )
+            f.write((value or b"") + b"\n")
+            n += 1
+    return n
 
 
 async def _consumer(bootstrap: str) -> Any:

@@ -5,7 +5,8 @@ output topic and the reference run's topic as a ``read_committed`` consumer:
 records of aborted transactions must not count, a committed duplicate must.
 Kafka's own console consumer (``kafka-console-consumer``, from the broker's
 release, not ours) reads the same topic and must see the same records; and
-``chaos`` kills the job at the checkpoint windows and proves every round.
+``chaos`` kills the job at the checkpoint windows and proves every round,
+against the reference and against the app's oracle recounting the input topic.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from aiostream_ckpt_dev.maven import (
     file_lock,
 )
 from aiostream_ckpt_dev.validate.parse import canonical
-from aiostream_ckpt_dev.validate.proof import AppRun, compare_dirs, load_contract
+from aiostream_ckpt_dev.validate.proof import AppRun, compare_dirs, compare_oracle, load_contract
 from aiostream_ckpt_dev.validate.proof_cli import prove
-from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, read_committed
+from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, read_committed, write_values
 from tests.helpers import cli, make_pv_input
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -155,6 +156,25 @@ def test_proof_of_a_topic_finds_a_committed_duplicate_and_a_loss(
     assert c.examples["missing"][0]["record"] == '{"app_id":"zz","pv":1}'
 
 
+def test_oracle_recounts_the_input_topic_and_finds_a_duplicate_on_a_topic(
+    pv_kafka: KafkaRun, tmp_path: Path
+) -> None:
+    """The Kafka input written out as lines is what pv_count's oracle recounts from."""
+    in_topic = next(s for s in pv_kafka.sets if s.startswith("app.input_topic=")).partition("=")[2]
+    lines = tmp_path / "input.jsonl"
+    assert write_values(KafkaTopic(pv_kafka.bootstrap, in_topic), lines) == EVENTS
+    assert PV.oracle is not None and PV.kafka_oracle_input == "input"
+    expected = list(PV.oracle({"input": str(lines)}))
+    assert len(expected) == EVENTS
+    out = KafkaTopic(pv_kafka.bootstrap, pv_kafka.output)
+    assert compare_oracle(out, expected, PV).passed
+    bad = _copy_topic(pv_kafka, "oracle")
+    dup = orjson.loads(read_committed(out, "app_id")[3][0])
+    asyncio.run(_produce(bad.bootstrap, bad.topic, [dup], abort=False))  # committed again
+    c = compare_oracle(bad, expected, PV)
+    assert (c.counts["duplicated"], c.counts["missing"], c.counts["unexpected"]) == (1, 0, 0)
+
+
 # -- a reader nobody here wrote --------------------------------------------------------
 
 
@@ -246,9 +266,18 @@ def test_chaos_on_kafka_to_kafka_loses_and_duplicates_nothing(
     sets = [*pv_kafka.sets[:2], *pv_kafka.sets[3:], "checkpoint.interval=5ms", "job.batch_size=4"]
     run = AppRun("apps.pv_count", sets)
     verdict = run_chaos(
-        run, PV, kills=4, seed=12, workdir=tmp_path / "chaos", kills_per_round=4, echo=False
+        run,
+        PV,
+        kills=4,
+        seed=12,
+        workdir=tmp_path / "chaos",
+        kills_per_round=4,
+        echo=False,
+        oracle=True,
     )
     assert verdict.passed, verdict.problems
+    # the oracle ran on the input topic (before, it was skipped without a word)
+    assert any("independent recount (oracle)" in a for a in verdict.assumptions)
     assert verdict.kills >= 4
     assert verdict.counts["missing"] == verdict.counts["duplicated"] == 0
     assert verdict.events == EVENTS * verdict.rounds
