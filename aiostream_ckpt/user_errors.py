@@ -9,11 +9,14 @@ runs per record.
 
 from __future__ import annotations
 
+import importlib
 import traceback
 from pathlib import Path
 from typing import Any
 
 _PACKAGE = str(Path(__file__).resolve().parent)
+#: the import machinery: ``import_module``'s own frame is a file, not ``<frozen ...>``
+_IMPORTLIB = str(Path(importlib.__file__).resolve().parent)
 _MAX_RECORD_CHARS = 300
 
 
@@ -24,7 +27,7 @@ def _is_users(filename: str) -> bool:
         resolved = str(Path(filename).resolve())
     except (OSError, ValueError):
         return True
-    return not resolved.startswith(_PACKAGE)
+    return not resolved.startswith((_PACKAGE, _IMPORTLIB))
 
 
 def short_repr(record: Any) -> str:
@@ -42,12 +45,15 @@ def user_traceback(exc: BaseException) -> str:
     """``Traceback`` text of ``exc`` with only the user's frames ('' when there are none).
 
     The exception line itself is not included: callers put the cause in their
-    one-line message and this text above it.
+    one-line message and this text above it. A ``SyntaxError`` in the app's
+    code ends with the line the parser stopped at.
     """
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
-    if not frames:
-        return ""
     lines = traceback.format_list(frames)
+    if isinstance(exc, SyntaxError) and exc.filename and _is_users(exc.filename):
+        lines += traceback.format_exception_only(exc)[:-1]  # less the "SyntaxError: ..." line
+    if not lines:
+        return ""
     return "Traceback (the app's frames, most recent call last):\n" + "".join(lines).rstrip("\n")
 
 

@@ -61,13 +61,19 @@ def _parse_int(value: Any) -> int:
         raise ValueError("an integer")
     if isinstance(value, int):
         return value
-    return int(str(value).replace("_", ""))
+    try:
+        return int(str(value).replace("_", ""))
+    except ValueError:
+        raise ValueError("an integer") from None
 
 
 def _parse_float(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("a number")
-    return float(value)
+    try:
+        return float(value)
+    except (ValueError, TypeError):
+        raise ValueError("a number") from None
 
 
 def _enum(kind: type[Enum]) -> Callable[[Any], Any]:

@@ -138,23 +138,26 @@ class JobConfig:
 
     def validate(self) -> JobConfig:
         _check(
-            1 <= self.max_parallelism <= 32768, "max_parallelism", self.max_parallelism, "1..32768"
+            1 <= self.max_parallelism <= 32768,
+            "job.max_parallelism",
+            self.max_parallelism,
+            "1..32768",
         )
         _check(
             1 <= self.parallelism <= self.max_parallelism,
-            "parallelism",
+            "job.parallelism",
             self.parallelism,
             f"1..max_parallelism ({self.max_parallelism})",
         )
         cores = usable_cores()
         _check(
             1 <= self.workers <= cores,
-            "workers",
+            "job.workers",
             self.workers,
             f"1..{cores} (the cores this process may run on)",
         )
-        _check(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
-        _check(self.channel_capacity >= 1, "channel_capacity", self.channel_capacity, ">= 1")
+        _check(self.batch_size >= 1, "job.batch_size", self.batch_size, ">= 1")
+        _check(self.channel_capacity >= 1, "job.channel_capacity", self.channel_capacity, ">= 1")
         self.checkpoint.validate()
         self.state.validate()
         self.restart.validate()

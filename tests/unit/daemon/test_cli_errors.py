@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.helpers import cli
@@ -32,6 +33,45 @@ def test_app_module_that_does_not_import(tmp_path: Path) -> None:
     assert not (tmp_path / "c").exists()
 
 
+def _on_path(tmp_path: Path) -> dict[str, str]:
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    }
+
+
+def test_app_module_by_name_shows_no_import_machinery(tmp_path: Path) -> None:
+    """By name, ``importlib.import_module``'s frame (a file, not frozen) showed as the app's."""
+    (tmp_path / "imp_app.py").write_text("import no_such_module_xyz\n")
+    r = cli("run", "imp_app", "--set", f"checkpoint.dir={tmp_path / 'c'}", env=_on_path(tmp_path))
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip(" ~^")]
+    assert lines == [
+        "Traceback (the app's frames, most recent call last):",
+        f'  File "{tmp_path / "imp_app.py"}", line 1, in <module>',
+        "    import no_such_module_xyz",
+        "aiostream-ckpt: error: cannot import app module 'imp_app': "
+        "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+    ], r.stderr
+
+
+def test_app_with_a_syntax_error_shows_the_line(tmp_path: Path) -> None:
+    (tmp_path / "syn_app.py").write_text("X = 1\ndef build(env)\n    pass\n")
+    r = cli("run", "syn_app", "--set", f"checkpoint.dir={tmp_path / 'c'}", env=_on_path(tmp_path))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines[:3] == [
+        "Traceback (the app's frames, most recent call last):",
+        f'  File "{tmp_path / "syn_app.py"}", line 2',
+        "    def build(env)",
+    ], r.stderr
+    assert lines[-1] == (
+        "aiostream-ckpt: error: cannot import app module 'syn_app': "
+        "SyntaxError: expected ':' (syn_app.py, line 2)"
+    ), r.stderr
+    assert len(lines) == 5, r.stderr  # and the caret under the place
+    assert not (tmp_path / "c").exists()
+
+
 def test_build_that_fails_shows_the_apps_line(tmp_path: Path) -> None:
     app = tmp_path / "bad_build.py"
     app.write_text("def build(env):\n    params = {}\n    return params['input']\n")
@@ -50,6 +90,22 @@ def test_missing_module() -> None:
     r = cli("run", "apps.does_not_exist")
     assert r.returncode == 2
     assert "cannot import app module 'apps.does_not_exist'" in r.stderr
+
+
+def test_bad_config_value_types_name_key_and_kind(tmp_path: Path) -> None:
+    r = cli(
+        "run",
+        "apps.pv_count",
+        "--set",
+        "job.parallelism=two",
+        "--set",
+        f"checkpoint.dir={tmp_path}",
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "aiostream-ckpt: error: invalid config job.parallelism='two' (from --set): "
+        "must be an integer"
+    ]
 
 
 def test_bad_config_value(tmp_path: Path) -> None:
