@@ -177,6 +177,29 @@ def serialize_lines(records: list[Any], dumps: Serializer = orjson.dumps) -> byt
     return join([join(map(dumps, records[i : i + n])) for i in range(0, len(records), n)]) + b"\n"
 
 
+def serialize_each(
+    batch: list[Any], dumps: Serializer, record_failed: RecordErrorFn
+) -> tuple[list[Any], bytes]:
+    """Serialize a batch ``serialize_lines`` failed on, record by record: kept records, lines.
+
+    Each record ``dumps`` raises on goes to ``record_failed`` (which raises
+    unless it dead-lettered it) before anything is written, so a writer
+    writes whole records only.
+    """
+    function = f"serializer {function_name(dumps)}"
+    kept: list[Any] = []
+    lines: list[bytes] = []
+    for rec in batch:
+        try:
+            line = dumps(rec)
+        except Exception as exc:
+            record_failed(function, rec, exc)
+            continue
+        kept.append(rec)
+        lines.append(line)
+    return kept, b"".join(line + b"\n" for line in lines)
+
+
 def _io_error(what: str, path: Path, e: OSError) -> ConnectorError:
     """Describe an I/O error of the staged output: which file, what cause.
 
@@ -460,7 +483,7 @@ class StagedFileWriter:
         try:
             data = serialize_lines(batch, self._dumps)
         except Exception:
-            batch, data = self._serialize_each(batch)
+            batch, data = serialize_each(batch, self._dumps, self.record_failed)
             if not batch:
                 return
         f = self._file or self._open_txn()
@@ -470,26 +493,6 @@ class StagedFileWriter:
             staged = self._open.staged if self._open is not None else ""
             raise _io_error("write", self.directory / staged, e) from e
         self.records_written += len(batch)
-
-    def _serialize_each(self, batch: list[Any]) -> tuple[list[Any], bytes]:
-        """Serialize a batch the serializer failed on record by record: kept records, their lines.
-
-        Each failing record goes to ``record_failed`` before anything is
-        written, so the transaction holds whole batches only.
-        """
-        dumps = self._dumps
-        function = f"serializer {function_name(dumps)}"
-        kept: list[Any] = []
-        lines: list[bytes] = []
-        for rec in batch:
-            try:
-                line = dumps(rec)
-            except Exception as exc:
-                self.record_failed(function, rec, exc)  # raises unless dead-lettered
-                continue
-            kept.append(rec)
-            lines.append(line)
-        return kept, b"".join(line + b"\n" for line in lines)
 
     async def write(self, batch: list[Any]) -> None:
         self.write_sync(batch)

@@ -12,8 +12,8 @@ from typing import IO, Any
 
 import orjson
 
-from aiostream_ckpt.connectors.base import ConnectorContext
-from aiostream_ckpt.connectors.staging import Serializer, serialize_lines
+from aiostream_ckpt.connectors.base import ConnectorContext, RecordErrorFn, raise_record_error
+from aiostream_ckpt.connectors.staging import Serializer, serialize_each, serialize_lines
 
 
 class StdoutSink:
@@ -39,13 +39,21 @@ class StdoutWriter:
     def __init__(self, stream: IO[bytes], serializer: Serializer) -> None:
         self._stream = stream
         self._dumps = serializer
+        #: see :class:`~aiostream_ckpt.connectors.base.RecordFunctions`
+        self.record_failed: RecordErrorFn = raise_record_error
 
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         return None
 
     async def write(self, batch: list[Any]) -> None:
+        if not batch:
+            return
+        try:
+            data = serialize_lines(batch, self._dumps)
+        except Exception:  # a record the serializer fails on: dead-lettered or the job fails
+            batch, data = serialize_each(batch, self._dumps, self.record_failed)
         if batch:
-            self._stream.write(serialize_lines(batch, self._dumps))
+            self._stream.write(data)
 
     async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
         self._stream.flush()
