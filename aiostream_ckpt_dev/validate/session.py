@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt_dev.maven import QUICK_START_JVM_OPTIONS
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 
 DEFAULT_MASTER = "local[2]"
@@ -129,6 +130,9 @@ def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
+        # A validation is one short local JVM: C1 and the serial GC halve its CPU
+        # (maven.py); measured on a 300k-event pv_count check too, 41.8 -> 22.9 s.
+        .config("spark.driver.extraJavaOptions", " ".join(QUICK_START_JVM_OPTIONS))
     )
     if "PYSPARK_PYTHON" not in os.environ:
         # Workers must import orjson: use this interpreter, not whatever python3 is on PATH.
