@@ -78,12 +78,11 @@ def crash_after_precommit(
         records: int = 5,
         partitions: int = 1,
         timeout_ms: int = 120_000,
-        bootstrap_servers: str | None = None,
     ) -> PreparedTransaction:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(CRASH_CHILD),
-            bootstrap_servers or kafka_broker.bootstrap_servers,
+            kafka_broker.bootstrap_servers,
             topic,
             txn_id,
             str(records),
@@ -139,10 +138,9 @@ def read_topic(kafka_broker: KafkaBroker) -> TopicReader:
         *,
         isolation_level: str = "read_committed",
         timeout_s: float = 20.0,
-        bootstrap_servers: str | None = None,
     ) -> list[bytes]:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers or kafka_broker.bootstrap_servers,
+            bootstrap_servers=kafka_broker.bootstrap_servers,
             isolation_level=isolation_level,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

@@ -12,7 +12,6 @@ from collections import Counter
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import ProducerFenced
 
 from aiostream_ckpt.connectors.kafka.transactions import (
@@ -22,7 +21,6 @@ from aiostream_ckpt.connectors.kafka.transactions import (
     commit_prepared_transaction,
     prepared_transaction,
 )
-from aiostream_ckpt_dev.broker import KafkaBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -215,25 +213,18 @@ async def test_timed_out_transaction_is_aborted_and_fenced(
 
 
 async def test_prepared_transaction_survives_broker_crash(
-    tmp_path, read_topic, crash_after_precommit
+    kafka_broker, new_topic, read_topic, crash_after_precommit
 ):
-    with KafkaBroker(tmp_path / "kafka") as broker:
-        bootstrap = broker.bootstrap_servers
-        topic, tid = f"t-{uuid.uuid4().hex[:12]}", txn_id()
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
-        finally:
-            await admin.close()
-        txn = await crash_after_precommit(
-            topic, tid, records=10, partitions=2, bootstrap_servers=bootstrap
-        )
+    """kill -9 of the session's broker; ``start()`` brings it back on its ports and data."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic, tid = await new_topic(2), txn_id()
+    txn = await crash_after_precommit(topic, tid, records=10, partitions=2)
 
-        broker.kill()
-        await asyncio.to_thread(broker.start)
-        assert broker.bootstrap_servers == bootstrap
+    kafka_broker.kill()
+    # In the main thread, so that PDEATHSIG still ties the broker to this process.
+    kafka_broker.start()
+    assert kafka_broker.bootstrap_servers == bootstrap
 
-        assert await commit(bootstrap, txn) is EndTxnOutcome.COMPLETED
-        got = await read_topic(topic, bootstrap_servers=bootstrap)
-        assert Counter(got) == Counter(f"{tid}:{i}".encode() for i in range(10))
+    assert await commit(bootstrap, txn) is EndTxnOutcome.COMPLETED
+    got = await read_topic(topic)
+    assert Counter(got) == Counter(f"{tid}:{i}".encode() for i in range(10))
