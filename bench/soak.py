@@ -4,7 +4,8 @@ Runs pv_count and the tumbling-window count (``apps/window_count.py``) side by
 side, each on generated input paced at a steady rate (``app.rate``), with
 1 s checkpoints, and samples every few seconds from outside the workers: RSS
 of each worker's process tree, bytes on disk of its working state
-(``state.local_dir``) and of its checkpoint directory, and its events read (the
+(``state.local_dir``) and of its checkpoint directory, its open file
+descriptors and the files in both directories, and its events read (the
 source task's ``records_in`` from the REST API). After the warm-up each series
 gets a least-squares slope, reported as growth in % of its mean per 10 minutes;
 the target is under 1 % for every series. A leak shows as a positive slope
@@ -53,6 +54,8 @@ class Worker:
     run_dir: Path
     #: (minutes since start, rss MB, working state MB, checkpoint dir MB, events read)
     samples: list[tuple[float, float, float, float, int]] = field(default_factory=list)
+    #: (minutes since start, open fds of the process tree, files in checkpoint dir, in state dir)
+    counts: list[tuple[float, int, int, int]] = field(default_factory=list)
     url: str | None = None
 
     @property
@@ -72,6 +75,20 @@ def disk_mb(root: Path) -> float:
             with contextlib.suppress(OSError):  # removed meanwhile (retention)
                 total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
     return total / 1e6
+
+
+def file_count(root: Path) -> int:
+    """Files under ``root`` (a leak of files shows here before it shows in bytes)."""
+    return sum(len(files) for _dirpath, _dirs, files in os.walk(root))
+
+
+def fd_count(pids: list[int]) -> int:
+    """Open file descriptors of ``pids`` (0 for a process that is gone)."""
+    n = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            n += len(os.listdir(f"/proc/{pid}/fd"))
+    return n
 
 
 def _events_read(w: Worker) -> int | None:
@@ -156,6 +173,16 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
     means = {k: round(sum(v for _, v in p) / len(p), 3) if p else None for k, p in series.items()}
     flat = all(s is not None and abs(s) < TARGET_PCT_PER_10MIN for s in slopes.values())
     grown = [k for k, (a, b) in peaks.items() if k != "events_per_s" and b > a * 1.01]
+    counted = [c for c in w.counts if c[0] >= warmup_min]
+    half = len(counted) // 2
+    # min / max of each count in the earlier and the later half after the warm-up
+    counts = {
+        name: [
+            [min((c[i] for c in part), default=0), max((c[i] for c in part), default=0)]
+            for part in (counted[:half], counted[half:])
+        ]
+        for i, name in ((1, "fds"), (2, "checkpoint_files"), (3, "state_files"))
+    }
     return {
         "app": w.name,
         "exit_code": w.proc.returncode,
@@ -167,6 +194,8 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
         "flat": flat,
         #: no resource's peak in the later half above its earlier peak (+1 %)
         "bounded": not grown,
+        #: [[min, max] earlier half, [min, max] later half] of fds and file counts
+        "counts_first_second_half": counts,
         "series": {
             "rss_mb": [(t, r) for t, r, _, _, _ in w.samples],
             "working_state_mb": [(t, s) for t, _, s, _, _ in w.samples],
@@ -211,8 +240,12 @@ def run_soak(
                 at = round(
                     (time.monotonic() - t0) / 60, 4
                 )  # when the count came: a busy worker is late
-                rss = sum(_rss_kb(p) for p in process_tree(w.proc.pid)) / 1024
+                tree = process_tree(w.proc.pid)
+                rss = sum(_rss_kb(p) for p in tree) / 1024
                 w.samples.append((at, rss, disk_mb(w.state_dir), disk_mb(w.ckpt_dir), n))
+                w.counts.append(
+                    (at, fd_count(tree), file_count(w.ckpt_dir), file_count(w.state_dir))
+                )
             if int(now * 60 / SAMPLE_S) % 12 == 0 and workers[0].samples:
                 say("  " + "; ".join(_line(w) for w in workers if w.samples))
             time.sleep(SAMPLE_S)
@@ -260,4 +293,14 @@ def table(doc: dict[str, Any]) -> str:
             (a["app"], *cells, "yes" if a["flat"] else "NO", "yes" if a["bounded"] else "NO")
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    for a in doc["apps"]:
+        counts = a.get("counts_first_second_half", {})
+        lines.append(
+            f"{a['app']} counts, earlier / later half: "
+            + ", ".join(
+                f"{name} {e[0]}-{e[1]} / {later[0]}-{later[1]}"
+                for name, (e, later) in counts.items()
+            )
+        )
+    return "\n".join(lines)

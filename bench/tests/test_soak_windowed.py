@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import orjson
 
-from bench.soak import rates, slope_pct_per_10min
+from bench.soak import fd_count, file_count, rates, slope_pct_per_10min
 from bench.windowed import SESSION_GAP_MS, TUMBLING_MS, check_windows, expected_windows
 
 
@@ -22,6 +23,18 @@ def test_slope_is_growth_in_percent_of_the_mean_per_10_minutes() -> None:
 def test_rates_between_samples() -> None:
     samples = [(0.0, 0, 0, 0, 0), (0.5, 0, 0, 0, 30_000), (1.0, 0, 0, 0, 90_000)]
     assert rates(samples) == [(0.25, 1000.0), (0.75, 2000.0)]
+
+
+def test_file_and_fd_counts(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for name in ("x", "a/y", "a/b/z"):
+        (tmp_path / name).write_bytes(b"")
+    assert file_count(tmp_path) == 3
+    assert file_count(tmp_path / "missing") == 0
+    mine = fd_count([os.getpid()])
+    with open(tmp_path / "x", "rb"):
+        assert fd_count([os.getpid()]) == mine + 1
+    assert fd_count([2**22 + 1]) == 0  # no such process
 
 
 def test_expected_windows_by_brute_force(tmp_path: Path) -> None:
