@@ -6,8 +6,13 @@ type of its values, and says how they are serialized (see
 gives back exactly; with a declared type (``ValueStateDescriptor("last_seen",
 datetime)``, ``MapStateDescriptor("m", str, tuple[int, float])``) it keeps
 that type, dataclasses, enums, sets, tuples included, and reads it back as
-such after a restore. ``serializer="pickle"`` is an explicit opt-in, because
+such after a restore. ``int | None`` (or ``Optional[int]``) declares a state
+that keeps ``None`` too. ``serializer="pickle"`` is an explicit opt-in, because
 unpickling checkpoint bytes runs code.
+
+For mypy a declared type is a ``TypeForm`` (PEP 747), so a union or a generic
+alias types the state as exactly that (``ListStateDescriptor("xs", int | None)``
+is a ``ListStateDescriptor[int | None]``); ``None`` or nothing is ``Any``.
 
 >>> from datetime import datetime
 >>> ValueStateDescriptor("last_seen", datetime).value_type is datetime
@@ -21,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
-from types import UnionType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, overload
 
-from typing_extensions import TypeVar
+from typing_extensions import TypeForm, TypeVar
 
 from aiostream_ckpt.durations import parse_duration
 
@@ -32,10 +36,6 @@ from aiostream_ckpt.durations import parse_duration
 T = TypeVar("T", default=Any)
 K = TypeVar("K", default=Any)
 V = TypeVar("V", default=Any)
-
-#: What a descriptor accepts as a declared type: a class, a generic alias such
-#: as ``tuple[int, float]``, or a union (``int | None``, which types nothing).
-TypeArg = type[T] | UnionType | None
 
 Serializer = Literal["json", "pickle"]
 
@@ -107,9 +107,29 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
 
         @overload
         def __init__(
+            self: ValueStateDescriptor[Any],
+            name: str,
+            value_type: None = None,
+            *,
+            default: None = None,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
             self: ValueStateDescriptor[T],
             name: str,
-            value_type: type[T] | None = None,
+            value_type: None = None,
+            *,
+            default: T,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: ValueStateDescriptor[T],
+            name: str,
+            value_type: TypeForm[T],
             *,
             default: T,
             serializer: Serializer = ...,
@@ -119,18 +139,8 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
         def __init__(
             self: ValueStateDescriptor[T | None],
             name: str,
-            value_type: type[T],
+            value_type: TypeForm[T],
             *,
-            serializer: Serializer = ...,
-            ttl: StateTtlConfig | None = ...,
-        ) -> None: ...
-        @overload
-        def __init__(
-            self: ValueStateDescriptor[Any],
-            name: str,
-            value_type: UnionType | None = None,
-            *,
-            default: Any = None,
             serializer: Serializer = ...,
             ttl: StateTtlConfig | None = ...,
         ) -> None: ...
@@ -144,9 +154,31 @@ class ValueStateDescriptor(StateDescriptor, Generic[T]):
 class ListStateDescriptor(StateDescriptor, Generic[T]):
     """A list of values of ``element_type`` per key."""
 
-    element_type: TypeArg[T] = None
+    element_type: Any = None
 
     kind: ClassVar[str] = "list"
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __init__(
+            self: ListStateDescriptor[Any],
+            name: str,
+            element_type: None = None,
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: ListStateDescriptor[T],
+            name: str,
+            element_type: TypeForm[T],
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        def __init__(self, name: str, *args: Any, **kw: Any) -> None: ...
 
     def value_types(self) -> tuple[Any, Any]:
         t = self.element_type
@@ -157,10 +189,54 @@ class ListStateDescriptor(StateDescriptor, Generic[T]):
 class MapStateDescriptor(StateDescriptor, Generic[K, V]):
     """A map per key, ``key_type -> value_type``; map keys are stored like stream keys."""
 
-    key_type: TypeArg[K] = None
-    value_type: TypeArg[V] = None
+    key_type: Any = None
+    value_type: Any = None
 
     kind: ClassVar[str] = "map"
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __init__(
+            self: MapStateDescriptor[Any, Any],
+            name: str,
+            key_type: None,
+            value_type: None = None,
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: MapStateDescriptor[Any, V],
+            name: str,
+            key_type: None,
+            value_type: TypeForm[V],
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: MapStateDescriptor[K, Any],
+            name: str,
+            key_type: TypeForm[K] = ...,
+            value_type: None = None,
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: MapStateDescriptor[K, V],
+            name: str,
+            key_type: TypeForm[K] = ...,
+            value_type: TypeForm[V] = ...,
+            *,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        def __init__(self, name: str, *args: Any, **kw: Any) -> None: ...
 
     def value_types(self) -> tuple[Any, Any]:
         return self.value_type, None
@@ -173,11 +249,35 @@ class MapStateDescriptor(StateDescriptor, Generic[K, V]):
 class ReducingStateDescriptor(StateDescriptor, Generic[T]):
     """One value of ``value_type`` per key, folded with ``reduce_fn`` on every ``add``."""
 
-    value_type: TypeArg[T] = None
+    value_type: Any = None
     _: KW_ONLY
-    reduce_fn: Callable[[T, T], T] = field(default=lambda a, b: b)
+    reduce_fn: Callable[[Any, Any], Any] = field(default=lambda a, b: b)
 
     kind: ClassVar[str] = "reducing"
+
+    if TYPE_CHECKING:
+
+        @overload
+        def __init__(
+            self: ReducingStateDescriptor[T],
+            name: str,
+            value_type: None = None,
+            *,
+            reduce_fn: Callable[[T, T], T] = ...,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        @overload
+        def __init__(
+            self: ReducingStateDescriptor[T],
+            name: str,
+            value_type: TypeForm[T],
+            *,
+            reduce_fn: Callable[[T, T], T] = ...,
+            serializer: Serializer = ...,
+            ttl: StateTtlConfig | None = ...,
+        ) -> None: ...
+        def __init__(self, name: str, *args: Any, **kw: Any) -> None: ...
 
     def value_types(self) -> tuple[Any, Any]:
         return self.value_type, None

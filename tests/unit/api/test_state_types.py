@@ -7,12 +7,14 @@ function and checks what each state kept.
 
 from __future__ import annotations
 
-from typing import Any, assert_type
+import re
+from typing import Any, Optional, assert_type
 
 import pytest
 
 from aiostream_ckpt.api import ListState, MapState, ReducingState, ValueState
 from aiostream_ckpt.api.functions import Collector, Context, KeyedProcessFunction, RuntimeContext
+from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -75,3 +77,57 @@ def test_broadcast_state_is_typed_by_its_descriptor_and_needs_a_broadcast_functi
     ctx = Context()
     with pytest.raises(TypeError, match="broadcast state needs a"):
         assert_type(ctx.get_broadcast_state(BY_NAME), MapState[str, tuple[int, float]])
+
+
+# Optional types: ``X | None`` (or ``Optional[X]``) is the state's type, None included,
+# for every kind of state; before, a value state of a union was ``Any``, a list, map or
+# reducing state of ``int | None`` claimed ``int`` and ``Optional[int]`` did not type-check.
+MAYBE = ValueStateDescriptor("maybe", int | None)
+MAYBE_DEFAULT = ValueStateDescriptor("maybe-default", Optional[int], default=-1)  # noqa: UP045
+MAYBES = ListStateDescriptor("maybes", int | None)
+MAYBE_BY_NAME = MapStateDescriptor("maybe-by-name", str | None, Optional[int])  # noqa: UP045
+LATEST = ReducingStateDescriptor("latest", int | None, reduce_fn=lambda a, b: b)
+
+Seen = tuple[int | None, int | None, list[int | None]]
+
+
+class Optionals(KeyedProcessFunction[tuple[str | None, int | None], Seen]):
+    def open(self, ctx: RuntimeContext) -> None:
+        self.maybe = assert_type(ctx.get_state(MAYBE), ValueState[int | None])
+        self.maybe_default = assert_type(ctx.get_state(MAYBE_DEFAULT), ValueState[int | None])
+        self.maybes = assert_type(ctx.get_state(MAYBES), ListState[int | None])
+        self.by_name = assert_type(ctx.get_state(MAYBE_BY_NAME), MapState[str | None, int | None])
+        self.latest = assert_type(ctx.get_state(LATEST), ReducingState[int | None])
+
+    def process_element(
+        self, value: tuple[str | None, int | None], ctx: Context, out: Collector[Seen]
+    ) -> None:
+        name, n = value
+        self.maybe.update(n)
+        self.maybe_default.update(n)
+        self.maybes.add(n)
+        self.by_name.put(name, n)
+        self.latest.add(n)
+        out.collect((self.maybe.value(), self.maybe_default.value(), self.maybes.get()))
+
+    def on_timer(self, timestamp: int, ctx: Any, out: Collector[Seen]) -> None:
+        raise AssertionError("no timers")
+
+
+def test_optional_types_type_check_and_keep_none_across_a_restore() -> None:
+    h = KeyedFunctionHarness(Optionals(), key_selector=lambda v: "k")
+    try:
+        h.process_element(("a", 1))
+        h.process_element((None, None))  # None clears a value state: it reads its default
+        assert h.output() == [(1, 1, [1]), (None, -1, [1, None])]
+        snapshot = h.snapshot()
+    finally:
+        h.close()
+    restored = KeyedFunctionHarness(Optionals(), key_selector=lambda v: "k", restore_from=snapshot)
+    try:
+        assert restored.state(MAYBES, key="k").get() == [1, None]
+        assert dict(restored.state(MAYBE_BY_NAME, key="k").items()) == {"a": 1, None: None}
+        with pytest.raises(StateTypeError, match=re.escape("declared int | None")):
+            restored.process_element(("b", "two"))  # type: ignore[arg-type]
+    finally:
+        restored.close()
