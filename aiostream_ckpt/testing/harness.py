@@ -11,6 +11,10 @@ sizes or wall time.
 
 Records carry no timestamp through this runtime (functions read event time
 from the record), so there is no ``timestamp=`` to pass with a record.
+
+Keys are checked and read back as in a job: ``key_type=`` declares them as
+``key_by(selector, key_type=...)`` does (an enum, a date, a frozen dataclass,
+a tuple of those; pass it again to the harness that restores a snapshot).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.jobspec.functions import KeyedProcessFunction, OutputTag, RuntimeContext
+from aiostream_ckpt.jobspec.state import ListState, MapState, ReducingState, ValueState
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.timed_process import (
@@ -32,13 +37,22 @@ from aiostream_ckpt.runtime.timed_process import (
     make_keyed_process_operator,
 )
 from aiostream_ckpt.state.backend import SnapshotTarget, StateHandle
-from aiostream_ckpt.state.descriptors import StateDescriptor
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time.timers import ProcessingTimeScheduler
 
 IN = TypeVar("IN")
 OUT = TypeVar("OUT")
+T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 _NO_KEY = object()
 
@@ -71,7 +85,11 @@ async def _no_wake() -> None:
 
 
 class _KeyedView:
-    """A state object read and written as one key's (for assertions)."""
+    """A state object read and written as one key's (for assertions).
+
+    It forwards every method of the state's protocol, setting the key first;
+    an iterator (a map's ``items()``) is read out under that key at the call.
+    """
 
     def __init__(self, state: Any, harness: KeyedFunctionHarness[Any, Any], key: Any) -> None:
         self._state = state
@@ -85,7 +103,7 @@ class _KeyedView:
             self._harness._backend.key_context.key = self._key
             result = method(*args, **kwargs)
             if isinstance(result, Iterator):
-                result = list(result)  # read under this key, not the next caller's
+                result = iter(list(result))  # read under this key, not the next caller's
             return result
 
         return call
@@ -130,6 +148,7 @@ class KeyedFunctionHarness(Generic[IN, OUT]):
         function: KeyedProcessFunction[IN, OUT],
         *,
         key_selector: Callable[[IN], Any] | None = None,
+        key_type: Any = None,
         uid: str = "harness",
         params: dict[str, Any] | None = None,
         max_parallelism: int = 128,
@@ -148,6 +167,7 @@ class KeyedFunctionHarness(Generic[IN, OUT]):
             key_group_range=KeyGroupRange(0, max_parallelism - 1),
             max_parallelism=max_parallelism,
             local_dir=Path(self._local.name),
+            key_type=key_type,
         )
         self._max_parallelism = max_parallelism
         self.clock = ManualClock(start=processing_time / 1000, wall_offset=0.0)
@@ -243,8 +263,20 @@ class KeyedFunctionHarness(Generic[IN, OUT]):
 
     # -- state ------------------------------------------------------------------------
 
+    @overload
+    def state(self, descriptor: ValueStateDescriptor[T], *, key: Any) -> ValueState[T]: ...
+    @overload
+    def state(self, descriptor: ListStateDescriptor[T], *, key: Any) -> ListState[T]: ...
+    @overload
+    def state(self, descriptor: MapStateDescriptor[K, V], *, key: Any) -> MapState[K, V]: ...
+    @overload
+    def state(self, descriptor: ReducingStateDescriptor[T], *, key: Any) -> ReducingState[T]: ...
     def state(self, descriptor: StateDescriptor, *, key: Any) -> Any:
-        """Return state ``descriptor`` as the function sees it under ``key`` (read or set it)."""
+        """Return state ``descriptor`` as the function sees it under ``key`` (read or set it).
+
+        Typed by the descriptor, as ``ctx.get_state`` is: a ``ValueStateDescriptor("n",
+        int, default=0)`` gives a ``ValueState[int]``.
+        """
         return _KeyedView(self._backend.create_state(descriptor), self, key)
 
     def keys(self, state_name: str) -> list[Any]:
