@@ -49,10 +49,12 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
         first: Stream[IN1],
         broadcast: BroadcastStream[IN2],
         key_selector: Callable[[IN1], Any] | None,
+        key_type: Any = None,
     ) -> None:
         self._first = first
         self._broadcast = broadcast
         self._key_selector = key_selector
+        self._key_type = key_type  # the keyed stream's key_by(..., key_type=)
 
     def process(
         self,
@@ -78,6 +80,7 @@ class BroadcastConnectedStream(Generic[IN1, IN2]):
             uid=uid,
             parallelism=parallelism,
             partitioning=Partitioning.HASH if keyed else Partitioning.FORWARD,
+            key_type=self._key_type,
             inputs=[self._first._node, self._broadcast.stream._node],
         )
         return self._first._stream(node)

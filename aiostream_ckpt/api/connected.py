@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from aiostream_ckpt.jobspec.co_functions import CoProcessFunction, CoSpec, KeyedCoProcessFunction
 from aiostream_ckpt.jobspec.graph import Partitioning, TransformKind
+from aiostream_ckpt.state.codecs import StreamKeyCodec
 
 if TYPE_CHECKING:
     from aiostream_ckpt.api.stream import Stream
@@ -28,16 +29,25 @@ class ConnectedStreams(Generic[IN1, IN2]):
         first: Stream[IN1],
         second: Stream[IN2],
         keys: tuple[Callable[[IN1], Any], Callable[[IN2], Any]] | None = None,
+        key_type: Any = None,
     ) -> None:
+        if key_type is not None:
+            StreamKeyCodec(key_type)  # an unsupported type fails here, where it is declared
         self._first = first
         self._second = second
         self._keys = keys
+        self._key_type = key_type
 
     def key_by(
-        self, key1: Callable[[IN1], Any], key2: Callable[[IN2], Any]
+        self, key1: Callable[[IN1], Any], key2: Callable[[IN2], Any], *, key_type: Any = None
     ) -> ConnectedStreams[IN1, IN2]:
-        """Partition the first stream by ``key1`` and the second by ``key2``."""
-        return ConnectedStreams(self._first, self._second, (key1, key2))
+        """Partition the first stream by ``key1`` and the second by ``key2``.
+
+        Both give keys of one type (equal keys meet): ``key_type`` declares it
+        as ``Stream.key_by(selector, key_type=...)`` does (an enum, a date, a
+        tuple of those come back as themselves in timers and after a restore).
+        """
+        return ConnectedStreams(self._first, self._second, (key1, key2), key_type)
 
     def process(
         self,
@@ -63,6 +73,7 @@ class ConnectedStreams(Generic[IN1, IN2]):
             uid=uid,
             parallelism=parallelism,
             partitioning=Partitioning.HASH if keyed else Partitioning.FORWARD,
+            key_type=self._key_type,
             inputs=[self._first._node, self._second._node],
         )
         return self._first._stream(node)

@@ -105,6 +105,17 @@ class IntervalJoined(Generic[L, R]):
         keys = (left.key_selector, right.key_selector)
         return (
             left.connect(right)
-            .key_by(*keys)
+            .key_by(*keys, key_type=_join_key_type(left, right))
             .process(join, name=name, uid=uid, parallelism=parallelism)
         )
+
+
+def _join_key_type(left: KeyedStream[Any, Any], right: KeyedStream[Any, Any]) -> Any:
+    """Return the key type the inputs declared: records meet on equal keys, so one type."""
+    declared = [t for t in (left.key_type, right.key_type) if t is not None]
+    if len(declared) == 2 and declared[0] != declared[1]:
+        raise JobGraphError(
+            f"interval join: the inputs declare different key types ({declared[0]!r}, "
+            f"{declared[1]!r}); records meet on equal keys, so declare one type"
+        )
+    return declared[0] if declared else None

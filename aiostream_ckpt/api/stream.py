@@ -207,7 +207,8 @@ class Stream(Generic[T]):
         if isinstance(other, BroadcastStream):
             if isinstance(self, KeyedStream):
                 self._refuse_reinterpreted("connect(broadcast stream)")
-            return BroadcastConnectedStream(self, other, self._connect_key())
+                return BroadcastConnectedStream(self, other, self.key_selector, self.key_type)
+            return BroadcastConnectedStream(self, other, None)
         return ConnectedStreams(self, other)
 
     def _connect_key(self) -> Callable[[Any], Any] | None:
@@ -389,6 +390,11 @@ class KeyedStream(Stream[T], Generic[T, K]):
     @property
     def key_selector(self) -> Callable[[T], K]:
         return self._key_selector
+
+    @property
+    def key_type(self) -> Any:
+        """The type ``key_by(..., key_type=)`` declared (None: undeclared)."""
+        return self._key_type
 
     def _connect_key(self) -> Callable[[Any], Any] | None:
         return self._key_selector

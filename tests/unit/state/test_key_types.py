@@ -12,10 +12,16 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.api import StreamEnvironment
-from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.api.functions import Collector, Context, RuntimeContext
+from aiostream_ckpt.connectors.collection import CollectionSource
+from aiostream_ckpt.errors import JobGraphError, StateError
+from aiostream_ckpt.jobspec.broadcast import KeyedBroadcastProcessFunction
+from aiostream_ckpt.jobspec.co_functions import KeyedCoProcessFunction
+from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.state.codecs import StateTypeError
-from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+from aiostream_ckpt.state.descriptors import MapStateDescriptor, ValueStateDescriptor
 from aiostream_ckpt.state.keygroups import key_group_for, serialize_key
+from aiostream_ckpt.time import ProcessJoinFunction, WatermarkStrategy
 from tests.apps.typed_keys import Color
 
 
@@ -95,3 +101,82 @@ def test_declared_keys_run_through_a_job() -> None:
     s = env.from_collection(days).key_by(lambda d: d, key_type=date)
     out = s.reduce(lambda a, b: b, uid="last", value_type=date)
     assert env.execute_and_collect(out) == days
+
+
+# -- the two-input keyed operators take key_type too ------------------------------------
+
+WMS = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(lambda e: e[1])
+
+
+class CountPerKey(KeyedCoProcessFunction[Any, Any, Any]):
+    """Counts both inputs' records per key in keyed state; says the key's type."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def _count(self, side: str, ctx: Context, out: Collector[Any]) -> None:
+        self.n.update(self.n.value() + 1)
+        out.collect((side, ctx.current_key, self.n.value()))
+
+    def process_element1(self, value: Any, ctx: Context, out: Collector[Any]) -> None:
+        self._count("a", ctx, out)
+
+    def process_element2(self, value: Any, ctx: Context, out: Collector[Any]) -> None:
+        self._count("b", ctx, out)
+
+
+def test_connect_key_by_takes_the_key_type() -> None:
+    env = StreamEnvironment("doc", config=JobConfig(parallelism=2))
+    a = env.from_collection(["red", "green"], uid="a")
+    b = env.from_collection([("red", 1)], uid="b")
+    out = a.connect(b).key_by(Color, lambda r: Color(r[0]), key_type=Color).process(CountPerKey())
+    got = env.execute_and_collect(out)
+    assert sorted((side, key.name) for side, key, _ in got) == [
+        ("a", "GREEN"),
+        ("a", "RED"),
+        ("b", "RED"),
+    ]
+    assert all(type(key) is Color for _, key, _ in got)
+    assert sorted(n for _, key, n in got if key is Color.RED) == [1, 2]  # one state per key
+    with pytest.raises(StateError, match="key_type 'Color' is not supported"):
+        a.connect(b).key_by(str, str, key_type="Color")
+
+
+class KeyedEcho(KeyedBroadcastProcessFunction[Any, Any, Any]):
+    def open(self, ctx: RuntimeContext) -> None:
+        self.n = ctx.get_state(ValueStateDescriptor("n", int, default=0))
+
+    def process_element(self, value: Any, ctx: Context, out: Collector[Any]) -> None:
+        self.n.update(self.n.value() + 1)
+        out.collect((ctx.current_key, self.n.value()))
+
+    def process_broadcast_element(self, value: Any, ctx: Context, out: Collector[Any]) -> None:
+        pass
+
+
+def test_a_keyed_stream_connected_to_a_broadcast_keeps_its_key_type() -> None:
+    env = StreamEnvironment("doc")
+    rules = env.from_collection([("limit", 1)], uid="rules").broadcast(
+        MapStateDescriptor("rules", str, int)
+    )
+    keyed = env.from_collection(["red", "red"], uid="a").key_by(Color, key_type=Color)
+    out = keyed.connect(rules).process(KeyedEcho())
+    assert env.execute_and_collect(out) == [(Color.RED, 1), (Color.RED, 2)]
+
+
+class JoinedKey(ProcessJoinFunction[Any, Any, Any]):
+    def process_element(self, left: Any, right: Any, ctx: Any, out: Collector[Any]) -> None:
+        out.collect((ctx.current_key, left[1], right[1]))
+
+
+def test_interval_join_keeps_the_inputs_key_type() -> None:
+    env = StreamEnvironment("doc", config=JobConfig(batch_size=1))
+    a = env.from_source(CollectionSource([("red", 10)]), uid="a", watermark_strategy=WMS)
+    b = env.from_source(CollectionSource([("red", 12)]), uid="b", watermark_strategy=WMS)
+    left = a.key_by(lambda r: Color(r[0]), key_type=Color)
+    joined = left.interval_join(b.key_by(lambda r: Color(r[0]))).between(-5, 5)
+    out = joined.process(JoinedKey(), left_type=tuple[str, int], right_type=tuple[str, int])
+    assert env.execute_and_collect(out) == [(Color.RED, 10, 12)]
+    other = b.key_by(lambda r: r[1], key_type=int)
+    with pytest.raises(JobGraphError, match="different key types"):
+        left.interval_join(other).between(-5, 5).process(JoinedKey())
