@@ -161,16 +161,19 @@ def _run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, daemon.request_shutdown)
-        progress = None
+        progress = _Progress(runner)
+        printing = None
         every = args.progress if args.progress is not None else loaded.progress_interval
         if every > 0:
-            progress = asyncio.create_task(_progress(runner, every))
+            printing = asyncio.create_task(progress.run(every))
         try:
             result = await daemon.run()
         finally:
-            if progress is not None:
-                progress.cancel()
-                await asyncio.gather(progress, return_exceptions=True)
+            if printing is not None:
+                printing.cancel()
+                await asyncio.gather(printing, return_exceptions=True)
+        if printing is not None:
+            progress.line()  # the totals at the end, whenever the last tick was
         log.info(
             "job %r %s (%d restarts, last checkpoint %s)",
             name,
@@ -200,14 +203,24 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
-async def _progress(runner: Any, every: float) -> None:
-    last_n, last_t = 0, time.monotonic()
-    while True:
-        await asyncio.sleep(every)
-        run = runner.run_state
+class _Progress:
+    """The progress line: events the sources read in this attempt (every worker's summed)."""
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+        self._last_n, self._last_t = 0, time.monotonic()
+
+    async def run(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.line()
+
+    def line(self) -> None:
+        run = self._runner.run_state
         n, t = run.source_records(), time.monotonic()
-        rate = (n - last_n) / (t - last_t) if n >= last_n else 0.0
-        last_n, last_t = n, t
+        dt = t - self._last_t
+        rate = (n - self._last_n) / dt if n >= self._last_n and dt > 0 else 0.0
+        self._last_n, self._last_t = n, t
         print(
             f"progress: events={n} rate={rate:,.0f}/s checkpoint={run.last_checkpoint()} "
             f"attempt={run.attempt}",

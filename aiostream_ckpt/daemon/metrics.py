@@ -10,24 +10,32 @@ samples in which a task could not hand its output on because a downstream
 queue was full.
 
 Values are read at scrape time from the live objects (a custom collector), so
-the hot path never touches a Prometheus metric.
+the hot path never touches a Prometheus metric. Subtasks in worker processes
+(``job.workers`` > 1) are read from their workers' latest reports
+(``runtime.worker_metrics``) and carry a ``worker`` label.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from aiostream_ckpt.connectors.base import TransactionReporter
 from aiostream_ckpt.runtime.job import JobRun, JobStatus
 from aiostream_ckpt.runtime.task import StreamTask
+from aiostream_ckpt.runtime.task_report import (
+    TaskSampler,
+    task_figures,
+    transaction_rows,
+    transactional_writers,
+)
+from aiostream_ckpt.runtime.worker_metrics import WorkerReports
 
 #: Flink's backpressure levels: ratio of backpressured samples.
 _BP_LOW, _BP_HIGH = 0.10, 0.50
@@ -37,49 +45,6 @@ def backpressure_level(ratio: float) -> str:
     if ratio > _BP_HIGH:
         return "high"
     return "low" if ratio > _BP_LOW else "ok"
-
-
-def output_fill(task: StreamTask) -> float:
-    """Fullest downstream queue this task writes to (1.0: the next put suspends)."""
-    fill = 0.0
-    for gate in task.spec.outputs:
-        for w in gate.writers:
-            fill = max(fill, w.fill_ratio())
-    return fill
-
-
-def input_fill(task: StreamTask) -> float | None:
-    gate = task.spec.input_gate
-    return gate.fill_ratio() if gate is not None else None
-
-
-def chain_uids(task: StreamTask) -> list[str]:
-    spec = task.spec
-    uids = [spec.head_uid] if spec.head_uid else []
-    uids += [op.uid for op in spec.operators]
-    if spec.sink_uid:
-        uids.append(spec.sink_uid)
-    return uids
-
-
-def source_lag(task: StreamTask) -> Mapping[str, float]:
-    """Per-split lag when the reader offers ``lag()`` (optional, see SourceReader)."""
-    lag = getattr(task.spec.reader, "lag", None)
-    if not callable(lag):
-        return {}
-    try:
-        value = lag()
-    except Exception:  # a broken lag probe must not break the scrape
-        return {}
-    return value if isinstance(value, Mapping) else {}
-
-
-@dataclass
-class _Samples:
-    """Recent samples of one task: (monotonic, records in, records out, backpressured)."""
-
-    task: StreamTask
-    points: deque[tuple[float, int, int, bool]] = field(default_factory=deque)
 
 
 class JobStats:
@@ -93,7 +58,6 @@ class JobStats:
         sample_every: float = 0.1,
         history_limit: int = 1000,
     ) -> None:
-        self._monotonic = monotonic
         self.window = window
         self.sample_every = sample_every
         self.run: JobRun | None = None
@@ -103,7 +67,9 @@ class JobStats:
         self._base_in: dict[str, int] = {}
         self._base_out: dict[str, int] = {}
         self._tasks: list[StreamTask] = []
-        self._samples: dict[str, _Samples] = {}
+        #: the attempt's subtasks in worker processes, as they reported them
+        self._workers: WorkerReports | None = None
+        self._rates = TaskSampler(monotonic, window)
         self._changed = asyncio.Event()
         self._sampler: asyncio.Task[None] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
@@ -120,12 +86,14 @@ class JobStats:
 
     def attach(self, run: JobRun) -> None:
         """Fold the finished attempt's totals in and listen to the new one (``on_started``)."""
-        for t in self._tasks:
-            self._base_in[t.task_id] = self._base_in.get(t.task_id, 0) + t.metrics.records_in
-            self._base_out[t.task_id] = self._base_out.get(t.task_id, 0) + t.metrics.records_out
+        for row in self._attempt_rows():
+            tid = row["task"]
+            self._base_in[tid] = self._base_in.get(tid, 0) + row["records_in"]
+            self._base_out[tid] = self._base_out.get(tid, 0) + row["records_out"]
         self.run = run
         self._tasks = list(run.tasks)
-        self._samples = {t.task_id: _Samples(t) for t in self._tasks}
+        self._workers = run.workers
+        self._rates.watch(self._tasks)
         if run.coordinator is not None:
             run.coordinator.on_history = self.on_history
 
@@ -147,11 +115,6 @@ class JobStats:
                 return seen
             self._changed.clear()
             await self._changed.wait()
-
-    def totals(self, task: StreamTask) -> tuple[int, int]:
-        m = task.metrics
-        tid = task.task_id
-        return self._base_in.get(tid, 0) + m.records_in, self._base_out.get(tid, 0) + m.records_out
 
     # -- sampling -------------------------------------------------------------------
 
@@ -179,67 +142,50 @@ class JobStats:
             await asyncio.sleep(self.sample_every)
 
     def sample(self) -> None:
-        for _, writer in self._transactional_writers():
+        for _, writer in transactional_writers(self._tasks):
             writer.check_transaction_ages()
-        now = self._monotonic()
-        for s in self._samples.values():
-            m = s.task.metrics
-            s.points.append((now, m.records_in, m.records_out, output_fill(s.task) >= 1.0))
-            while len(s.points) > 2 and now - s.points[0][0] > self.window:
-                s.points.popleft()
+        self._rates.sample()
 
     def rates(self, task: StreamTask) -> tuple[float, float, float]:
         """Return records in/s, records out/s and the backpressured share over the window."""
-        s = self._samples.get(task.task_id)
-        if s is None or s.task is not task or len(s.points) < 2:
-            return 0.0, 0.0, 0.0
-        t0, in0, out0, _ = s.points[0]
-        t1, in1, out1, _ = s.points[-1]
-        dt = t1 - t0
-        if dt <= 0:
-            return 0.0, 0.0, 0.0
-        bp = sum(1 for p in s.points if p[3]) / len(s.points)
-        return (in1 - in0) / dt, (out1 - out0) / dt, bp
+        return self._rates.rates(task)
 
     # -- views ----------------------------------------------------------------------
 
-    def task_rows(self) -> Iterator[dict[str, Any]]:
+    def _attempt_rows(self) -> Iterator[dict[str, Any]]:
+        """Yield this attempt's subtasks (counts since its start): this process's, the workers'."""
+        pid = os.getpid()
         for task in self._tasks:
-            rec_in, rec_out = self.totals(task)
-            rate_in, rate_out, bp = self.rates(task)
-            uids = chain_uids(task)
-            fill_in = input_fill(task)
-            yield {
-                "task": task.task_id,
-                "subtask": task.spec.subtask,
-                "parallelism": task.spec.parallelism,
-                "operators": uids,
-                "state": task.state.value,
-                "records_in": rec_in,
-                "records_out": rec_out,
-                "records_in_per_second": round(rate_in, 1),
-                "records_out_per_second": round(rate_out, 1),
-                "input_queue_fill": None if fill_in is None else round(fill_in, 3),
-                "output_queue_fill": round(output_fill(task), 3),
-                "backpressure_ratio": round(bp, 3),
-                "backpressure": backpressure_level(bp),
-                "last_checkpoint_sync_ms": round(task.metrics.last_checkpoint_sync_ms, 3),
-                "last_alignment_ms": round(task.metrics.last_alignment_ms, 3),
-                "source_lag": dict(source_lag(task)),
-            }
+            yield {**task_figures(task, self._rates), "worker": None, "pid": pid, "live": True}
+        if self._workers is not None:
+            yield from self._workers.rows()
 
-    def _transactional_writers(self) -> Iterator[tuple[StreamTask, TransactionReporter]]:
-        """Sink writers that report their transactions (the Kafka exactly-once sink)."""
-        for task in self._tasks:
-            writer = task.spec.writer
-            if isinstance(writer, TransactionReporter):
-                yield task, writer
+    def task_rows(self) -> Iterator[dict[str, Any]]:
+        """Every subtask with its worker (None: this process); records count every attempt."""
+        for row in self._attempt_rows():
+            tid = row["task"]
+            row["records_in"] += self._base_in.get(tid, 0)
+            row["records_out"] += self._base_out.get(tid, 0)
+            row["backpressure"] = backpressure_level(row["backpressure_ratio"])
+            yield row
 
     def transaction_rows(self) -> Iterator[dict[str, Any]]:
         """Open and pre-committed sink transactions, per task, oldest first."""
-        for task, writer in self._transactional_writers():
-            for row in writer.transactions():
-                yield {"task": task.task_id, "sink": task.spec.sink_uid, **row}
+        yield from transaction_rows(self._tasks)
+        if self._workers is not None:
+            yield from self._workers.transaction_rows()
+
+    @property
+    def workers(self) -> WorkerReports | None:
+        """The current attempt's worker reports (``job.workers`` > 1), else None."""
+        return self._workers
+
+    def transaction_ages(self) -> Iterator[tuple[str, int | None, float]]:
+        """(task, worker, age of its oldest open transaction) of every transactional sink."""
+        for task, writer in transactional_writers(self._tasks):
+            yield task.task_id, None, writer.oldest_transaction_age()
+        if self._workers is not None:
+            yield from self._workers.transaction_ages()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -271,8 +217,15 @@ class _Collector:
         yield from self._checkpoint_families()
 
     def _task_families(self) -> Iterable[Metric]:
+        """Per subtask; a subtask in a worker process also carries the ``worker`` label.
+
+        A worker that is gone keeps its counters (as last reported) but no gauge:
+        its queues and backpressure are not known any more.
+        """
         stats = self._stats
-        labels = ["task", "operator", "subtask"]
+        per_worker = stats.workers is not None
+        extra = ["worker"] if per_worker else []
+        labels = ["task", "operator", "subtask", *extra]
         rec_in = CounterMetricFamily(
             "aiostream_records_in",
             "Records into a task (its chain's first operator).",
@@ -284,46 +237,50 @@ class _Collector:
             labels=labels,
         )
         fill_in = GaugeMetricFamily(
-            "aiostream_input_queue_fill_ratio", "Fill of the task's input queue.", labels=["task"]
+            "aiostream_input_queue_fill_ratio",
+            "Fill of the task's input queue.",
+            labels=["task", *extra],
         )
         fill_out = GaugeMetricFamily(
             "aiostream_output_queue_fill_ratio",
             "Fill of the fullest downstream queue the task writes to.",
-            labels=["task"],
+            labels=["task", *extra],
         )
         bp = GaugeMetricFamily(
             "aiostream_backpressure_ratio",
             "Share of recent samples in which a downstream queue was full.",
-            labels=["task"],
+            labels=["task", *extra],
         )
         lag = GaugeMetricFamily(
             "aiostream_source_lag",
             "How far a source split is behind its end (records; bytes for files).",
-            labels=["task", "split"],
+            labels=["task", "split", *extra],
         )
-        for task in stats._tasks:
-            uids = chain_uids(task)
-            sub = str(task.spec.subtask)
-            n_in, n_out = stats.totals(task)
-            rec_in.add_metric([task.task_id, uids[0], sub], float(n_in))
-            rec_out.add_metric([task.task_id, uids[-1], sub], float(n_out))
-            gate_fill = input_fill(task)
-            if gate_fill is not None:
-                fill_in.add_metric([task.task_id], gate_fill)
-            fill_out.add_metric([task.task_id], output_fill(task))
-            bp.add_metric([task.task_id], stats.rates(task)[2])
-            for split, value in source_lag(task).items():
-                lag.add_metric([task.task_id, str(split)], float(value))
+        for row in stats.task_rows():
+            tid, uids, sub = row["task"], row["operators"], str(row["subtask"])
+            w = [_worker_label(row["worker"])] if per_worker else []
+            rec_in.add_metric([tid, uids[0], sub, *w], float(row["records_in"]))
+            rec_out.add_metric([tid, uids[-1], sub, *w], float(row["records_out"]))
+            if not row["live"]:
+                continue
+            if row["input_queue_fill"] is not None:
+                fill_in.add_metric([tid, *w], row["input_queue_fill"])
+            fill_out.add_metric([tid, *w], row["output_queue_fill"])
+            bp.add_metric([tid, *w], row["backpressure_ratio"])
+            for split, value in row["source_lag"].items():
+                lag.add_metric([tid, str(split), *w], float(value))
         yield from (rec_in, rec_out, fill_in, fill_out, bp, lag)
         txn_age = GaugeMetricFamily(
             "aiostream_sink_oldest_transaction_age_seconds",
             "Age of the oldest open or pre-committed sink transaction (0: none); the broker "
             "aborts it at the sink's transaction timeout.",
-            labels=["task"],
+            labels=["task", *extra],
         )
-        for task, writer in stats._transactional_writers():
-            txn_age.add_metric([task.task_id], float(writer.oldest_transaction_age()))
+        for tid, worker, age in stats.transaction_ages():
+            txn_age.add_metric([tid, *([_worker_label(worker)] if per_worker else [])], age)
         yield txn_age
+        if stats.workers is not None:
+            yield from _worker_families(stats.workers)
 
     def _checkpoint_families(self) -> Iterable[Metric]:
         stats = self._stats
@@ -377,3 +334,27 @@ class _Collector:
             if last is not None:
                 g.add_metric([], float(last[key]) * scale)
             yield g
+
+
+def _worker_label(worker: int | None) -> str:
+    return "main" if worker is None else str(worker)
+
+
+def _worker_families(reports: WorkerReports) -> Iterable[Metric]:
+    """Whether each worker process serves its subtasks, and how old its figures are."""
+    up = GaugeMetricFamily(
+        "aiostream_worker_up",
+        "1 while the worker process runs its subtasks and reports; 0 once it died or stopped.",
+        labels=["worker"],
+    )
+    age = GaugeMetricFamily(
+        "aiostream_worker_report_age_seconds",
+        "Seconds since the worker's latest report of its subtasks' figures.",
+        labels=["worker"],
+    )
+    for w in reports.workers:
+        up.add_metric([str(w.index)], 1.0 if w.live else 0.0)
+        seconds = reports.report_age(w.index)
+        if seconds is not None:
+            age.add_metric([str(w.index)], seconds)
+    yield from (up, age)

@@ -123,7 +123,25 @@ SPEC: dict[str, Any] = {
                             "type": "object",
                             "properties": {
                                 "task": {"type": "string"},
+                                "subtask": {"type": "integer"},
+                                "parallelism": {"type": "integer"},
                                 "operators": {"type": "array", "items": {"type": "string"}},
+                                "state": {"type": "string"},
+                                "worker": {
+                                    "type": "integer",
+                                    "nullable": True,
+                                    "description": "worker process index (null: the main one)",
+                                },
+                                "pid": {"type": "integer", "nullable": True},
+                                "live": {
+                                    "type": "boolean",
+                                    "description": "false once its worker died or stopped: "
+                                    "counts as last reported, no rates or queue fills",
+                                },
+                                "source": {"type": "boolean"},
+                                "watermark": {"type": "integer", "nullable": True},
+                                "last_checkpoint_acked": {"type": "integer", "nullable": True},
+                                "last_checkpoint_size_bytes": {"type": "integer"},
                                 "records_in": {"type": "integer"},
                                 "records_out": {"type": "integer"},
                                 "records_in_per_second": {"type": "number"},
@@ -212,7 +230,7 @@ SPEC: dict[str, Any] = {
         },
         "/operators": {
             "get": {
-                "summary": "Per task: records in/out, throughput, queue fill, backpressure",
+                "summary": "Per subtask, its worker: records in/out, rates, queues, backpressure",
                 "responses": {"200": _ok("Tasks", "Operators"), "401": _UNAUTHORIZED},
             }
         },

@@ -158,6 +158,9 @@ class JobDaemon:
                         "parallelism": row["parallelism"],
                         "operators": row["operators"],
                         "state": row["state"],
+                        "worker": row["worker"],
+                        "pid": row["pid"],
+                        "live": row["live"],
                     }
                     for row in self.stats.task_rows()
                 ],

@@ -49,6 +49,9 @@ class TaskMetrics:
     last_alignment_ms: float = 0.0
     #: newest checkpoint whose completion this task has acted on (sink commits done)
     last_notified_checkpoint: int | None = None
+    #: newest checkpoint this task acknowledged, and the size of the state it acked
+    last_acked_checkpoint: int | None = None
+    last_checkpoint_size_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -45,6 +45,7 @@ from aiostream_ckpt.runtime.recovery import (
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
+from aiostream_ckpt.runtime.worker_metrics import WorkerReports
 from aiostream_ckpt.runtime.workers import WorkerLaunch
 from aiostream_ckpt.state import local_dirs
 
@@ -77,9 +78,13 @@ class JobRun:
     restarts: int = 0
     tasks: list[StreamTask] = field(default_factory=list)
     coordinator: CheckpointCoordinator | None = None
+    #: the subtasks run by worker processes (``job.workers`` > 1), as they reported them
+    workers: WorkerReports | None = None
 
     def source_records(self) -> int:
-        return sum(t.metrics.records_in for t in self.tasks if t.spec.reader is not None)
+        """Count the records the sources read in this attempt, here and in the workers."""
+        local = sum(t.metrics.records_in for t in self.tasks if t.spec.reader is not None)
+        return local + (self.workers.source_records() if self.workers is not None else 0)
 
     def last_checkpoint(self) -> int | None:
         c = self.coordinator
@@ -312,12 +317,13 @@ class JobRunner:
     ) -> bool:
         """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
         assert self.launch is not None  # checked at construction
-        self.run_state.coordinator = coordinator
-        if self._on_started is not None:
-            self._on_started(self.run_state)
         group = WorkerGroup(
             self.launch, self.spec.transformations, chains, coordinator, self.storage
         )
+        self.run_state.coordinator = coordinator
+        self.run_state.workers = group.reports
+        if self._on_started is not None:
+            self._on_started(self.run_state)
         async with group:
             await group.start()
             self.storage.remote_pins = group.remote_pins

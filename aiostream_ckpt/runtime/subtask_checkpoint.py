@@ -206,6 +206,9 @@ class SubtaskCheckpointCoordinator:
                 size_bytes=size,
             ),
         )
+        m = self._metrics
+        if m.last_acked_checkpoint is None or cid > m.last_acked_checkpoint:  # may finish late
+            m.last_acked_checkpoint, m.last_checkpoint_size_bytes = cid, size
         for _, part in parts:
             await part.settle()  # 6. deferred work, after the ack
 

@@ -107,6 +107,11 @@ class StreamTask:
         if spec.reader is not None:
             coordinator.register_source(self.task_id, self._triggers)
 
+    @property
+    def watermark(self) -> int:
+        """The task's current event-time watermark (milliseconds; the minimum before any)."""
+        return self._time.watermark
+
     # -- lifecycle --------------------------------------------------------------------
 
     def _transition(self, new: TaskState) -> None:

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from aiostream_ckpt.runtime.worker_messages import (
     restore_of,
     surveys_message,
 )
+from aiostream_ckpt.runtime.worker_metrics import MetricsReporter
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class WorkerCoordinator:
         self._listeners: list[CheckpointListener] = []
         self._sources: dict[str, TriggerTarget] = {}
         self._savepoint_dirs: dict[int, Path] = {}
+        #: called after each ack: the figures go out with the checkpoint's progress
+        self.on_ack: Callable[[], None] | None = None
         #: resolves to the final checkpoint's id, told with the notifications
         self.finished: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
@@ -90,6 +94,8 @@ class WorkerCoordinator:
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
         self._control.send_message(ack_message(checkpoint_id, ack))
+        if self.on_ack is not None:
+            self.on_ack()
 
     def decline(self, checkpoint_id: int, task_id: str, reason: BaseException) -> None:
         why = f"{type(reason).__name__}: {reason}"
@@ -169,10 +175,14 @@ async def serve_attempt(
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
     tasks: list[StreamTask] = []
     ran = False
+    reporting: asyncio.Task[None] | None = None
     try:
         tasks = build_tasks(
             setup, chains, coordinator, executor, ProcessShare(index, workers, peers)
         )
+        reporter = MetricsReporter(control, index, tasks, setup.clock.monotonic)
+        coordinator.on_ack = reporter.report_soon
+        reporting = asyncio.create_task(reporter.run(), name="metrics")
         for j, conn in peers.items():
             await conn.start(peer_sockets[j])
         control.send_message(surveys_message(await verify_and_survey(tasks)))
@@ -181,7 +191,7 @@ async def serve_attempt(
         control.send_message({"type": "recovered"})
         await _expect(control, "run")
         ran = True
-        return await _run(control, coordinator, tasks, peers)
+        return await _run(control, coordinator, tasks, peers, reporter)
     except _Stopped:
         return 0
     except ChannelError as exc:
@@ -194,6 +204,9 @@ async def serve_attempt(
         _report(control, exc)
         return 1
     finally:
+        if reporting is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
         if not ran:
             await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in peers.values()), return_exceptions=True)
@@ -219,6 +232,7 @@ async def _run(
     coordinator: WorkerCoordinator,
     tasks: list[StreamTask],
     peers: dict[int, ChannelConnection],
+    reporter: MetricsReporter,
 ) -> int:
     """Run the tasks; report the first failure or that all ended; return at stop."""
     running = [asyncio.create_task(t.run(), name=t.task_id) for t in tasks]
@@ -239,6 +253,7 @@ async def _run(
                     return 1
             if running and not any(t in watch for t in running):
                 running = []
+                reporter.report()  # the final figures, before the main process hears "done"
                 control.send_message({"type": "done"})
     finally:
         for t in [*running, pump]:

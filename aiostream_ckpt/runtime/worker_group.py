@@ -18,6 +18,10 @@ The attempt runs in the steps of ``runtime.worker_attempt``. Any worker's
 failure -- an error it reports, or its death, seen as the end of its control
 connection -- fails the attempt; :meth:`WorkerGroup.stop` then ends every
 worker, and the runner restarts them all from the latest completed checkpoint.
+
+The workers' reports of their subtasks' figures are kept in
+:attr:`WorkerGroup.reports` (``runtime.worker_metrics``), marked failed when
+a worker dies and stopped with the attempt.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from aiostream_ckpt.runtime.worker_messages import (
     restore_json,
     surveys_of,
 )
-from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerProcess
+from aiostream_ckpt.runtime.worker_metrics import WorkerReports
+from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerProcess, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +106,9 @@ class WorkerGroup:
         self._replies: dict[tuple[int, str], asyncio.Queue[Message]] = {}
         self._loop = loop
         self._pins_lock = asyncio.Lock()
+        #: each worker's latest figures of its subtasks (REST, metrics, progress)
+        self.reports = WorkerReports(self.count, loop.time)
+        self._stopping = False
 
     def _fail(self, exc: BaseException) -> None:
         if not self.failure.done():
@@ -129,11 +137,13 @@ class WorkerGroup:
                     sock.close()  # the workers hold their own copies
         for w in self.workers:
             log.info("worker %d started (pid %s): %s", w.index, w.pid, ", ".join(w.hello["tasks"]))
+            self.reports.started(w.index, w.pid)
             self._bg.spawn(self._pump(w), f"worker-{w.index}-control")
         self._register()
 
     async def stop(self) -> None:
         """Ask every worker to stop (kill one that does not in time), then stop listening."""
+        self._stopping = True  # the ends of their connections are no deaths now
 
         async def one(w: WorkerProcess) -> None:
             try:
@@ -144,6 +154,8 @@ class WorkerGroup:
 
         await asyncio.gather(*(one(w) for w in self.workers))
         await self._bg.cancel_all()
+        for w in self.workers:  # died, failed or killed: its subtasks failed with it
+            self.reports.stopped(w.index, failed=w.state is WorkerState.FAILED)
 
     async def __aenter__(self) -> WorkerGroup:
         return self
@@ -255,12 +267,23 @@ class WorkerGroup:
                 g.cancel()
 
     async def _pump(self, w: WorkerProcess) -> None:
+        """Hand one worker's messages on; its end (death, reported failure) marks its figures."""
+        try:
+            await self._handle_messages(w)
+        except Exception:
+            if not self._stopping:  # else stop() marks them stopped
+                self.reports.failed(w.index)
+            raise
+
+    async def _handle_messages(self, w: WorkerProcess) -> None:
         """Hand one worker's messages to the coordinator or to whoever waits for a reply."""
         coordinator = self._coordinator
         while True:
             message = await w.control.receive_message()
             kind = message["type"]
-            if kind == "ack":
+            if kind == "metrics":
+                self.reports.update(message)
+            elif kind == "ack":
                 coordinator.acknowledge(message["id"], ack_of(message))
             elif kind == "decline":
                 reason = CheckpointError(message["reason"])

@@ -11,7 +11,8 @@ Main -> worker: ``attempt`` (restore point, working directory), ``recover``,
 aborted; the final checkpoint's id once known), ``pins?``, ``stop``.
 
 Worker -> main: ``hello`` (``daemon.worker``), ``surveys``, ``recovered``,
-``ack``, ``decline``, ``source_finished``, ``pins``, ``done``, ``failed``.
+``ack``, ``decline``, ``source_finished``, ``pins``, ``metrics`` (its subtasks'
+figures, ``runtime.worker_metrics``), ``done``, ``failed``.
 """
 
 from __future__ import annotations
