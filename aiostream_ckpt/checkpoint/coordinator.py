@@ -378,7 +378,7 @@ class CheckpointCoordinator:
 
     def _build_completed(self, pending: PendingCheckpoint, directory: Path) -> CompletedCheckpoint:
         operators: dict[str, dict[str, Any]] = {}
-        tasks: dict[str, dict[str, float]] = {}
+        tasks: dict[str, dict[str, Any]] = {}
         size = 0
         for ack in pending.acks.values():
             size += ack.size_bytes
@@ -388,6 +388,8 @@ class CheckpointCoordinator:
                 "alignment_ms": ack.alignment_seconds * 1000,
                 "size_bytes": ack.size_bytes,
             }
+            if ack.worker is not None:  # where it ran (``checkpoints inspect``)
+                tasks[ack.task_id].update(worker=ack.worker, pid=ack.pid)
             for uid, st in ack.states.items():
                 op = operators.setdefault(uid, {"parallelism": st["parallelism"], "subtasks": {}})
                 entry = op["subtasks"][str(st["subtask"])] = {

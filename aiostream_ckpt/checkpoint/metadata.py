@@ -56,6 +56,9 @@ class TaskAck:
     async_seconds: float
     alignment_seconds: float
     size_bytes: int
+    #: the worker process (``job.workers`` > 1) the task ran in, and its pid; None: the main one
+    worker: int | None = None
+    pid: int | None = None
 
 
 @dataclass
@@ -94,7 +97,8 @@ class CompletedCheckpoint:
     duration_seconds: float
     max_parallelism: int
     operators: dict[str, dict[str, Any]]
-    tasks: dict[str, dict[str, float]]
+    #: task id -> its ack's figures (ms, bytes) and, from a worker, ``worker`` and ``pid``
+    tasks: dict[str, dict[str, Any]]
     size_bytes: int
     directory: Path
     root: Path

@@ -18,15 +18,18 @@ def _when(ts: float) -> str:
 
 
 def _operator_sizes(chk: CompletedCheckpoint) -> dict[str, int]:
-    sizes: dict[str, int] = {}
+    return {uid: sum(subs.values()) for uid, subs in _subtask_sizes(chk).items()}
+
+
+def _subtask_sizes(chk: CompletedCheckpoint) -> dict[str, dict[str, int]]:
+    """Per operator, each subtask's state bytes (keyed snapshot plus operator state)."""
+    sizes: dict[str, dict[str, int]] = {}
     for uid, op in chk.operators.items():
-        total = 0
-        for st in op["subtasks"].values():
-            if st.get("keyed"):
-                total += int(st["keyed"].get("size_bytes", 0))
-            if st.get("operator") is not None:
-                total += len(orjson.dumps(st["operator"]))
-        sizes[uid] = total
+        per = sizes[uid] = {}
+        for sub, st in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
+            keyed = int(st["keyed"].get("size_bytes", 0)) if st.get("keyed") else 0
+            operator = len(orjson.dumps(st["operator"])) if st.get("operator") is not None else 0
+            per[sub] = keyed + operator
     return sizes
 
 
@@ -133,7 +136,9 @@ def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, 
         "size_bytes": chk.size_bytes,
         "max_parallelism": chk.max_parallelism,
         "operator_state_bytes": _operator_sizes(chk),
+        "subtask_state_bytes": _subtask_sizes(chk),
         "operator_parallelism": {uid: op["parallelism"] for uid, op in chk.operators.items()},
         "source_positions": _positions(chk),
+        # each task's ack: sync/async/alignment ms, bytes; ``worker``/``pid`` when it ran in one
         "tasks": chk.tasks,
     }

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,8 +66,9 @@ class _Stopped(Exception):
 class WorkerCoordinator:
     """The coordinator as a worker's tasks see it; the real one is in the main process."""
 
-    def __init__(self, control: ChannelConnection, storage: CheckpointStorage) -> None:
+    def __init__(self, control: ChannelConnection, storage: CheckpointStorage, index: int) -> None:
         self._control = control
+        self._index = index
         self._storage = storage
         self._listeners: list[CheckpointListener] = []
         self._sources: dict[str, TriggerTarget] = {}
@@ -93,6 +96,7 @@ class WorkerCoordinator:
         return savepoint_target(sp, checkpoint_id, uid, subtask)
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
+        ack = dataclasses.replace(ack, worker=self._index, pid=os.getpid())
         self._control.send_message(ack_message(checkpoint_id, ack))
         if self.on_ack is not None:
             self.on_ack()
@@ -169,7 +173,7 @@ async def serve_attempt(
         fallback=first["fallback"],
         local_dir=Path(first["local_dir"]),
     )
-    coordinator = WorkerCoordinator(control, storage)
+    coordinator = WorkerCoordinator(control, storage, index)
     codec = batch_codec()
     peers = {j: ChannelConnection(f"worker-{index}-{j}", codec) for j in peer_sockets}
     executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")

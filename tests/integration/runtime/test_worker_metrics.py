@@ -1,4 +1,4 @@
-"""job.workers=2: REST, ``/metrics`` and the progress line see every worker's subtasks.
+"""job.workers=2: REST, ``/metrics``, the progress line and ``checkpoints inspect`` see the workers.
 
 Real worker processes throughout: the daemon runs in this process (its REST
 app served by aiohttp's test server) or as ``aiostream-ckpt run``; the
@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 EVENTS = 6_000
 TASKS = {"events-0", "events-1", "pv-count-0", "pv-count-1"}
+_STARTED = re.compile(r"worker (\d+) started \(pid (\d+)\)")
 
 
 def pv_sets(tmp: Path, *extra: str) -> list[str]:
@@ -166,10 +168,25 @@ async def test_a_dead_workers_subtasks_show_failed_until_the_restart(tmp_path: P
         await asyncio.gather(job, return_exceptions=True)
 
 
-def test_the_progress_line_sums_the_workers(tmp_path: Path) -> None:
+def test_progress_line_and_checkpoints_inspect_cover_the_workers(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = generated_pv_args(ckpt, tmp_path / "out", events=EVENTS, keys=50)
     result = cli(*args, "--set", "job.workers=2", "--progress", "0.05", timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     progress = re.findall(r"^progress: events=(\d+) ", result.stderr, re.MULTILINE)
     assert progress and int(progress[-1]) == EVENTS, result.stderr[-3000:]
+
+    pids = {int(i): int(p) for i, p in _STARTED.findall(result.stderr)}
+    assert sorted(pids) == [0, 1]
+    shown = cli("checkpoints", "inspect", str(ckpt))
+    assert shown.returncode == 0, shown.stderr
+    info = orjson.loads(shown.stdout)
+    assert info["final"] and set(info["tasks"]) == TASKS
+    for tid, ack in info["tasks"].items():
+        sub = int(tid.rsplit("-", 1)[1])
+        assert (ack["worker"], ack["pid"]) == (sub % 2, pids[sub % 2]), tid
+    # each subtask's state, both workers' (the counts' keyed state in their LMDB snapshots)
+    per_sub = info["subtask_state_bytes"]
+    assert set(per_sub["pv-count"]) == {"0", "1"}
+    assert all(n > 0 for n in per_sub["pv-count"].values())
+    assert sum(per_sub["pv-count"].values()) == info["operator_state_bytes"]["pv-count"]
