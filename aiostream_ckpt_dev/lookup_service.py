@@ -59,21 +59,38 @@ class LookupService:
     async def _handle(self, request: web.Request) -> web.Response:
         seq = int(request.query["seq"])
         key = request.query.get("key", "")
+        delay, failed = self._begin(seq)
+        try:
+            await asyncio.sleep(delay)  # the service's own latency
+        finally:
+            self._end(seq, None)
+        status, answer = self._answer(seq, key, failed)
+        self._end(seq, status)
+        return web.json_response(answer, status=status)
+
+    # -- what a request does, whatever the server (lean_lookup_service shares it) -----
+
+    def _begin(self, seq: int) -> tuple[float, bool]:
+        """Count a request in; return its latency and whether it fails."""
         with self._lock:
             self._current += 1
             self.max_concurrent = max(self.max_concurrent, self._current)
             failed = seq in self.fail or self._rng.random() < self.failure_rate
-        try:
-            await asyncio.sleep(self.slow.get(seq, self.latency))  # the service's own latency
-        finally:
-            with self._lock:
-                self._current -= 1
-        status = 500 if failed else 200
+        return self.slow.get(seq, self.latency), failed
+
+    def _end(self, seq: int, status: int | None) -> None:
+        """Count a request out once it slept (``None``), record it once answered."""
         with self._lock:
-            self.served.append(ServedRequest(seq, status))
+            if status is None:
+                self._current -= 1
+            else:
+                self.served.append(ServedRequest(seq, status))
+
+    @staticmethod
+    def _answer(seq: int, key: str, failed: bool) -> tuple[int, dict[str, Any]]:
         if failed:
-            return web.json_response({"error": f"injected failure for seq {seq}"}, status=500)
-        return web.json_response({"seq": seq, "key": key, "segment": segment_of(key)})
+            return 500, {"error": f"injected failure for seq {seq}"}
+        return 200, {"seq": seq, "key": key, "segment": segment_of(key)}
 
     def requests_for(self, seq: int) -> int:
         with self._lock:
@@ -90,7 +107,7 @@ class LookupService:
         errors: list[BaseException] = []
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
+            loop = self._new_loop()
             self._loop = loop
             try:
                 loop.run_until_complete(self._serve(ready))
@@ -113,6 +130,9 @@ class LookupService:
         if not self.url:
             raise RuntimeError("lookup service did not start within 30 s")
         return self
+
+    def _new_loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.new_event_loop()
 
     async def _serve(self, ready: threading.Event) -> None:
         app = web.Application()

@@ -20,13 +20,15 @@ from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt.errors import JobFailedError
 from aiostream_ckpt.jobspec.config import (
     CheckpointConfig,
+    ErrorConfig,
     JobConfig,
+    ProcessErrorPolicy,
     RestartConfig,
     RestartStrategyKind,
 )
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
 from aiostream_ckpt_dev.lookup_service import LookupService, segment_of
-from apps.enrich import HttpLookup
+from apps.enrich import HttpLookup, LeanHttpLookup
 from tests.helpers import ScriptedSource, make_pv_input, run_app_under_kills, wait_until
 
 pytestmark = pytest.mark.integration
@@ -40,11 +42,14 @@ def enriched(e: dict[str, Any]) -> dict[str, Any]:
     return {"seq": e["seq"], "app_id": e["app_id"], "segment": segment_of(e["app_id"])}
 
 
-def job_env(tmp_path: Path, **kw: Any) -> StreamEnvironment:
+def job_env(tmp_path: Path, *, dead_letter: bool = False, **kw: Any) -> StreamEnvironment:
     config = JobConfig(
         batch_size=kw.pop("batch_size", 64),
         checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=kw.pop("interval", 0.05)),
         restart=RestartConfig(strategy=RestartStrategyKind.NONE),
+        errors=ErrorConfig(on_process_error=ProcessErrorPolicy.DEAD_LETTER)
+        if dead_letter
+        else ErrorConfig(),
     )
     return StreamEnvironment("enrich", config=config)
 
@@ -61,6 +66,26 @@ def test_ordered_output_keeps_input_order_and_capacity_holds_at_the_server(
         assert out == [enriched(e) for e in events(600)]
         assert 1 < svc.max_concurrent <= 16, svc.max_concurrent
         assert sorted(svc.served_seqs()) == list(range(600))
+
+
+def test_the_lean_client_in_order_within_capacity_and_past_a_timed_out_call(
+    tmp_path: Path,
+) -> None:
+    """``apps.keepalive_http`` behind ``map_async``: a timed-out call's connection is dropped."""
+    from aiostream_ckpt.runtime.job import run_job
+
+    slow = {i: 0.002 * (i % 7) for i in range(300)} | {42: 30.0}
+    with LookupService(latency=0.0, slow=slow) as svc:
+        env = job_env(tmp_path, dead_letter=True)
+        sink = CollectSink()
+        src = env.from_collection(events(300), uid="events")
+        lookup = LeanHttpLookup(svc.url, 16)
+        src.map_async(lookup, capacity=16, timeout=0.5, uid="lookup").sink_to(sink, uid="sink")
+        run_job(env.spec())
+        # + 1: seq 42's handler sleeps on after its call timed out and its connection
+        # closed (aiohttp's server does not cancel it), while 16 newer calls are out
+        assert 1 < svc.max_concurrent <= 16 + 1, svc.max_concurrent
+    assert sink.results == [enriched(e) for e in events(300) if e["seq"] != 42]
 
 
 def test_unordered_output_is_complete_and_arrives_out_of_order(tmp_path: Path) -> None:
@@ -125,17 +150,10 @@ def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on
     tmp_path: Path,
 ) -> None:
     """errors.on_process_error=dead_letter: each failed record once, with its traceback."""
-    from aiostream_ckpt.jobspec.config import ErrorConfig, ProcessErrorPolicy
     from aiostream_ckpt.runtime.job import run_job
 
     with LookupService(latency=0.0, fail={17}, slow={42: 30.0}) as svc:
-        config = JobConfig(
-            batch_size=16,
-            checkpoint=CheckpointConfig(directory=tmp_path / "ckpt", interval=0.05),
-            restart=RestartConfig(strategy=RestartStrategyKind.NONE),
-            errors=ErrorConfig(on_process_error=ProcessErrorPolicy.DEAD_LETTER),
-        )
-        env = StreamEnvironment("enrich", config=config)
+        env = job_env(tmp_path, dead_letter=True, batch_size=16)
         sink = CollectSink()
         src = env.from_collection(events(100), uid="events")
         src.map_async(HttpLookup(svc.url), capacity=8, timeout=0.5, uid="lookup").sink_to(
