@@ -11,7 +11,10 @@ Record codecs, as for keyed state (:mod:`aiostream_ckpt.state.codecs`):
 * ``json`` (the default): orjson, for JSON-like records. A batch that would
   not come back equal (a tuple becomes a list, NaN becomes null) is refused at
   the sender with the record's misfit named, never changed silently: an app
-  must behave the same whether its operators share a process or not.
+  must behave the same whether its operators share a process or not. Flat
+  records (dicts of str, int, bool, None and finite floats, or such scalars)
+  are proven exact by their types, one pass over the batch's values; only
+  other batches are decoded again and compared (:func:`exact_by_types`).
 * a declared record type: msgspec's JSON codec with ``list[type]``
   (dataclasses, datetimes, tuples, ``msgspec.Struct`` ... come back as such).
 * ``pickle``: any picklable record, by opt-in only (decoding runs code).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import pickle
 import struct
 from enum import IntEnum
+from itertools import chain
 from typing import Any, Protocol
 
 import msgspec
@@ -37,7 +41,7 @@ from aiostream_ckpt.runtime.elements import (
     Watermark,
     WatermarkStatus,
 )
-from aiostream_ckpt.state.codecs import json_misfit, type_name
+from aiostream_ckpt.state.codecs import EXACT_SCALARS, json_misfit, type_name
 
 #: payload length, channel id, kind
 HEADER = struct.Struct("<IIB")
@@ -45,6 +49,9 @@ _BARRIER = struct.Struct("<qdB")
 _I64 = struct.Struct("<q")
 _U32 = struct.Struct("<I")
 _KINDS = list(CheckpointKind)
+_DICT_ONLY = frozenset({dict})
+_EXACT_OR_FLOAT = EXACT_SCALARS | {float}
+_values = dict.values
 
 
 class FrameKind(IntEnum):
@@ -82,13 +89,33 @@ class JsonBatchCodec:
             data = orjson.dumps(batch)
         except TypeError as exc:  # a datetime, a set, an int beyond 64 bits, a non-str key
             raise _refused(batch, str(exc)) from exc
-        if orjson.loads(data) != batch:
+        if not exact_by_types(batch, data) and orjson.loads(data) != batch:
             raise _refused(batch, "it would not come back equal")
         return data
 
     def decode(self, data: bytes) -> list[Any]:
         batch: list[Any] = orjson.loads(data)
         return batch
+
+
+def exact_by_types(batch: list[Any], data: bytes) -> bool:
+    """Whether ``batch`` (encoded by orjson as ``data``) comes back equal, from types alone.
+
+    True only for batches of flat records: every record a ``dict`` whose values
+    are str, int, bool, None or float, or every record such a scalar. orjson
+    has already refused non-str keys and ints beyond 64 bits; a non-finite
+    float becomes ``null``, so a float passes only when ``data`` holds no
+    ``null`` at all. False means "not proven" (nested values, tuples, enums,
+    UUIDs ...): the caller decodes and compares. One C-level pass over the
+    values (~4x cheaper than decoding again and comparing, for pv_count's
+    records) instead of a round trip.
+    """
+    kinds = set(map(type, batch))
+    if kinds == _DICT_ONLY:
+        kinds = set(map(type, chain.from_iterable(map(_values, batch))))
+    if kinds <= EXACT_SCALARS:
+        return True
+    return kinds <= _EXACT_OR_FLOAT and b"null" not in data
 
 
 def _refused(batch: list[Any], why: str) -> ChannelRecordError:
