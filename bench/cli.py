@@ -5,8 +5,10 @@ path, 1 M events, 3 repeats, one kill -9 recovery and a short latency run.
 Full mode (``--full``): also PyFlink, 5 repeats, Spark validation, the
 scaling curves (parallelism, key count, checkpoint interval, state size with
 full vs incremental checkpoints) and the Kafka path (ours, bare-aiokafka,
-Quix Streams, Faust on one local broker). ``--systems`` naming a Kafka-only
-system, or ``--path kafka|both``, runs the Kafka path in any mode.
+Quix Streams, Faust on one local broker) and the workers scaling rows
+(``job.workers`` 2 vs 1, :mod:`bench.scaling`). ``--systems`` naming a
+Kafka-only system, or ``--path kafka|both``, runs the Kafka path in any mode;
+``--path scaling`` runs only the workers scaling rows.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--systems", help=f"comma-separated subset of {','.join(SYSTEMS)}")
     p.add_argument(
         "--path",
-        choices=("embedded", "kafka", "both"),
-        help="which path(s) to run (default: quick embedded; full both; a --systems list "
-        "naming bare-aiokafka, quixstreams or faust adds kafka)",
+        choices=("embedded", "kafka", "both", "scaling"),
+        help="which path(s) to run (default: quick embedded; full both and the workers "
+        "scaling rows; a --systems list naming bare-aiokafka, quixstreams or faust adds "
+        "kafka; scaling: only the job.workers 2 vs 1 rows, bench/scaling.py)",
     )
     p.add_argument("--events", type=int, help="events in the compare workload (default 1M)")
     p.add_argument("--keys", type=int, default=1000)
@@ -238,14 +241,31 @@ def main(argv: list[str] | None = None) -> int:
             else "quick mode is embedded-only (run with --full, --path kafka, "
             "or --systems naming bare-aiokafka, quixstreams or faust)"
         )
-        runs += kafka.not_run(kafka_systems, f"Kafka path not run: {why}")
+        if args.path != "scaling":
+            runs += kafka.not_run(kafka_systems, f"Kafka path not run: {why}")
+    scaling: list[dict[str, Any]] = []
+    if full or args.path == "scaling":
+        from bench.scaling import CASES, ScalingPlan, run_scaling
+
+        scaling_runs, scaling = run_scaling(
+            ScalingPlan(
+                plan.events, min(plan.repeats, 3), list(CASES), plan.work, plan.interval, plan.seed
+            )
+        )
+        runs += scaling_runs
     for r in runs:
         apply_refusal(r)
     compute_ratios(runs)
     params = plan.describe()
     doc = document(runs, mode="full" if full else "quick", params=params)
+    if scaling:
+        doc["workers_scaling"] = scaling
     validate_document(doc)
     print(table(runs))
+    if scaling:
+        from bench.scaling import scaling_line
+
+        print("\n".join(scaling_line(s) for s in scaling))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=str))

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import runner
 from bench.kafka_offsets import SAMPLE_EVERY_S, EndOffsetSampler
@@ -118,6 +119,7 @@ def measure_kafka(
         return m
     host, port = wl.host_port
     rates, walls, rss, attempts, backgrounds = [], [], [], [], []
+    cpus: list[dict[str, Any]] = []
     spent = 0.0
     for i in range(repeats):
         if i > 0 and spent + walls[-1] > budget_s:
@@ -167,6 +169,7 @@ def measure_kafka(
         walls.append(rec.wall_s)
         spent += rec.wall_s
         rss.append(rec.peak_rss_kb / 1024)
+        cpus.append(rec.cpu)
         attempts.append((attempt, win, samples))
         say(
             f"  {rate:,.0f} events/s steady, {rec.wall_s:.1f}s wall, "
@@ -182,6 +185,7 @@ def measure_kafka(
         "repeats_asked": repeats,
         "output_topics": [str(p) for p in m.outputs],
         "background_cores_before_runs": backgrounds,
+        "cpu_s": cpus,
         "throughput_method": "output topic end offsets (high watermark) sampled every "
         f"{SAMPLE_EVERY_S:g}s, steady window 10-90% of the events",
     }

@@ -6,6 +6,8 @@ open: no system needs instrumenting, so ours, the bare loop and every peer are
 measured alike. Peak RSS comes from ``wait4``'s rusage of the child (and of its
 reaped children), and from sampling ``VmRSS`` over the process tree for
 systems that keep helper processes (PyFlink's JVM) alive until the end.
+CPU seconds (user+sys) come from ``wait4`` too (the whole tree, exact), and
+are split per process from ``/proc/<pid>/stat`` samples (:class:`CpuSplit`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SAMPLE_EVERY = 0.05
+_TICK = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
 
 
 @dataclass
@@ -35,6 +39,8 @@ class ProcessRecord:
     lines: list[tuple[float, str]] = field(default_factory=list)
     peak_rss_kb: int = 0
     timed_out: bool = False
+    #: user+sys CPU seconds: the whole tree and per process (see :class:`CpuSplit`)
+    cpu: dict[str, Any] = field(default_factory=dict)
 
     def tail(self, n: int = 15) -> str:
         return "\n".join(line for _, line in self.lines[-n:])
@@ -69,6 +75,54 @@ def _rss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def _stat_cpu(pid: int) -> tuple[float, float] | None:
+    """(own, reaped children's) user+sys CPU seconds of ``pid``, from ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()  # from field 3 (state) on
+    own = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+    return own, (int(fields[13]) + int(fields[14])) / _TICK  # cutime, cstime
+
+
+class CpuSplit:
+    """CPU seconds per process of a tree: the root (the main process) and its children.
+
+    ``wait4`` gives the whole tree's CPU exactly, once the root has exited.
+    The children (worker processes) are sampled while they run; the root's
+    own share is the total less what its reaped children used (its
+    ``cutime``), or less the children's last samples if it exited between
+    reaping and the next sample. So the workers' figures may miss their last
+    sample interval, the main process's figure carries that error, and the
+    total is exact.
+    """
+
+    def __init__(self) -> None:
+        self.children: dict[int, float] = {}
+        self.reaped = 0.0
+
+    def sample(self, root: int, tree: list[int]) -> None:
+        for pid in tree:
+            got = _stat_cpu(pid)
+            if got is None:
+                continue
+            if pid == root:
+                self.reaped = got[1]
+            else:
+                self.children[pid] = got[0]
+
+    def split(self, total: float) -> dict[str, Any]:
+        workers = [round(self.children[p], 2) for p in sorted(self.children)]
+        in_children = max(self.reaped, sum(workers))
+        return {
+            "total_s": round(total, 2),
+            "main_s": round(max(total - in_children, 0.0), 2),
+            "children_s": workers,
+        }
 
 
 def _find_fd(pids: Sequence[int], target: str) -> tuple[int, str] | None:
@@ -185,6 +239,7 @@ def run_monitored(
     pump = _Pump(proc.stderr, t0, rec.lines, on_line, log_path)
     pump.start()
     sampled_peak = 0
+    cpu = CpuSplit()
     n = 0
     try:
         while True:
@@ -195,6 +250,7 @@ def run_monitored(
                 proc.returncode = rec.exit_code
                 rec.wall_s = now
                 rec.peak_rss_kb = max(int(usage.ru_maxrss), sampled_peak)
+                rec.cpu = cpu.split(usage.ru_utime + usage.ru_stime)
                 break
             if now > timeout:
                 rec.timed_out = True
@@ -204,9 +260,11 @@ def run_monitored(
                 pos = progress.sample(proc.pid)
                 if pos is not None:
                     rec.positions.append((now, pos))
-            if n % 4 == 0:
+            if n % 2 == 0:
                 tree = process_tree(proc.pid)
-                sampled_peak = max(sampled_peak, sum(_rss_kb(p) for p in tree))
+                cpu.sample(proc.pid, tree)
+                if n % 4 == 0:
+                    sampled_peak = max(sampled_peak, sum(_rss_kb(p) for p in tree))
             if on_sample is not None:
                 on_sample(now)
             n += 1

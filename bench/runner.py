@@ -122,6 +122,7 @@ def measure(
         return m
     rates, walls, rss, attempts = [], [], [], []
     backgrounds: list[float] = []
+    cpus: list[dict[str, Any]] = []
     for i in range(repeats):
         run_dir = work / f"{experiment}{label}-{system.name}-{i}"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -149,6 +150,7 @@ def measure(
         rates.append(rate)
         walls.append(rec.wall_s)
         rss.append(rec.peak_rss_kb / 1024)
+        cpus.append(rec.cpu)
         attempts.append((attempt, win))
         if check is not None:
             verdict = check(workload.paths[0], attempt.output_dir)
@@ -169,6 +171,7 @@ def measure(
     mid_attempt, mid_win = attempts[order[len(order) // 2]]
     res.config = {**mid_attempt.config, "workload": workload.describe(), "repeats": repeats}
     res.config["background_cores_before_runs"] = backgrounds
+    res.config["cpu_s"] = cpus  # per repeat: the tree's user+sys, main and child processes
     describe_median(res, mid_attempt, backgrounds)
     bpe = workload.bytes / workload.events
     res.series = {

@@ -1,0 +1,421 @@
+"""Workers scaling: pv_count at ``job.workers=2`` against 1, both at parallelism 2, same run.
+
+``python -m bench.scaling [--events N] [--repeats R] [--cases file-10k,file-1m,kafka]``
+(also ``python -m bench --path scaling``, and a section of ``python -m bench --full``).
+Cases (the issue's bench targets):
+
+* ``file-10k``: pv_count from a file, 10 k keys, the input line-split into 2
+  files, ``key_by``: at 2 workers half the records cross to the other
+  worker's count (JSON over a socket);
+* ``file-10k-kg``: the same events rewritten by key group
+  (``write_key_grouped``, ``app.key_grouped=1``): nothing crosses;
+* ``file-1m``: as ``file-10k`` with 1 M keys;
+* ``kafka``: Kafka -> Kafka exactly-once, the input topic (4 partitions)
+  partitioned by ``app_id``'s key group (``KeyGroupPartitioner``), read
+  with ``KafkaSource(key_grouped=True)`` and ``reinterpret_as_keyed``:
+  nothing crosses; one broker for the section.
+
+Each case runs workers=1 and workers=2 alternately (``R`` times each, the
+order flipped every round, so drift in the machine's load hits both), and
+every run's output is recounted exactly-once as the other rows are. Figures:
+the steady rate (10-90 % of the input, as every row) and the wall rate
+(start-up included), their ratios workers=2 / workers=1, and CPU seconds per
+million events per process (medians over the repeats: the main process and
+each worker; at workers=1 the main process runs everything). Python's
+bytecode is cached for these runs (``PYTHONPYCACHEPREFIX``, one warm-up run)
+so a worker's start-up does not include compiling the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import runner
+from bench.kafka import PARTITIONS, create_topic, measure_kafka
+from bench.kafka_systems import KafkaWorkload, OursKafka
+from bench.results import RunResult, apply_refusal, table
+from bench.runner import Measured, measure, say, summarize_repeats
+from bench.systems import Ours, Workload
+from bench.validation import expected_counts
+
+CASES = ("file-10k", "file-10k-kg", "file-1m", "kafka")
+#: the issue's targets, workers=2 / workers=1 steady rate
+TARGETS = {"file-10k": 1.5, "file-10k-kg": 1.5, "file-1m": 1.5, "kafka": 1.7}
+PARALLELISM = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    keys: int
+    key_grouped: bool
+    kafka: bool = False
+
+
+def case(name: str) -> Case:
+    return {
+        "file-10k": Case(name, 10_000, False),
+        "file-10k-kg": Case(name, 10_000, True),
+        "file-1m": Case(name, 1_000_000, False),
+        "kafka": Case(name, 10_000, True, kafka=True),
+    }[name]
+
+
+def key_grouped_files(wl: Workload, parts: int) -> Workload:
+    """The workload's events rewritten into ``parts`` key-grouped files (cached beside it)."""
+    from aiostream_ckpt.connectors.key_grouped import write_key_grouped
+    from apps.pv_count import app_id
+
+    src = wl.paths[0]
+    out = src.with_name(f"{src.stem}.kg{parts}")
+    files = sorted(out.glob("kg-*.jsonl")) if out.exists() else []
+    if len(files) != parts:
+        shutil.rmtree(out, ignore_errors=True)
+        with open(src, "rb") as f:
+            files = write_key_grouped((orjson.loads(line) for line in f), app_id, out, parts=parts)
+    return Workload(tuple(files), wl.events, wl.keys, wl.seed, wl.skew, wl.event_size)
+
+
+def split_by_key_group(path: Path, partitions: int) -> list[list[bytes]]:
+    """The lines of ``path`` per partition of their ``app_id``'s key group, in input order."""
+    from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
+    from apps.pv_count import app_id
+
+    partitioner = KeyGroupPartitioner(app_id)
+    parts: list[list[bytes]] = [[] for _ in range(partitions)]
+    of_key: dict[str, int] = {}
+    with open(path, "rb") as f:
+        for line in f:
+            key = orjson.loads(line)["app_id"]
+            p = of_key.get(key)
+            if p is None:
+                p = of_key[key] = partitioner.partition_of_key(key, partitions)
+            parts[p].append(line.rstrip(b"\n"))
+    return parts
+
+
+async def produce_partitions(bootstrap: str, topic: str, parts: list[list[bytes]]) -> int:
+    """Produce ``parts[p]`` into partition ``p`` of ``topic``, in order; return the count."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
+    )
+    await producer.start()
+    try:
+        futures = []
+        for p, lines in enumerate(parts):
+            batch = producer.create_batch()
+            for line in lines:
+                if batch.append(timestamp=None, key=None, value=line) is None:
+                    futures.append(await producer.send_batch(batch, topic, partition=p))
+                    batch = producer.create_batch()
+                    batch.append(timestamp=None, key=None, value=line)
+            futures.append(await producer.send_batch(batch, topic, partition=p))
+        await producer.flush()
+        for fut in futures:
+            fut.result()
+    finally:
+        await producer.stop()
+    return sum(map(len, parts))
+
+
+def merge(parts: list[Measured], events: int) -> Measured:
+    """One result from single-repeat measurements (alternated with the other setting)."""
+    bad = next((p for p in parts if p.result.status != "ok"), None)
+    if bad is not None:
+        return bad
+    rates = [float(p.result.events_per_s or 0) for p in parts]
+    mid = sorted(range(len(parts)), key=rates.__getitem__)[len(parts) // 2]
+    res = parts[mid].result
+    summarize_repeats(
+        res,
+        events,
+        rates,
+        [float(p.result.wall_s or 0) for p in parts],
+        [float(p.result.peak_rss_mb or 0) for p in parts],
+    )
+    res.config["repeats"] = len(parts)
+    res.config["cpu_s"] = [c for p in parts for c in p.result.config.get("cpu_s", [])]
+    res.config["background_cores_before_runs"] = [
+        b for p in parts for b in p.result.config.get("background_cores_before_runs", [])
+    ]
+    verdicts = [p.result.exactly_once_verified for p in parts]
+    res.exactly_once_verified = False if False in verdicts else (True if all(verdicts) else None)
+    res.validation = {
+        "python": [v for p in parts for v in p.result.validation.get("python", [])],
+        "summary": "; ".join(
+            sorted({p.result.validation.get("summary", "") for p in parts} - {""})
+        ),
+    }
+    return Measured(res, [o for p in parts for o in p.outputs])
+
+
+def cpu_per_million(cpus: list[dict[str, Any]], events: int) -> dict[str, Any]:
+    """Medians over repeats of CPU s per million events: total, main, each worker."""
+    if not cpus:
+        return {}
+    per_m = 1e6 / events
+    workers = max(len(c.get("children_s", [])) for c in cpus)
+
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values) * per_m, 2)
+
+    out: dict[str, Any] = {
+        "total": med([c["total_s"] for c in cpus]),
+        "main": med([c["main_s"] for c in cpus]),
+    }
+    if workers:
+        out["workers"] = [
+            med([c["children_s"][i] for c in cpus if len(c["children_s"]) > i])
+            for i in range(workers)
+        ]
+    return out
+
+
+def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str, Any]:
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    return {
+        "case": name,
+        "events": events,
+        "parallelism": PARALLELISM,
+        "target_steady_ratio": TARGETS.get(name),
+        "steady_ratio": ratio(two.events_per_s, one.events_per_s),
+        "wall_ratio": ratio(two.events_per_s_wall, one.events_per_s_wall),
+        "exactly_once": one.exactly_once_verified is True and two.exactly_once_verified is True,
+        "load_avg": [round(x, 1) for x in os.getloadavg()],
+        **{
+            f"workers_{w}": {
+                "status": r.status,
+                "events_per_s": r.events_per_s,
+                "events_per_s_wall": r.events_per_s_wall,
+                "repeats": r.events_per_s_repeats,
+                "cpu_s_per_m_events": cpu_per_million(r.config.get("cpu_s", []), events),
+            }
+            for w, r in ((1, one), (2, two))
+        },
+    }
+
+
+def _alternate(
+    run_one: Callable[[int, int], Measured], repeats: int, events: int
+) -> tuple[Measured, Measured]:
+    """Run ``run_one(workers, i)`` for workers 1 and 2, alternating which goes first."""
+    got: dict[int, list[Measured]] = {1: [], 2: []}
+    for i in range(repeats):
+        for w in (1, 2) if i % 2 == 0 else (2, 1):
+            m = run_one(w, i)
+            got[w].append(m)
+            if m.result.status != "ok":  # a failed run ends the case; it reports why
+                return merge(got[1] or [m], events), merge(got[2] or [m], events)
+    return merge(got[1], events), merge(got[2], events)
+
+
+@dataclass
+class ScalingPlan:
+    events: int
+    repeats: int
+    cases: list[str]
+    #: the bench's work directory (input data is cached under ``data/``)
+    work: Path
+    interval_s: float = 1.0
+    seed: int = 1
+
+
+def _expected(wl: Workload) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in wl.paths:
+        for k, n in expected_counts(p).items():
+            counts[k] = counts.get(k, 0) + n
+    return counts
+
+
+def run_file_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Measured]:
+    from bench.experiments import workload
+
+    if c.key_grouped:
+        single = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
+        wl = key_grouped_files(single, PARALLELISM)
+    else:
+        wl = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0, files=PARALLELISM)
+    expected = _expected(wl)
+
+    def one(w: int, i: int) -> Measured:
+        sets = [f"job.workers={w}"] + (["app.key_grouped=1"] if c.key_grouped else [])
+        return measure(
+            Ours(),
+            wl,
+            work,
+            experiment=f"workers={w} {c.name}",
+            label=f"-r{i}",
+            repeats=1,
+            spec_args={"parallelism": PARALLELISM, "interval_s": plan.interval_s, "sets": sets},
+            expected=expected,
+            keep_outputs=False,
+        )
+
+    return _alternate(one, plan.repeats, wl.events)
+
+
+def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Measured]:
+    from aiostream_ckpt_dev.broker import KafkaBroker
+    from bench.experiments import workload
+
+    src = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
+    broker_dir = work / "kafka-broker"
+    shutil.rmtree(broker_dir, ignore_errors=True)
+    broker = KafkaBroker(broker_dir, start_timeout_s=300, heap="1g", jvm_options=())
+    say("scaling: starting the Kafka broker ...")
+    try:
+        broker.start()
+    except Exception as exc:
+        why = f"the Kafka broker did not start: {type(exc).__name__}: {str(exc)[:400]}"
+        say(why)
+        failed = Measured(RunResult("aiostream-ckpt", "kafka", status="unavailable", reason=why))
+        return failed, failed
+    try:
+        bootstrap = broker.bootstrap_servers
+        topic = f"pv-in-kg-n{src.events}-k{src.keys}-s{src.seed}-{uuid.uuid4().hex[:6]}"
+        create_topic(bootstrap, topic, PARTITIONS)
+        t0 = time.monotonic()
+        parts = split_by_key_group(src.paths[0], PARTITIONS)
+        loaded = asyncio.run(produce_partitions(bootstrap, topic, parts))
+        wl = KafkaWorkload(bootstrap, topic, PARTITIONS, src, time.monotonic() - t0)
+        say(f"scaling: loaded {loaded:,} events into {topic} by key group of app_id")
+
+        def one(w: int, i: int) -> Measured:
+            m = measure_kafka(
+                OursKafka(),
+                wl,
+                work,
+                repeats=1,
+                interval_s=plan.interval_s,
+                mode="exactly_once",
+                sets=[f"job.parallelism={PARALLELISM}", f"job.workers={w}", "app.key_grouped=1"],
+                experiment=f"workers={w} {c.name}",
+            )
+            m.result.config["parallelism"] = PARALLELISM
+            return m
+
+        return _alternate(one, plan.repeats, wl.events)
+    finally:
+        say("scaling: stopping the Kafka broker")
+        broker.close()
+        shutil.rmtree(broker_dir, ignore_errors=True)
+
+
+def _warm_up(plan: ScalingPlan, work: Path) -> None:
+    """One small run at 2 workers: the bytecode cache then holds what every process imports."""
+    from bench.experiments import workload
+    from bench.systems import RunSpec
+
+    wl = workload(plan.work, 20_000, 1000, plan.seed, 0.0, 0, files=PARALLELISM)
+    run_dir = work / "warm-up"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = RunSpec(wl, run_dir, parallelism=PARALLELISM, sets=["job.workers=2"])
+    rec = Ours().run(spec).record
+    if rec.exit_code != 0:
+        say(f"scaling: the warm-up run failed ({rec.exit_code}): {rec.tail(3)}")
+
+
+def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]]]:
+    """Run the cases; return their rows (workers=1 and 2 each) and one summary per case."""
+    work = plan.work / "run-scaling"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    saved = {k: os.environ.get(k) for k in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
+    os.environ["PYTHONPYCACHEPREFIX"] = str(plan.work / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    runs: list[RunResult] = []
+    summaries: list[dict[str, Any]] = []
+    try:
+        _warm_up(plan, work)
+        for name in plan.cases:
+            c = case(name)
+            say(f"scaling: {name} ({plan.events:,} events, {c.keys:,} keys), workers 1 vs 2")
+            one, two = (run_kafka_case if c.kafka else run_file_case)(c, plan, work)
+            for m in (one, two):
+                apply_refusal(m.result)
+            runs += [one.result, two.result]
+            summaries.append(summary(name, one.result, two.result, plan.events))
+            say(f"  {scaling_line(summaries[-1])}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return runs, summaries
+
+
+def scaling_line(s: dict[str, Any]) -> str:
+    one, two = s["workers_1"], s["workers_2"]
+
+    def cpu(c: dict[str, Any]) -> str:
+        if not c:
+            return "-"
+        parts = [f"main {c['main']:.2f}"] + [
+            f"w{i} {x:.2f}" for i, x in enumerate(c.get("workers", []))
+        ]
+        return f"{c['total']:.2f} ({', '.join(parts)})"
+
+    return (
+        f"{s['case']}: steady {_num(one['events_per_s'])} -> {_num(two['events_per_s'])} "
+        f"events/s = {_num(s['steady_ratio'], '.2f')}x (target {s['target_steady_ratio']}x), "
+        f"wall {_num(s['wall_ratio'], '.2f')}x; CPU s per M events {cpu(one['cpu_s_per_m_events'])}"
+        f" -> {cpu(two['cpu_s_per_m_events'])}; exactly-once "
+        f"{'yes' if s['exactly_once'] else 'NO/unchecked'}; load {s['load_avg'][0]}"
+    )
+
+
+def _num(v: Any, spec: str = ",.0f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.peers_env import BENCH_DIR
+
+    ap = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated of {CASES}")
+    ap.add_argument("--interval", type=float, default=1.0, help="checkpoint interval, seconds")
+    ap.add_argument("--work", type=Path, default=BENCH_DIR / ".work")
+    ap.add_argument("--quiet-wait", type=float, default=0.0, help="see python -m bench")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}; known: {CASES}")
+    runner.QUIET_WAIT[0] = args.quiet_wait
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(128 << 20))
+    plan = ScalingPlan(args.events, args.repeats, cases, args.work.resolve(), args.interval)
+    runs, summaries = run_scaling(plan)
+    print(table(runs))
+    for s in summaries:
+        print(scaling_line(s))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"runs": [r.to_json() for r in runs], "workers_scaling": summaries}
+        args.json.write_text(json.dumps(doc, indent=2, default=str))
+    return 0 if all(r.status == "ok" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""The workers scaling section's arithmetic: CPU per million events, merged repeats, ratios."""
+
+from bench.results import RunResult
+from bench.runner import Measured
+from bench.scaling import cpu_per_million, merge, summary
+
+
+def _run(rate: float, wall: float, cpu: dict, verdict: bool | None = True) -> Measured:
+    r = RunResult(system="aiostream-ckpt", path="embedded", events=2_000_000)
+    r.events_per_s, r.wall_s, r.peak_rss_mb = rate, wall, 60.0
+    r.exactly_once_verified = verdict
+    r.config = {"cpu_s": [cpu], "background_cores_before_runs": [0.1]}
+    r.validation = {"python": [{"passed": verdict}], "summary": "exactly-once"}
+    return Measured(r)
+
+
+def test_cpu_per_million_takes_medians_per_process() -> None:
+    cpus = [
+        {"total_s": 9.0, "main_s": 1.0, "children_s": [4.0, 4.0]},
+        {"total_s": 11.0, "main_s": 1.2, "children_s": [5.0, 4.8]},
+        {"total_s": 10.0, "main_s": 1.1, "children_s": [4.4, 4.5]},
+    ]
+    got = cpu_per_million(cpus, 2_000_000)
+    assert got == {"total": 5.0, "main": 0.55, "workers": [2.2, 2.25]}
+    assert cpu_per_million([{"total_s": 4.0, "main_s": 4.0, "children_s": []}], 1_000_000) == {
+        "total": 4.0,
+        "main": 4.0,
+    }
+
+
+def test_merged_repeats_keep_every_verdict_and_the_median_rate() -> None:
+    cpu = {"total_s": 4.0, "main_s": 4.0, "children_s": []}
+    one = merge([_run(100.0, 20.0, cpu), _run(120.0, 18.0, cpu), _run(90.0, 22.0, cpu)], 2_000_000)
+    assert one.result.events_per_s == 100.0 and one.result.wall_s == 20.0
+    assert one.result.exactly_once_verified is True and len(one.result.config["cpu_s"]) == 3
+    bad = merge([_run(100.0, 20.0, cpu), _run(150.0, 15.0, cpu, verdict=False)], 2_000_000)
+    assert bad.result.exactly_once_verified is False
+    two = merge([_run(180.0, 12.0, cpu)], 2_000_000)
+    s = summary("file-10k", one.result, two.result, 2_000_000)
+    assert s["steady_ratio"] == 1.8 and s["wall_ratio"] == round(20.0 / 12.0, 2)
+    assert s["exactly_once"] and s["target_steady_ratio"] == 1.5
