@@ -231,20 +231,11 @@ class KafkaPlan:
 
 def run_kafka_path(plan: KafkaPlan) -> list[RunResult]:
     """Start the broker, load the input topic once, measure every system, validate, stop."""
-    from aiostream_ckpt_dev.broker import KafkaBroker
     from aiostream_ckpt_dev.demo.kafka import load_jsonl
 
-    broker_dir = plan.work / "kafka-broker"
-    shutil.rmtree(broker_dir, ignore_errors=True)
-    # The JVM's full JIT: the bench measures throughput through the broker.
-    broker = KafkaBroker(broker_dir, start_timeout_s=300, heap="1g", jvm_options=())
-    say("kafka: starting the broker ...")
-    try:
-        broker.start()
-    except Exception as exc:
-        why = f"the Kafka broker did not start: {type(exc).__name__}: {str(exc)[:400]}"
-        say(why)
-        return [unavailable(s, "kafka", why) for s in plan.systems]
+    broker, why = start_broker(plan.work, "kafka")
+    if broker is None:
+        return [unavailable(s, "kafka", why or "no broker") for s in plan.systems]
     try:
         bootstrap = broker.bootstrap_servers
         src = plan.source
@@ -282,9 +273,31 @@ def run_kafka_path(plan: KafkaPlan) -> list[RunResult]:
             _spark_check(measured, src.paths[0], bootstrap)
         return [m.result for m in measured]
     finally:
-        say("kafka: stopping the broker")
-        broker.close()
-        shutil.rmtree(broker_dir, ignore_errors=True)
+        stop_broker(broker, plan.work, "kafka")
+
+
+def start_broker(work: Path, who: str) -> tuple[Any, str | None]:
+    """Start the bench's broker in ``work/kafka-broker``: (broker, None), or (None, why not)."""
+    from aiostream_ckpt_dev.broker import KafkaBroker
+
+    broker_dir = work / "kafka-broker"
+    shutil.rmtree(broker_dir, ignore_errors=True)
+    # The JVM's full JIT: the bench measures throughput through the broker.
+    broker = KafkaBroker(broker_dir, start_timeout_s=300, heap="1g", jvm_options=())
+    say(f"{who}: starting the broker ...")
+    try:
+        broker.start()
+    except Exception as exc:
+        why = f"the Kafka broker did not start: {type(exc).__name__}: {str(exc)[:400]}"
+        say(why)
+        return None, why
+    return broker, None
+
+
+def stop_broker(broker: Any, work: Path, who: str) -> None:
+    say(f"{who}: stopping the broker")
+    broker.close()
+    shutil.rmtree(work / "kafka-broker", ignore_errors=True)
 
 
 def _spark_check(measured: list[Measured], input_path: Path, bootstrap: str) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 
 from bench import runner
-from bench.kafka import PARTITIONS, create_topic, measure_kafka
+from bench.kafka import PARTITIONS, create_topic, measure_kafka, start_broker, stop_broker
 from bench.kafka_systems import KafkaWorkload, OursKafka
 from bench.results import RunResult, apply_refusal, table
 from bench.runner import Measured, measure, say, summarize_repeats
@@ -111,20 +111,16 @@ async def produce_partitions(bootstrap: str, topic: str, parts: list[list[bytes]
     """Produce ``parts[p]`` into partition ``p`` of ``topic``, in order; return the count."""
     from aiokafka import AIOKafkaProducer
 
+    from aiostream_ckpt_dev.demo.kafka import send_lines
+
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
     )
     await producer.start()
     try:
-        futures = []
-        for p, lines in enumerate(parts):
-            batch = producer.create_batch()
-            for line in lines:
-                if batch.append(timestamp=None, key=None, value=line) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=p))
-                    batch = producer.create_batch()
-                    batch.append(timestamp=None, key=None, value=line)
-            futures.append(await producer.send_batch(batch, topic, partition=p))
+        futures = [
+            f for p, lines in enumerate(parts) for f in await send_lines(producer, topic, p, lines)
+        ]
         await producer.flush()
         for fut in futures:
             fut.result()
@@ -273,19 +269,11 @@ def run_file_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Mea
 
 
 def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Measured]:
-    from aiostream_ckpt_dev.broker import KafkaBroker
     from bench.experiments import workload
 
     src = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
-    broker_dir = work / "kafka-broker"
-    shutil.rmtree(broker_dir, ignore_errors=True)
-    broker = KafkaBroker(broker_dir, start_timeout_s=300, heap="1g", jvm_options=())
-    say("scaling: starting the Kafka broker ...")
-    try:
-        broker.start()
-    except Exception as exc:
-        why = f"the Kafka broker did not start: {type(exc).__name__}: {str(exc)[:400]}"
-        say(why)
+    broker, why = start_broker(work, "scaling")
+    if broker is None:
         failed = Measured(RunResult("aiostream-ckpt", "kafka", status="unavailable", reason=why))
         return failed, failed
     try:
@@ -314,9 +302,7 @@ def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Me
 
         return _alternate(one, plan.repeats, wl.events)
     finally:
-        say("scaling: stopping the Kafka broker")
-        broker.close()
-        shutil.rmtree(broker_dir, ignore_errors=True)
+        stop_broker(broker, work, "scaling")
 
 
 def _warm_up(plan: ScalingPlan, work: Path) -> None:

@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -88,6 +89,21 @@ def _line_chunks(path: Path) -> Iterator[list[bytes]]:
         yield [carry]
 
 
+async def send_lines(
+    producer: AIOKafkaProducer, topic: str, partition: int, lines: list[bytes]
+) -> list[Any]:
+    """Send ``lines`` as records (no key) into one partition in full batches; their futures."""
+    futures = []
+    batch = producer.create_batch()
+    for line in lines:
+        if batch.append(timestamp=None, key=None, value=line) is None:
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+            batch = producer.create_batch()
+            batch.append(timestamp=None, key=None, value=line)
+    futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures
+
+
 async def load_jsonl(bootstrap: str, topic: str, path: Path) -> int:
     """Produce every line of ``path`` as one record, batches dealt round-robin over partitions.
 
@@ -104,13 +120,7 @@ async def load_jsonl(bootstrap: str, topic: str, path: Path) -> int:
         futures = []
         for i, lines in enumerate(_line_chunks(path)):
             p = partitions[i % len(partitions)]
-            batch = producer.create_batch()
-            for line in lines:
-                if batch.append(timestamp=None, key=None, value=line) is None:
-                    futures.append(await producer.send_batch(batch, topic, partition=p))
-                    batch = producer.create_batch()
-                    batch.append(timestamp=None, key=None, value=line)
-            futures.append(await producer.send_batch(batch, topic, partition=p))
+            futures += await send_lines(producer, topic, p, lines)
             sent += len(lines)
         await producer.flush()
         for fut in futures:
