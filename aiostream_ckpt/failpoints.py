@@ -9,8 +9,11 @@ points do, the engine names those windows and a test arms them::
 
 kills the process the 3rd time a checkpoint's metadata is durable, or the
 first time a task is about to recover its sinks. The CLI's ``run`` arms the
-points from that variable (:func:`arm_from_env`); nothing else does, so an
-embedded run (the proof's reference run) never dies of it.
+points from that variable (:func:`arm_from_env`), and so do the worker
+processes of its first attempt (``job.workers`` > 1: the windows of tasks are
+hit there, those of the coordinator in the main process); nothing else does,
+so an embedded run (the proof's reference run) never dies of it, nor does a
+restarted attempt die again of the same point.
 
 Cost when disarmed: :func:`hit` is one truth test of a module-level dict. It
 is called only on checkpoint and recovery paths, never per record.

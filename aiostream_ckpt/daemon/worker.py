@@ -19,6 +19,7 @@ from typing import Any
 
 import uvloop
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.daemon.app_loader import app_name, build_app
 from aiostream_ckpt.daemon.config import load_config
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(args.parent)
     built: tuple[JobSpec, list[Chain]] | str
     try:
+        failpoints.arm_from_env()  # the main process passes them to its first attempt only
         spec = build_job(args.module, args.config, args.sets)
         built = spec, plan_chains(spec.transformations, spec.config)
     except AiostreamError as exc:

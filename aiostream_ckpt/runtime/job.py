@@ -318,7 +318,12 @@ class JobRunner:
         """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
         assert self.launch is not None  # checked at construction
         group = WorkerGroup(
-            self.launch, self.spec.transformations, chains, coordinator, self.storage
+            self.launch,
+            self.spec.transformations,
+            chains,
+            coordinator,
+            self.storage,
+            attempt=setup.attempt,
         )
         self.run_state.coordinator = coordinator
         self.run_state.workers = group.reports

@@ -90,6 +90,8 @@ class WorkerGroup:
         chains: list[Chain],
         coordinator: CheckpointCoordinator,
         storage: CheckpointStorage,
+        *,
+        attempt: int = 0,
     ) -> None:
         self.launch = launch
         self.count = launch.workers
@@ -97,7 +99,11 @@ class WorkerGroup:
         self._chains = chains
         self._coordinator = coordinator
         self._storage = storage
-        self.workers = [WorkerProcess(i, launch) for i in range(self.count)]
+        # fail points kill a worker once per run of the command, as they kill the main
+        # process once: the workers of a restarted attempt are not armed again
+        self.workers = [
+            WorkerProcess(i, launch, arm_failpoints=attempt == 0) for i in range(self.count)
+        ]
         loop = asyncio.get_running_loop()
         #: resolves to the first failure of any worker (reported, or its death)
         self.failure: asyncio.Future[BaseException] = loop.create_future()

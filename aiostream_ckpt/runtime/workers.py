@@ -26,6 +26,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.errors import AiostreamError, WorkerError
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
@@ -103,9 +104,11 @@ _WORKER_TRANSITIONS = {
 class WorkerProcess:
     """One worker process and its control connection (see the module docstring)."""
 
-    def __init__(self, index: int, launch: WorkerLaunch) -> None:
+    def __init__(self, index: int, launch: WorkerLaunch, *, arm_failpoints: bool = True) -> None:
         self.index = index
         self.launch = launch
+        #: pass ``AIOSTREAM_FAILPOINTS`` on (see :class:`~.worker_group.WorkerGroup`)
+        self.arm_failpoints = arm_failpoints
         self.state = WorkerState.CREATED
         self.hello: dict[str, Any] = {}
         self.control = ChannelConnection(f"worker-{index}", batch_codec())
@@ -140,10 +143,14 @@ class WorkerProcess:
             return
         ours, theirs = socket.socketpair()
         peer_fds = {j: s.fileno() for j, s in (peers or {}).items()}
+        env = None
+        if not self.arm_failpoints:
+            env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *self.launch.argv(self.index, theirs.fileno(), peer_fds),
                 pass_fds=(theirs.fileno(), *peer_fds.values()),
+                env=env,
                 # a terminal's Ctrl-C is the main process's to handle (a graceful stop),
                 # not every worker's; they still die with it (PR_SET_PDEATHSIG)
                 start_new_session=True,

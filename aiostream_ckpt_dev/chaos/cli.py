@@ -156,6 +156,7 @@ def run_chaos(
     plan_outputs(run, contract, reference)  # fails early when the main output is not set
     verdict = ChaosVerdict()
     kafka = _kafka(run, contract)
+    workers = _workers(run)
     refused = oracle_refusal(contract, kafka) if oracle else None
     if refused is not None:  # asked for and cannot run: a FAIL, before any work
         verdict.problems.append(f"oracle: not run — {refused}")
@@ -177,7 +178,8 @@ def run_chaos(
         shutil.rmtree(rdir, ignore_errors=True)
         rdir.mkdir(parents=True)
         rrun = _round_run(run, contract, rdir, kafka)
-        plan = plan_round(rng, min(kills_per_round, kills - verdict.kills), position=bool(rrun[1]))
+        want = min(kills_per_round, kills - verdict.kills)
+        plan = plan_round(rng, want, position=bool(rrun[1]), workers=workers)
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
         if run.config is not None:
             cmd += ["--config", str(run.config)]
@@ -191,6 +193,7 @@ def run_chaos(
             timeout=timeout,
             faults=plan_faults([k.window for k in plan]) if faults else None,
             checkpoint_dir=rdir / "checkpoints",
+            workers=workers,
         )
         verdict.kills += result.kill_count
         verdict.windows.update(result.kills)
@@ -279,6 +282,12 @@ def _oracle_params(
             files.append(str(path))
     params[contract.kafka_oracle_input] = ",".join(files)
     return params
+
+
+def _workers(run: AppRun) -> int:
+    from aiostream_ckpt.daemon.config import load_config
+
+    return load_config(run.config, env=os.environ, sets=run.sets).job.workers
 
 
 def _kafka(run: AppRun, contract: ProofContract) -> str | None:

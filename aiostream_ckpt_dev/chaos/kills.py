@@ -160,8 +160,12 @@ def run_with_kills(
 
 def _victim(pid: int, rng: random.Random) -> int:
     """Return ``pid`` or one of its worker processes, chosen by ``rng``."""
-    workers = [p for p in family(pid)[1:] if _is_worker(p)]
-    return rng.choice([pid, *workers])
+    return rng.choice([pid, *worker_pids(pid)])
+
+
+def worker_pids(pid: int) -> list[int]:
+    """Return the live worker processes of main process ``pid`` (``job.workers`` > 1), sorted."""
+    return sorted(p for p in family(pid)[1:] if _is_worker(p))
 
 
 def _is_worker(pid: int) -> bool:

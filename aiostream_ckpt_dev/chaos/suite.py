@@ -3,7 +3,11 @@
 Runs :func:`aiostream_ckpt_dev.chaos.cli.run_chaos` over pv_count and the
 windowed transitions_per_hour app, at parallelism 1 and 2, with kills at
 every fail point window (snapshot write, metadata durable, sink commit,
-recovery, end of input) and by input position. Each round's output is proven
+recovery, end of input) and by input position. Two parts run at
+``job.workers=2``: the windows of tasks kill a worker process, the
+coordinator's the main one, a position kill either, and every worker's kill
+is followed by one of the main process once the restarted attempt
+checkpointed (``chaos.windows``). Each round's output is proven
 against a failure-free reference run and against the app's own recount of
 the input (``PROOF.oracle``), read by the proof's file reader: no code is
 shared with the sink being checked. A last pv_count part also injects the
@@ -42,6 +46,7 @@ class Part:
     make_inputs: Callable[[Path, int], list[Path]]
     sets: tuple[str, ...] = ()
     faults: bool = False  # inject chaos.faults between the restarts
+    workers: int = 1  # job.workers
 
 
 def _pv_inputs(d: Path, parallelism: int) -> list[Path]:
@@ -70,6 +75,7 @@ def _transitions_inputs(d: Path, parallelism: int) -> list[Path]:
 
 
 _MODULE = "aiostream_ckpt_dev.chaos.suite"  # __name__ is __main__ under -m
+_WORKERS = ("job.workers=2", "restart.delay=100ms")
 
 PARTS = (
     Part("apps.pv_count", 1, 0.35, _pv_inputs),
@@ -78,13 +84,23 @@ PARTS = (
     Part("apps.transitions_per_hour", 2, 0.18, _transitions_inputs, ("app.max_delay=120000",)),
     # kills on top of the shares above (which add up to 1): 3 rounds, 2 faults each
     Part("apps.pv_count", 1, 0.23, _pv_inputs, faults=True),
+    # and in worker processes (a worker's kill counts with the main process's after it)
+    Part("apps.pv_count", 2, 0.3, _pv_inputs, _WORKERS, workers=2),
+    Part(
+        "apps.transitions_per_hour",
+        2,
+        0.2,
+        _transitions_inputs,
+        ("app.max_delay=120000", *_WORKERS),
+        workers=2,
+    ),
 )
 
 
 def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
     """Run part ``n`` of :data:`PARTS` (its share of ``kills``) under ``workdir``."""
     part = PARTS[n]
-    d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}"
+    d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}-w{part.workers}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     inputs = part.make_inputs(d, part.parallelism)
@@ -102,8 +118,10 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
     want = max(1, round(kills * part.share))
     started = time.monotonic()
     faults = ", faults" if part.faults else ""
+    workers = f", {part.workers} workers" if part.workers > 1 else ""
     print(
-        f"chaos suite: {part.app} parallelism {part.parallelism}, {want} kills{faults}", flush=True
+        f"chaos suite: {part.app} parallelism {part.parallelism}{workers}, {want} kills{faults}",
+        flush=True,
     )
     verdict = run_chaos(
         run,

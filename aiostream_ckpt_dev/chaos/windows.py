@@ -9,12 +9,21 @@ job to its end on fresh directories under a plan of kills: it opens with a
 kill once a checkpoint is durable (a first run has nothing to restore), mixes
 in the rest, and ends with the end-of-input windows. A planned kill
 whose window the run never reaches (the job ended first) is not counted.
+
+At ``job.workers`` > 1 the windows of tasks (:data:`WORKER_WINDOWS`) are hit
+in a worker process, armed in the run's first attempt only (see
+:mod:`aiostream_ckpt.failpoints`), and a kill by position takes a worker or
+the main process. A worker's kill fails the attempt, which the main process
+restarts from the latest checkpoint; once that attempt has completed a
+checkpoint the main process is killed too (:data:`MAIN_RUNNING`), at a
+random moment, and the next run of the plan starts.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -26,13 +35,18 @@ from pathlib import Path
 
 from aiostream_ckpt.failpoints import ENV_VAR
 from aiostream_ckpt_dev.chaos import faults as chaos_faults
-from aiostream_ckpt_dev.chaos.kills import read_fraction
+from aiostream_ckpt_dev.chaos.kills import read_fraction, worker_pids
 
 #: Windows where the job moves on before the kill.
 PROGRESS_WINDOWS = ("snapshot_write", "metadata_durable", "sink_commit", "position")
 RECOVERY_WINDOWS = ("restore_begin", "restore_before_sinks", "restore_after_sinks")
 END_WINDOWS = ("final_metadata_durable", "final_committed")
 WINDOWS = PROGRESS_WINDOWS + RECOVERY_WINDOWS + END_WINDOWS
+#: Windows of tasks: at ``job.workers`` > 1 hit in a worker process, not in the main one.
+WORKER_WINDOWS = ("snapshot_write", "sink_commit", *RECOVERY_WINDOWS, "final_committed")
+#: The kill of the main process that follows a worker's once its restart checkpointed.
+MAIN_RUNNING = "main_running"
+_COMPLETED = re.compile(rb"checkpoint \d+ completed")
 
 
 @dataclass(frozen=True)
@@ -42,9 +56,25 @@ class Kill:
     window: str
     nth: int = 1
     fraction: float = 0.0
+    #: ``job.workers`` > 1: the worker process (by index) a position kill takes, else the main
+    worker: int | None = None
+    #: seconds between a worker's kill's restart checkpointing and the main process's kill
+    after: float = 0.0
 
     def env(self) -> dict[str, str]:
         return {} if self.window == "position" else {ENV_VAR: f"{self.window}=kill@{self.nth}"}
+
+    def in_worker(self, workers: int) -> bool:
+        """Whether this kill takes a worker process of a job with ``workers`` of them."""
+        if workers <= 1:
+            return False
+        if self.window == "position":
+            return self.worker is not None
+        return self.window in WORKER_WINDOWS
+
+    def label(self, workers: int) -> str:
+        """Return the window as counted: ``worker:`` before it when a worker was killed."""
+        return f"worker:{self.window}" if self.in_worker(workers) else self.window
 
 
 @dataclass
@@ -67,11 +97,14 @@ class RoundResult:
         return sum(self.kills.values())
 
 
-def plan_round(rng: random.Random, kills: int, *, position: bool = True) -> list[Kill]:
+def plan_round(
+    rng: random.Random, kills: int, *, position: bool = True, workers: int = 1
+) -> list[Kill]:
     """``kills`` kills: metadata durable first, end-of-input windows last.
 
     The first kill waits for a durable checkpoint, so that every later run has
-    one to recover from and the recovery windows are reached.
+    one to recover from and the recovery windows are reached. With ``workers``
+    > 1, half the position kills take a worker (see the module docstring).
     """
     progress = [w for w in PROGRESS_WINDOWS if position or w != "position"]
     middle = progress + list(RECOVERY_WINDOWS)
@@ -81,7 +114,12 @@ def plan_round(rng: random.Random, kills: int, *, position: bool = True) -> list
     plan = []
     for w in windows[:kills]:
         nth = rng.randint(1, 3) if w in ("snapshot_write", "metadata_durable", "sink_commit") else 1
-        plan.append(Kill(w, nth, rng.uniform(0.02, 0.25) if w == "position" else 0.0))
+        fraction = rng.uniform(0.02, 0.25) if w == "position" else 0.0
+        worker = None
+        if w == "position" and workers > 1 and rng.random() < 0.5:
+            worker = rng.randrange(workers)
+        after = rng.uniform(0.0, 0.5) if workers > 1 else 0.0
+        plan.append(Kill(w, nth, fraction, worker, after))
     return plan
 
 
@@ -95,11 +133,13 @@ def run_round(
     timeout: float = 600.0,
     faults: Mapping[int, Sequence[str]] | None = None,
     checkpoint_dir: Path | None = None,
+    workers: int = 1,
 ) -> RoundResult:
     """Run ``cmd`` once per planned kill, then once to the end; see the module docstring.
 
     ``faults`` (by run index, see :func:`.faults.plan_faults`) are
     injected before those runs; ``corrupt_newest`` needs ``checkpoint_dir``.
+    ``workers``: the job's ``job.workers``.
     """
     result = RoundResult()
     started = time.monotonic()
@@ -121,7 +161,22 @@ def run_round(
                 log.flush()
                 corrupted = log.tell()
             rival = checkpoint_dir if chaos_faults.TWO_SUCCESSORS in todo else None
-            code = _run_once(cmd, run_env, kill, sizes, log, started + timeout, rival, result)
+            in_worker = kill is not None and kill.in_worker(workers)
+            code, worker_killed = _run_once(
+                cmd, run_env, kill, sizes, log, started + timeout, rival, result, in_worker
+            )
+            if worker_killed:
+                assert kill is not None
+                result.kills[kill.label(workers)] += 1
+                log.write(f"=== chaos: worker SIGKILL at {kill.window} ===\n".encode())
+                if code == -signal.SIGKILL:
+                    result.kills[MAIN_RUNNING] += 1
+                    log.write(f"=== chaos: SIGKILL at {MAIN_RUNNING} ===\n".encode())
+                    continue
+                # the job ended before the main process's kill: so would the rest of the plan
+                result.missed.update(k.window for k in plan[i + 1 :])
+                result.exit_code = code
+                break
             if code == -signal.SIGKILL and kill is not None:
                 result.kills[kill.window] += 1
                 log.write(f"=== chaos: SIGKILL at {kill.window} ===\n".encode())
@@ -150,18 +205,24 @@ def _run_once(
     deadline: float,
     rival_dir: Path | None = None,
     result: RoundResult | None = None,
-) -> int:
+    in_worker: bool = False,
+) -> tuple[int, bool]:
     """Run ``cmd`` once, or with ``rival_dir`` (its checkpoint directory) twice at once.
 
     Of two, the one that runs is watched; the other must have been refused.
+    Returns the exit code and whether a worker process was killed
+    (``in_worker``: the kill is planned to take one, see the module docstring).
     """
     procs = [
         subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         for _ in range(2 if rival_dir is not None else 1)
     ]
     lines: list[list[str]] = [[] for _ in procs]  # kept for a rival's refusal only
+    seen = _Seen(watch_failpoint=in_worker and kill is not None and kill.window != "position")
     pumps = [
-        threading.Thread(target=_pump, args=(p, log, lines[i] if rival_dir else None), daemon=True)
+        threading.Thread(
+            target=_pump, args=(p, log, lines[i] if rival_dir else None, seen), daemon=True
+        )
         for i, p in enumerate(procs)
     ]
     for t in pumps:
@@ -180,28 +241,60 @@ def _run_once(
         pump = pumps[0]
     by_position = kill is not None and kill.window == "position"
     run_start: float | None = None
+    kill_main_at: float | None = None
     while proc.poll() is None:
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             proc.kill()
             proc.wait()
             raise TimeoutError(f"{cmd[0]}: did not finish in time")
-        if by_position and sizes:
+        if by_position and sizes and not seen.worker_killed.is_set():
             assert kill is not None
             read = read_fraction(proc.pid, sizes)
             if run_start is None and read > 0:
                 run_start = read
             if run_start is not None and read >= min(run_start + kill.fraction, 0.99):
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
+                if not in_worker:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                victims = worker_pids(proc.pid)
+                if victims:  # else between attempts: try again
+                    assert kill.worker is not None
+                    os.kill(victims[kill.worker % len(victims)], signal.SIGKILL)
+                    seen.worker_killed.set()
+        if kill_main_at is None and seen.checkpoint_after.is_set():
+            assert kill is not None
+            kill_main_at = now + kill.after
+        if kill_main_at is not None and now >= kill_main_at:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            break
         time.sleep(0.005 if by_position else 0.02)
     pump.join(timeout=5)
-    return proc.returncode
+    return proc.returncode, seen.worker_killed.is_set()
 
 
-def _pump(proc: subprocess.Popen[bytes], log: object, lines: list[str] | None) -> None:
+class _Seen:
+    """What a run's log showed: a worker killed (by a fail point, or by us), a checkpoint after."""
+
+    def __init__(self, *, watch_failpoint: bool) -> None:
+        self._watch_failpoint = watch_failpoint
+        self.worker_killed = threading.Event()
+        self.checkpoint_after = threading.Event()
+
+    def line(self, raw: bytes) -> None:
+        if self.worker_killed.is_set():
+            if _COMPLETED.search(raw):  # the restarted attempt's
+                self.checkpoint_after.set()
+        elif self._watch_failpoint and raw.startswith(b"failpoint "):
+            self.worker_killed.set()
+
+
+def _pump(proc: subprocess.Popen[bytes], log: object, lines: list[str] | None, seen: _Seen) -> None:
     assert proc.stderr is not None
     for raw in proc.stderr:
         log.write(raw)  # type: ignore[attr-defined]
+        seen.line(raw)
         if lines is not None:
             lines.append(raw.decode(errors="replace"))

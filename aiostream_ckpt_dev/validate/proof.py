@@ -356,7 +356,9 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
     """Run the app once, failure-free and embedded, writing every output under ``scratch``.
 
     Same config as the run under proof, except where output and checkpoints
-    go. Returns the seconds it took.
+    go, and in this one process (``job.workers=1``: an embedded run has no app
+    module to start workers from; the parallelism, hence the output, is the
+    same). Returns the seconds it took.
     """
     from aiostream_ckpt.api.environment import StreamEnvironment
     from aiostream_ckpt.daemon.app_loader import build_app
@@ -369,6 +371,7 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
         *run.sets,
         f"checkpoint.dir={scratch / 'checkpoints'}",
         f"errors.dead_letter_dir={scratch / 'dead-letter'}",
+        "job.workers=1",
     ]
     loaded = load_config(run.config, env=os.environ, sets=sets)
     name = loaded.job_name or run.module.rsplit(".", 1)[-1].removesuffix(".py")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.failpoints import ENV_VAR
 from aiostream_ckpt_dev.chaos.kills import ChaosResult
 from tests.helpers import (
     check_pv_output,
@@ -162,3 +163,19 @@ def test_kill9_of_the_main_process_leaves_no_worker_and_a_rerun_recovers(
     assert not any(alive(p) for ps in pids.values() for p in ps)
     check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_a_fail_point_kills_a_worker_of_the_first_attempt_only(tmp_path: Path) -> None:
+    """The windows of tasks are hit in the workers: armed there, once per run of the command."""
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 20_000, seed=60 + i) for i in range(2)]
+    result = cli(*pv_args(tmp_path, inputs, 2), env={ENV_VAR: "sink_commit=kill@2"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    log = result.stderr
+    # one worker died at its 2nd commit (both may reach it at once), the restart was not armed
+    assert 1 <= log.count("failpoint sink_commit: SIGKILL at hit 2") <= 2, log[-3000:]
+    assert "restart 1 " in log and "restart 2 " not in log, log[-3000:]
+    pids = worker_pids(log)
+    assert len(pids[0]) == len(pids[1]) == 2
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
