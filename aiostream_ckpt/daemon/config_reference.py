@@ -67,7 +67,8 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     "job.workers": (
         None,
         "worker processes running the subtasks, subtask i in worker i % workers, each on its own "
-        "core and event loop; 1 runs them all in the main process; at most the usable cores",
+        "core and event loop; 1 runs them all in the main process; at most the usable cores "
+        "(no more start than the widest operator's parallelism: a parallelism-1 job runs in one)",
     ),
     "job.max_parallelism": (None, "key groups: the most parallelism a restore can rescale to"),
     "job.batch_size": (None, "records per batch"),

@@ -11,6 +11,7 @@ same checkpoint directory.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -182,7 +183,8 @@ class JobRunner:
     async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)
         chains = plan_chains(self.spec.transformations, self.config)
-        _check_workers_have_work(self.config.workers, chains)
+        if self.launch is not None:
+            self.launch = place_workers(self.launch, chains)
         run = self.run_state
         while True:
             restored = self.restore_points.choose()
@@ -398,13 +400,24 @@ def _check_launch(workers: int, launch: WorkerLaunch | None) -> WorkerLaunch | N
     return launch
 
 
-def _check_workers_have_work(workers: int, chains: list[Chain]) -> None:
+def place_workers(launch: WorkerLaunch, chains: list[Chain]) -> WorkerLaunch:
+    """Start no more workers than the widest chain has subtasks: the others would idle.
+
+    Subtask i runs in worker i % workers, so a job whose operators all run
+    at parallelism 1 runs in worker 0, as Flink places it in one slot and
+    leaves the others free.
+    """
     widest = max(c.parallelism for c in chains)
-    if workers > widest:
-        raise ConfigError(
-            f"invalid config job.workers={workers}: must be at most the job's largest "
-            f"parallelism ({widest}): worker {widest} and above would run no subtask"
-        )
+    if launch.workers <= widest:
+        return launch
+    log.info(
+        "job.workers=%d: the job's widest operator runs %d subtask(s), so %d worker "
+        "process(es) run it; more would have no subtask",
+        launch.workers,
+        widest,
+        widest,
+    )
+    return dataclasses.replace(launch, workers=widest)
 
 
 def _failure_line(job_name: str, strategy: RestartStrategy, exc: BaseException) -> str:

@@ -179,3 +179,25 @@ def test_a_fail_point_kills_a_worker_of_the_first_attempt_only(tmp_path: Path) -
     check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
 
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_parallelism_1_operators_are_placed_in_worker_0(tmp_path: Path, parallelism: int) -> None:
+    """A parallelism-1 source and sink (the whole job at 1) run in worker 0, not refused.
+
+    Their worker is killed at its sink's 2nd commit: the restart is exact too.
+    """
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 10_000, seed=70 + i) for i in range(2)]
+    args = pv_args(tmp_path, inputs, 2, "--set", f"job.parallelism={parallelism}")
+    args[1] = "tests.apps.global_sink_count"
+    result = cli(*args, env={ENV_VAR: "sink_commit=kill@2"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    log = result.stderr
+    assert "failpoint sink_commit: SIGKILL at hit 2" in log and "restart 1 " in log, log[-3000:]
+    pids = worker_pids(log)
+    if parallelism == 1:  # one worker process: a second would have no subtask
+        assert "so 1 worker process(es) run it" in log and sorted(pids) == [0]
+    else:
+        assert sorted(pids) == [0, 1]
+        assert re.search(r"worker 0 started \(pid \d+\): events-0, pv-count-0, pv-sink-0\n", log)
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ from aiostream_ckpt.api.environment import StreamEnvironment
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.jobspec.graph import JobSpec
-from aiostream_ckpt.runtime.job import JobRunner
+from aiostream_ckpt.runtime.graph import plan_chains
+from aiostream_ckpt.runtime.job import JobRunner, place_workers
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_of, worker_tasks
 from aiostream_ckpt.runtime.workers import WorkerLaunch
 
@@ -57,11 +57,19 @@ def workers_spec(tmp_path: Path, parallelism: int, workers: int) -> JobSpec:
     return env.spec()
 
 
-def test_workers_need_the_app_module_and_a_subtask_each(tmp_path: Path) -> None:
+def test_workers_need_the_app_module(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"job\.workers=2 needs the job run from its app module"):
         JobRunner(workers_spec(tmp_path, 2, 2))
-    runner = JobRunner(
-        workers_spec(tmp_path, 1, 2), launch=WorkerLaunch("apps.x", None, (), workers=2)
-    )
-    with pytest.raises(ConfigError, match=r"at most the job's largest parallelism \(1\)"):
-        asyncio.run(runner.run())
+
+
+def test_a_parallelism_1_job_is_placed_in_worker_0_not_refused() -> None:
+    launch = WorkerLaunch("apps.x", None, (), workers=2)
+    wide = plan_chains(spec(2).transformations, JobConfig(parallelism=2))
+    assert place_workers(launch, wide) is launch
+    narrow = plan_chains(spec(1).transformations, JobConfig(parallelism=1))
+    placed = place_workers(launch, narrow)
+    assert placed.workers == 1  # worker 1 would have no subtask: it is not started
+    # the whole job, one chain at parallelism 1, runs in worker 0
+    assert worker_tasks([(c.head.uid, c.parallelism) for c in narrow], 0, placed.workers) == [
+        "src-0"
+    ]
