@@ -175,7 +175,8 @@ class SavepointService:
                 last = await self._finish_in_flight(coordinator)
                 if mode is ShutdownMode.CHECKPOINT:
                     started = asyncio.get_running_loop().time()
-                    self._roll_part_files()  # the final checkpoint commits all output
+                    # the final checkpoint commits all output
+                    self._runner.run_state.request_roll()
                     completed = await coordinator.trigger()
                     last = completed.checkpoint_id
                     log.info(
@@ -193,13 +194,6 @@ class SavepointService:
             self.stopping = True
             self._runner.cancel()
 
-    def _roll_part_files(self) -> None:
-        """Have rolling file sinks close their open part files at the next checkpoint."""
-        for task in self._runner.run_state.tasks:
-            roll = getattr(task.spec.writer, "request_roll", None)
-            if roll is not None:
-                roll()
-
     async def _finish_in_flight(self, coordinator: CheckpointCoordinator) -> int | None:
         """Let checkpoints already triggered complete (or fail); the newest completed id."""
         pending = list(coordinator.pending_ids)
@@ -213,13 +207,17 @@ class SavepointService:
         return max(done) if done else None
 
     async def _wait_committed(self, checkpoint_id: int) -> None:
-        """Give the tasks time to commit checkpoint ``checkpoint_id``'s output before cancelling."""
+        """Give the tasks time to commit checkpoint ``checkpoint_id``'s output before cancelling.
+
+        With worker processes the sinks are theirs: what counts is each worker's
+        confirmation, not that the main process sent the notification.
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMMIT_WAIT_SECONDS
-        tasks = self._runner.run_state.tasks
+        run = self._runner.run_state
         while loop.time() < deadline:
-            notified = [t.metrics.last_notified_checkpoint for t in tasks]
-            if all(n is not None and n >= checkpoint_id for n in notified):
+            committed = run.last_committed()
+            if committed is not None and committed >= checkpoint_id:
                 return
             await asyncio.sleep(0.01)
         log.warning("shutdown: sinks did not confirm checkpoint %d in time", checkpoint_id)

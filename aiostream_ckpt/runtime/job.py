@@ -81,6 +81,8 @@ class JobRun:
     coordinator: CheckpointCoordinator | None = None
     #: the subtasks run by worker processes (``job.workers`` > 1), as they reported them
     workers: WorkerReports | None = None
+    #: the worker processes running the tasks (``job.workers`` > 1; ``tasks`` is then empty)
+    group: WorkerGroup | None = None
 
     def source_records(self) -> int:
         """Count the records the sources read in this attempt, here and in the workers."""
@@ -90,6 +92,25 @@ class JobRun:
     def last_checkpoint(self) -> int | None:
         c = self.coordinator
         return c.latest_completed.checkpoint_id if c and c.latest_completed else None
+
+    def last_committed(self) -> int | None:
+        """Return the newest checkpoint every task committed the output of (its sinks, notified).
+
+        With worker processes, what every worker confirmed; None until each task has one.
+        """
+        if self.group is not None:
+            return self.group.committed()
+        notified = [t.metrics.last_notified_checkpoint for t in self.tasks]
+        if not notified or any(n is None for n in notified):
+            return None
+        return min(n for n in notified if n is not None)
+
+    def request_roll(self) -> None:
+        """Have rolling file sinks close their open part files at the next checkpoint."""
+        if self.group is not None:
+            self.group.request_roll()
+        for t in self.tasks:
+            t.request_roll()
 
 
 class JobRunner:
@@ -329,6 +350,7 @@ class JobRunner:
         )
         self.run_state.coordinator = coordinator
         self.run_state.workers = group.reports
+        self.run_state.group = group
         if self._on_started is not None:
             self._on_started(self.run_state)
         async with group:

@@ -90,6 +90,8 @@ class SubtaskCheckpointCoordinator:
         self._process_errors = process_errors
         self._lock = asyncio.Lock()
         self._notifications: asyncio.Queue[tuple[bool, int]] = asyncio.Queue()
+        #: set (and replaced) each time a completion was acted on: wakes :meth:`committed`
+        self._acted = asyncio.Event()
         self._end_checkpoint: int | None = None
         #: Set once the output this task made before its end is committed (step 8).
         self.done = asyncio.Event()
@@ -220,6 +222,11 @@ class SubtaskCheckpointCoordinator:
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         self._notifications.put_nowait((False, checkpoint_id))
 
+    async def committed(self, checkpoint_id: int) -> None:
+        """Return once a completion of ``checkpoint_id`` or a later one was acted on (step 7)."""
+        while (self._metrics.last_notified_checkpoint or 0) < checkpoint_id:
+            await self._acted.wait()
+
     async def run_notifications(self) -> None:
         """Act on completions and aborts in order (steps 7 and 8); runs until cancelled."""
         spec = self._spec
@@ -241,6 +248,8 @@ class SubtaskCheckpointCoordinator:
                 if spec.reader is not None:
                     await spec.reader.notify_checkpoint_complete(cid)
                 self._metrics.last_notified_checkpoint = cid
+                self._acted.set()
+                self._acted = asyncio.Event()
             # 8. Stay until the job's final checkpoint (taken after *every* source ended)
             # completes: a subtask leaving after its own end would never ack the
             # checkpoints that other, still running sources trigger.

@@ -175,6 +175,20 @@ class StreamTask:
             self._closed = True
             await self._chain.close()
 
+    def request_roll(self) -> None:
+        """Have a rolling file sink close its open part file at the next checkpoint."""
+        roll = getattr(self.spec.writer, "request_roll", None)
+        if roll is not None:
+            roll()
+
+    async def committed(self, checkpoint_id: int) -> None:
+        """Return once this task committed ``checkpoint_id``'s output, or has none left to commit.
+
+        A worker confirms commits with it (``runtime.worker_attempt``): a stop
+        waits for the sinks in the workers, as a single process's waits for its tasks.
+        """
+        await unless_set(self._checkpoints.committed(checkpoint_id), self._done)
+
     # -- source tasks -----------------------------------------------------------------
 
     async def _run_source(self) -> None:

@@ -13,6 +13,9 @@ attempt then follows the main process step by step (``runtime.worker_messages``)
    worker's surveys) -> ``recovered``;
 3. ``run``: run the tasks until every one ended (-> ``done``) or one failed
    (-> ``failed``, and the worker exits); ``stop`` ends it either way.
+   Meanwhile, once every task here acted on a checkpoint's completion (its
+   sinks committed), the worker confirms it (-> ``committed``): a stop in the
+   main process waits for that before it ends the workers.
 
 A worker never retries: a failure ends the process and the main process
 restarts every worker from the latest completed checkpoint.
@@ -31,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint, savepoint_target
@@ -222,13 +226,36 @@ def _report(control: ChannelConnection, exc: BaseException) -> None:
         control.send_message(error_message(exc))
 
 
-async def _pump(control: ChannelConnection, coordinator: WorkerCoordinator) -> None:
-    """Hand the main process's messages to the coordinator proxy until it says stop."""
-    while True:
-        message = await control.receive_message()
-        if message["type"] == "stop":
-            return
-        coordinator.handle(message)
+async def _pump(
+    control: ChannelConnection, coordinator: WorkerCoordinator, tasks: list[StreamTask]
+) -> None:
+    """Hand the main process's messages to the coordinator proxy until it says stop.
+
+    Confirms each completion once every task acted on it (see the module docstring).
+    """
+    confirms = BackgroundTasks(lambda exc: None)  # a task's failure is reported by _run
+    try:
+        while True:
+            message = await control.receive_message()
+            kind = message["type"]
+            if kind == "stop":
+                return
+            if kind == "roll":  # a stop's final checkpoint closes the open part files
+                for t in tasks:
+                    t.request_roll()
+                continue
+            coordinator.handle(message)
+            if kind == "notify" and message["complete"]:
+                cid = message["id"]
+                confirms.spawn(_confirm(control, tasks, cid), f"confirm-{cid}")
+    finally:
+        await confirms.cancel_all()
+
+
+async def _confirm(control: ChannelConnection, tasks: list[StreamTask], cid: int) -> None:
+    await asyncio.gather(*(t.committed(cid) for t in tasks))
+    with contextlib.suppress(ChannelError):  # the main process is gone: nobody waits
+        control.send_message({"type": "committed", "id": cid})
 
 
 async def _run(
@@ -240,7 +267,7 @@ async def _run(
 ) -> int:
     """Run the tasks; report the first failure or that all ended; return at stop."""
     running = [asyncio.create_task(t.run(), name=t.task_id) for t in tasks]
-    pump = asyncio.create_task(_pump(control, coordinator), name="control")
+    pump = asyncio.create_task(_pump(control, coordinator, tasks), name="control")
     watch: set[asyncio.Future[Any]] = {*running, pump, *(c.failure for c in peers.values())}
     try:
         while True:

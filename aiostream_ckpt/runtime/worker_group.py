@@ -115,6 +115,8 @@ class WorkerGroup:
         #: each worker's latest figures of its subtasks (REST, metrics, progress)
         self.reports = WorkerReports(self.count, loop.time)
         self._stopping = False
+        #: the newest checkpoint each worker confirmed its tasks committed, by worker
+        self._committed: dict[int, int] = {}
 
     def _fail(self, exc: BaseException) -> None:
         if not self.failure.done():
@@ -206,6 +208,16 @@ class WorkerGroup:
             {"type": "notify", "complete": complete, "id": checkpoint_id, "final": final}
         )
 
+    def committed(self) -> int | None:
+        """Return the newest checkpoint every worker confirmed committed (None: not all yet)."""
+        if len(self._committed) < self.count:
+            return None
+        return min(self._committed.values())
+
+    def request_roll(self) -> None:
+        """Have the rolling file sinks in every worker close their part files at the next one."""
+        self._send_all({"type": "roll"})
+
     def remote_pins(self) -> set[str]:
         """Every worker's pinned shared files (called by retention, in an executor thread)."""
         return asyncio.run_coroutine_threadsafe(self._ask_pins(), self._loop).result()
@@ -296,6 +308,9 @@ class WorkerGroup:
                 coordinator.decline(message["id"], message["task"], reason)
             elif kind == "source_finished":
                 coordinator.source_finished(message["task"])
+            elif kind == "committed":
+                cid = max(message["id"], self._committed.get(w.index, 0))
+                self._committed[w.index] = cid
             elif kind == "failed":
                 raise error_of(message, w.index)
             elif kind in ("surveys", "recovered", "done", "pins"):
