@@ -212,6 +212,9 @@ class ChannelConnection(asyncio.Protocol):
         self._goodbye_received = False
         #: control messages from the peer, in order (see :meth:`send_message`)
         self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        #: sees each control message as it arrives, before it is queued: what must be
+        #: known before anything read from another socket in the same loop turn runs
+        self.on_message: Callable[[dict[str, Any]], None] | None = None
         self._bg = BackgroundTasks(self._fail)
 
     # -- channels -----------------------------------------------------------------------
@@ -356,7 +359,10 @@ class ChannelConnection(asyncio.Protocol):
                 elif kind == _GOODBYE:
                     self._goodbye_received = True
                 elif kind == _MESSAGE:
-                    self.messages.put_nowait(orjson.loads(payload))
+                    message = orjson.loads(payload)
+                    if self.on_message is not None:
+                        self.on_message(message)
+                    self.messages.put_nowait(message)
                 else:
                     element = (
                         self.codec.decode(payload)

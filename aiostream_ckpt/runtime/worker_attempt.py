@@ -81,6 +81,9 @@ class WorkerCoordinator:
         self.on_ack: Callable[[], None] | None = None
         #: resolves to the final checkpoint's id, told with the notifications
         self.finished: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        # where a savepoint goes is noted on arrival, not when the pump gets to it: barrier
+        # n from another worker's source may reach a task here in the same loop turn
+        control.on_message = self._note_savepoint_dir
 
     # -- TaskCoordinator ------------------------------------------------------------
 
@@ -113,13 +116,17 @@ class WorkerCoordinator:
 
     # -- from the main process ------------------------------------------------------
 
+    def _note_savepoint_dir(self, message: Message) -> None:
+        if message["type"] == "checkpoint":
+            sp = path_or_none(message.get("savepoint_dir"))
+            if sp is not None:
+                self._savepoint_dirs[message["id"]] = sp
+
     def handle(self, message: Message) -> None:
         """Act on a checkpoint message of the main process (trigger, notify, pins?)."""
         kind = message["type"]
         if kind == "checkpoint":
-            sp = path_or_none(message.get("savepoint_dir"))
-            if sp is not None:
-                self._savepoint_dirs[message["id"]] = sp
+            pass  # noted on arrival (_note_savepoint_dir)
         elif kind == "trigger":
             self._sources[message["task"]].trigger_checkpoint(barrier_of(message))
         elif kind == "notify":
