@@ -74,3 +74,16 @@ async def unless_failed(main: Awaitable[T], failure: asyncio.Future[BaseExceptio
         # a no-op if main is done, but it collects an error main ended with meanwhile
         work.cancel()
         await asyncio.gather(work, return_exceptions=True)
+
+
+async def to_the_end(work: asyncio.Future[None]) -> None:
+    """Await file work in an executor thread; if cancelled, still wait for it to end.
+
+    A thread cannot be stopped: returning at once would let the caller's
+    cleanup race the file operations still running. Cancellation is re-raised.
+    """
+    try:
+        await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise

@@ -6,6 +6,11 @@ commit. Knobs follow Flink: interval, timeout, max concurrent, min pause,
 tolerable consecutive failures, retained checkpoints. A failed or expired
 checkpoint is discarded with its files and the job goes on, unless too many
 fail in a row: then :attr:`failure` is set and the job fails over.
+
+Here: when to trigger, and what each ack, decline, timeout, completion and
+abort does. The books of the checkpoints in flight are ``pending.py``'s, the
+metadata a completion writes is built by ``metadata.py``, the entries the
+REST API lists by ``history.py``.
 """
 
 from __future__ import annotations
@@ -18,42 +23,25 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt import failpoints
-from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.aio import BackgroundTasks, to_the_end
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.config import CheckpointConfig
+from aiostream_ckpt.checkpoint.history import aborted_entry, completed_entry
 from aiostream_ckpt.checkpoint.metadata import (
-    METADATA_FILE,
     AbortReason,
     CheckpointStatus,
     CompletedCheckpoint,
     PendingCheckpoint,
     TaskAck,
-    encode_metadata,
 )
 from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
-from aiostream_ckpt.checkpoint.storage import (
-    CheckpointStorage,
-    savepoint_target,
-    write_atomically,
-)
+from aiostream_ckpt.checkpoint.pending import PendingCheckpoints
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage, savepoint_target
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)
-
-
-async def _to_the_end(work: asyncio.Future[None]) -> None:
-    """Await file work in an executor thread; if cancelled, still wait for it to end.
-
-    A thread cannot be stopped: returning at once would let the caller's
-    cleanup race the file operations still running. Cancellation is re-raised.
-    """
-    try:
-        await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise
 
 
 class CheckpointCoordinator:
@@ -81,12 +69,7 @@ class CheckpointCoordinator:
         self._sources: dict[str, TriggerTarget] = {}
         self._listeners: list[CheckpointListener] = []
         self._finished_sources: set[str] = set()
-        self._pending: dict[int, PendingCheckpoint] = {}
-        self._savepoint_dirs: dict[int, Path] = {}
-        self._waiters: dict[int, asyncio.Future[CompletedCheckpoint]] = {}
-        #: each pending checkpoint's timeout; cancelled when it ends, or it would sleep out the
-        #: whole ``timeout`` (60 s: 60-300 idle tasks at 1-0.2 s checkpoints)
-        self._expiry: dict[int, asyncio.Task[None]] = {}
+        self._pending = PendingCheckpoints()
         self._consecutive_failures = 0
         self._last_completion = -float("inf")
         self._slot_free = asyncio.Event()
@@ -132,7 +115,7 @@ class CheckpointCoordinator:
             self._periodic.cancel()
             await asyncio.gather(self._periodic, return_exceptions=True)
         await self._bg.cancel_all()
-        for cid in list(self._pending):
+        for cid in self._pending.ids():
             self._abort(cid, AbortReason.JOB_STOPPING, count=False)
 
     async def __aenter__(self) -> CheckpointCoordinator:
@@ -152,7 +135,7 @@ class CheckpointCoordinator:
         interval = self.config.interval
         while not self._final_pending:
             await self._clock.sleep(next_at - self._clock.monotonic())
-            while self._regular_pending() >= self.config.max_concurrent:
+            while self._pending.regular_count() >= self.config.max_concurrent:
                 self._slot_free.clear()
                 await self._slot_free.wait()
             earliest = self._last_completion + self.config.min_pause
@@ -163,9 +146,6 @@ class CheckpointCoordinator:
             if not self._suspended:
                 self.trigger()
             next_at = max(self._clock.monotonic(), next_at + interval)
-
-    def _regular_pending(self) -> int:
-        return sum(1 for p in self._pending.values() if not p.is_savepoint)
 
     def trigger(
         self, *, savepoint_dir: Path | None = None, final: bool = False
@@ -184,17 +164,13 @@ class CheckpointCoordinator:
             tasks_to_ack=set(self._tasks),
             is_final=final,
         )
-        self._pending[cid] = pending
-        if savepoint_dir is not None:
-            self._savepoint_dirs[cid] = savepoint_dir
-        fut: asyncio.Future[CompletedCheckpoint] = asyncio.get_running_loop().create_future()
-        self._waiters[cid] = fut
+        fut = self._pending.add(pending, savepoint_dir)
         kind = CheckpointKind.SAVEPOINT if is_savepoint else CheckpointKind.CHECKPOINT
         barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
         log.debug("triggering %s %d", kind.value, cid)
         deadline = pending.trigger_monotonic + self.config.timeout
-        self._expiry[cid] = self._bg.spawn(
-            self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout"
+        self._pending.expire_with(
+            cid, self._bg.spawn(self._expire_at(cid, deadline), f"checkpoint-{cid}-timeout")
         )
         for source in self._sources.values():
             source.trigger_checkpoint(barrier)
@@ -249,14 +225,14 @@ class CheckpointCoordinator:
     # -- targets, acks, declines ----------------------------------------------------
 
     def snapshot_target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
-        sp = self._savepoint_dirs.get(checkpoint_id)
+        sp = self._pending.savepoint_dir(checkpoint_id)
         if sp is None:
             return self.storage.target(checkpoint_id, uid, subtask)
         return savepoint_target(sp, checkpoint_id, uid, subtask)
 
     def savepoint_dir(self, checkpoint_id: int) -> Path | None:
-        """Where savepoint ``checkpoint_id`` goes; None when it is a checkpoint (or not pending)."""
-        return self._savepoint_dirs.get(checkpoint_id)
+        """Where savepoint ``checkpoint_id`` goes; None when it is a checkpoint."""
+        return self._pending.savepoint_dir(checkpoint_id)
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
         pending = self._pending.get(checkpoint_id)
@@ -273,13 +249,6 @@ class CheckpointCoordinator:
         if checkpoint_id in self._pending:
             log.warning("checkpoint %d declined by %s: %s", checkpoint_id, task_id, reason)
             self._abort(checkpoint_id, AbortReason.DECLINED, detail=str(reason))
-
-    def _forget(self, checkpoint_id: int) -> None:
-        """Drop an ended checkpoint and stop its timeout (unless that is what ends it)."""
-        del self._pending[checkpoint_id]
-        expiry = self._expiry.pop(checkpoint_id, None)
-        if expiry is not None and expiry is not asyncio.current_task():
-            expiry.cancel()
 
     async def _expire_at(self, checkpoint_id: int, deadline: float) -> None:
         await self._clock.sleep(deadline - self._clock.monotonic())
@@ -311,21 +280,23 @@ class CheckpointCoordinator:
                 return  # expired or subsumed while the previous write ran
             pending.transition(CheckpointStatus.FINALIZING)
             cid = pending.checkpoint_id
-            sp = self._savepoint_dirs.get(cid)
+            sp = self._pending.savepoint_dir(cid)
             directory = sp if sp is not None else self.storage.checkpoint_dir(cid)
-            completed = self._build_completed(pending, directory)
-            if sp is not None:
-                data = encode_metadata(completed.to_json())
-                write = self._in_executor(write_atomically, sp / METADATA_FILE, data)
-            else:
-                write = self._in_executor(self.storage.write_completed, completed)
+            completed = pending.completed(
+                self.job_name,
+                self._max_parallelism,
+                directory,
+                completion_time=self._clock.time(),
+                duration_seconds=self._clock.monotonic() - pending.trigger_monotonic,
+            )
+            write = self._in_executor(self.storage.write_completed, completed)
             try:
-                await _to_the_end(write)
+                await to_the_end(write)
             except CheckpointError as exc:
                 log.error("checkpoint %d: %s", cid, exc)
                 self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc))
                 return
-            except asyncio.CancelledError:  # the job stops; the write has ended (_to_the_end)
+            except asyncio.CancelledError:  # the job stops; the write has ended (to_the_end)
                 failed = write.cancelled() or write.exception() is not None
                 if failed:
                     self._abort(cid, AbortReason.STORAGE_FAILED, detail="while stopping")
@@ -337,7 +308,7 @@ class CheckpointCoordinator:
             self._settle_completed(pending, completed, notify=True)
             if sp is None:
                 retention = self._in_executor(self.storage.apply_retention, self.config.retained)
-                await _to_the_end(retention)
+                await to_the_end(retention)
 
     def _in_executor(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -347,13 +318,13 @@ class CheckpointCoordinator:
     ) -> None:
         """Mark a checkpoint with durable metadata completed; ``notify`` tasks (sinks commit)."""
         cid = pending.checkpoint_id
-        sp = self._savepoint_dirs.get(cid)
+        sp = self._pending.savepoint_dir(cid)
         pending.transition(CheckpointStatus.COMPLETED)
-        self._forget(cid)
+        self._pending.forget(cid)
         self._slot_free.set()
         self._consecutive_failures = 0
         self._last_completion = self._clock.monotonic()
-        self._record(completed, "completed")
+        self._append_history(completed_entry(completed))
         log.info(
             "%s %d completed in %.0f ms (%d bytes)%s",
             "savepoint" if sp else "checkpoint",
@@ -362,11 +333,10 @@ class CheckpointCoordinator:
             completed.size_bytes,
             "" if notify else "; the job stops: its sinks commit when the next run restores it",
         )
-        waiter = self._waiters.pop(cid, None)
+        waiter = self._pending.take_waiter(cid)
         if sp is None:
             self.latest_completed = completed
-            older_ids = [c for c, p in self._pending.items() if c < cid and not p.is_savepoint]
-            for older in older_ids:
+            for older in self._pending.regular_before(cid):
                 self._abort(older, AbortReason.SUBSUMED, count=False)
             if notify:
                 for listener in self._listeners:
@@ -375,45 +345,6 @@ class CheckpointCoordinator:
             waiter.set_result(completed)
         if notify and pending.is_final and not self.finished.done():
             self.finished.set_result(cid)
-
-    def _build_completed(self, pending: PendingCheckpoint, directory: Path) -> CompletedCheckpoint:
-        operators: dict[str, dict[str, Any]] = {}
-        tasks: dict[str, dict[str, Any]] = {}
-        size = 0
-        for ack in pending.acks.values():
-            size += ack.size_bytes
-            tasks[ack.task_id] = {
-                "sync_ms": ack.sync_seconds * 1000,
-                "async_ms": ack.async_seconds * 1000,
-                "alignment_ms": ack.alignment_seconds * 1000,
-                "size_bytes": ack.size_bytes,
-            }
-            if ack.worker is not None:  # where it ran (``checkpoints inspect``)
-                tasks[ack.task_id].update(worker=ack.worker, pid=ack.pid)
-            for uid, st in ack.states.items():
-                op = operators.setdefault(uid, {"parallelism": st["parallelism"], "subtasks": {}})
-                entry = op["subtasks"][str(st["subtask"])] = {
-                    "keyed": st.get("keyed"),
-                    "operator": st.get("operator"),
-                }
-                if st.get("time") is not None:  # the task's event time (time.checkpointed)
-                    entry["time"] = st["time"]
-        now = self._clock.monotonic()
-        return CompletedCheckpoint(
-            checkpoint_id=pending.checkpoint_id,
-            is_savepoint=pending.is_savepoint,
-            is_final=pending.is_final,
-            job_name=self.job_name,
-            trigger_time=pending.trigger_wall_time,
-            completion_time=self._clock.time(),
-            duration_seconds=now - pending.trigger_monotonic,
-            max_parallelism=self._max_parallelism,
-            operators=operators,
-            tasks=tasks,
-            size_bytes=size,
-            directory=directory,
-            root=directory if pending.is_savepoint else directory.parent,
-        )
 
     # -- aborts ---------------------------------------------------------------------
 
@@ -426,15 +357,15 @@ class CheckpointCoordinator:
         finalizing = pending.status is CheckpointStatus.FINALIZING
         if finalizing and reason is not AbortReason.STORAGE_FAILED:
             return  # its metadata write decides (see _complete)
-        self._forget(checkpoint_id)
+        self._pending.forget(checkpoint_id)
         pending.transition(CheckpointStatus.ABORTED)
         self._slot_free.set()
         if not pending.is_savepoint:
             self.storage.discard(checkpoint_id)
-        self._record_abort(pending, reason, detail)
+        self._append_history(aborted_entry(pending, reason, detail))
         for listener in self._listeners:
             listener.notify_checkpoint_aborted(checkpoint_id)
-        waiter = self._waiters.pop(checkpoint_id, None)
+        waiter = self._pending.take_waiter(checkpoint_id)
         err = CheckpointError(
             f"checkpoint {checkpoint_id} aborted: {reason.value} {detail}".strip()
         )
@@ -460,38 +391,10 @@ class CheckpointCoordinator:
 
     # -- history --------------------------------------------------------------------
 
-    def _record(self, completed: CompletedCheckpoint, status: str) -> None:
-        entry = {
-            "id": completed.checkpoint_id,
-            "status": status,
-            "savepoint": completed.is_savepoint,
-            "trigger_time": completed.trigger_time,
-            "duration_ms": completed.duration_seconds * 1000,
-            "size_bytes": completed.size_bytes,
-            "sync_ms_max": max((t["sync_ms"] for t in completed.tasks.values()), default=0.0),
-            "async_ms_max": max((t["async_ms"] for t in completed.tasks.values()), default=0.0),
-            "alignment_ms_max": max(
-                (t["alignment_ms"] for t in completed.tasks.values()), default=0.0
-            ),
-        }
-        self._append_history(entry)
-
-    def _record_abort(self, pending: PendingCheckpoint, reason: AbortReason, detail: str) -> None:
-        self._append_history(
-            {
-                "id": pending.checkpoint_id,
-                "status": "aborted",
-                "savepoint": pending.is_savepoint,
-                "trigger_time": pending.trigger_wall_time,
-                "reason": reason.value,
-                "detail": detail,
-            }
-        )
-
     def _append_history(self, entry: dict[str, Any]) -> None:
         if self.on_history is not None:
             self.on_history(entry)
 
     @property
     def pending_ids(self) -> Sequence[int]:
-        return sorted(self._pending)
+        return self._pending.ids()

@@ -1,7 +1,8 @@
 """Pending and completed checkpoints, and their on-disk metadata.
 
-A checkpoint moves PENDING → COMPLETED (every task acked and the metadata is
-durable) or PENDING → ABORTED (declined, expired, subsumed, job stopping).
+A checkpoint moves PENDING → FINALIZING (every task acked: its metadata is
+being written) → COMPLETED (the metadata is durable), or to ABORTED (declined,
+expired, subsumed, job stopping; from FINALIZING only when the write failed).
 Only a COMPLETED checkpoint may be restored or have its transactions committed.
 """
 
@@ -83,6 +84,53 @@ class PendingCheckpoint:
     @property
     def fully_acknowledged(self) -> bool:
         return not self.tasks_to_ack
+
+    def completed(
+        self,
+        job_name: str,
+        max_parallelism: int,
+        directory: Path,
+        *,
+        completion_time: float,
+        duration_seconds: float,
+    ) -> CompletedCheckpoint:
+        """Return the metadata of this checkpoint from its acks (every task's states, by uid)."""
+        operators: dict[str, dict[str, Any]] = {}
+        tasks: dict[str, dict[str, Any]] = {}
+        size = 0
+        for ack in self.acks.values():
+            size += ack.size_bytes
+            tasks[ack.task_id] = {
+                "sync_ms": ack.sync_seconds * 1000,
+                "async_ms": ack.async_seconds * 1000,
+                "alignment_ms": ack.alignment_seconds * 1000,
+                "size_bytes": ack.size_bytes,
+            }
+            if ack.worker is not None:  # where it ran (``checkpoints inspect``)
+                tasks[ack.task_id].update(worker=ack.worker, pid=ack.pid)
+            for uid, st in ack.states.items():
+                op = operators.setdefault(uid, {"parallelism": st["parallelism"], "subtasks": {}})
+                entry = op["subtasks"][str(st["subtask"])] = {
+                    "keyed": st.get("keyed"),
+                    "operator": st.get("operator"),
+                }
+                if st.get("time") is not None:  # the task's event time (time.checkpointed)
+                    entry["time"] = st["time"]
+        return CompletedCheckpoint(
+            checkpoint_id=self.checkpoint_id,
+            is_savepoint=self.is_savepoint,
+            is_final=self.is_final,
+            job_name=job_name,
+            trigger_time=self.trigger_wall_time,
+            completion_time=completion_time,
+            duration_seconds=duration_seconds,
+            max_parallelism=max_parallelism,
+            operators=operators,
+            tasks=tasks,
+            size_bytes=size,
+            directory=directory,
+            root=directory if self.is_savepoint else directory.parent,
+        )
 
 
 @dataclass

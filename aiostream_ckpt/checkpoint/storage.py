@@ -251,6 +251,7 @@ class CheckpointStorage:
         return SnapshotTarget(checkpoint_id, self.root, exclusive, self.shared_dir, pins=self)
 
     def write_completed(self, completed: CompletedCheckpoint) -> None:
+        """Make ``completed``'s metadata durable in its directory (a chk-N or a savepoint's)."""
         completed.directory.mkdir(parents=True, exist_ok=True)
         write_atomically(completed.directory / METADATA_FILE, encode_metadata(completed.to_json()))
 
