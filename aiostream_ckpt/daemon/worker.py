@@ -28,6 +28,7 @@ from aiostream_ckpt.errors import AiostreamError, ChannelError
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.graph import Chain, plan_chains
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_tasks
+from aiostream_ckpt.runtime.process import apply_process_profile
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_attempt import serve_attempt
@@ -35,9 +36,15 @@ from aiostream_ckpt.runtime.workers import die_with_parent
 
 
 def build_job(module: str, config: Path | None, sets: list[str]) -> JobSpec:
-    """Build the job spec as the main process does (``aiostream-ckpt run``)."""
+    """Build the job spec as the main process does (``aiostream-ckpt run``).
+
+    The process is set up as the main one too: its logging, and its process
+    profile (``docs/performance.md``), which the job runner applies in the
+    main process only; the workers run the tasks, the hot path it is for.
+    """
     loaded = load_config(config, env=os.environ, sets=sets)
     setup_logging(loaded.log_format, loaded.log_level)
+    apply_process_profile(loaded.daemon.process_profile())
     env = StreamEnvironment(
         loaded.job_name or app_name(module), config=loaded.job, params=loaded.params
     )

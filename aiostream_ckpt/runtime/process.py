@@ -1,9 +1,9 @@
 """The process profile: GC, malloc and GIL knobs every job process runs with.
 
 The job runner applies it once per process, whatever started the job (the CLI,
-the daemon, ``env.execute()``, the testing kit), so a job run from a script
-behaves like the benchmarked one. What each knob buys, with the measured
-figures: ``docs/performance.md``.
+the daemon, ``env.execute()``, the testing kit), and so does each worker process
+(``daemon/worker.py``), so a job run from a script behaves like the benchmarked
+one. What each knob buys, with the measured figures: ``docs/performance.md``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ Each check runs in a fresh interpreter: the profile is process-wide and applied 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,35 @@ def test_env_execute_applies_the_process_profile(tmp_path: Path) -> None:
     # once per process: the second job does not apply (or freeze) again
     assert out["second"]["gc0"] == 123
     assert out["second"]["switch"] == 0.01
+
+
+#: A worker process (``job.workers`` > 1) builds the job as the CLI does, from the same
+#: config sources; here with a ``process.*`` key set, as ``--set`` passes it on.
+_WORKER = """
+import gc, json, sys
+from aiostream_ckpt.daemon.worker import build_job
+before = gc.get_threshold()[0]
+build_job("profile_app", None, ["process.gc_threshold=12345", "process.switch_interval=0.002"])
+print(json.dumps({"before": before, "gc0": gc.get_threshold()[0],
+                  "switch": sys.getswitchinterval(), "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_a_worker_process_applies_the_process_profile_of_its_config(tmp_path: Path) -> None:
+    """The job runner applies the profile in the main process only: workers ran without it."""
+    (tmp_path / "profile_app.py").write_text(
+        "def build(env):\n    env.from_collection([1]).print()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["before"] == 700
+    assert (out["gc0"], out["switch"]) == (12345, 0.002)
+    assert out["frozen"] > 0
