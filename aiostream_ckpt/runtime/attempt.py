@@ -19,7 +19,7 @@ from typing import Any
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.responder import TaskCoordinator
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.connectors.base import ConnectorContext, RestoreInfo
+from aiostream_ckpt.connectors.base import ConnectorContext, DeadLetterFn, RestoreInfo
 from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.runtime.async_task import AsyncWaitTask, is_async_chain
@@ -110,8 +110,12 @@ def _dead_letter_factory(
     return factory
 
 
-def _connector_context(setup: AttemptSetup) -> Callable[[str, int, int, Any], ConnectorContext]:
-    def make(uid: str, subtask: int, parallelism: int, dead_letter: Any) -> ConnectorContext:
+def _connector_context(
+    setup: AttemptSetup,
+) -> Callable[[str, int, int, DeadLetterFn | None], ConnectorContext]:
+    def make(
+        uid: str, subtask: int, parallelism: int, dead_letter: DeadLetterFn | None
+    ) -> ConnectorContext:
         ctx = ConnectorContext(
             job_name=setup.job_name,
             operator_uid=uid,

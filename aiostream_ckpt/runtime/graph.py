@@ -18,7 +18,7 @@ from typing import Any
 from aiostream_ckpt.barrier.aligned import AlignedBarrierHandler
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
-from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.base import ConnectorContext, DeadLetterFn
 from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.jobspec.async_functions import AsyncSpec
@@ -279,7 +279,7 @@ def build_chain_specs(
     backend_factory: KeyedStateBackendFactory,
     local_dir: Path,
     dead_letter_factory: Callable[[str, int], DeadLetterWriter] | None,
-    connector_context: Callable[[str, int, int, Any], ConnectorContext],
+    connector_context: Callable[[str, int, int, DeadLetterFn | None], ConnectorContext],
     monotonic: Callable[[], float],
     share: ProcessShare | None = None,
 ) -> list[ChainSpec]:

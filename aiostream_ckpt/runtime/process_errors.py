@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aiostream_ckpt.connectors.staging import DeadLetterWriter
 from aiostream_ckpt.errors import RecordError
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.runtime.record_errors import is_record_error
@@ -33,7 +34,7 @@ class ProcessErrorHandler:
     def __init__(
         self,
         operators: Sequence[StreamOperator],
-        dead_letter: Any,
+        dead_letter: DeadLetterWriter,
         *,
         task_id: str,
         subtask: int,
