@@ -219,13 +219,24 @@ class WorkerGroup:
         self._send_all({"type": "roll"})
 
     def remote_pins(self) -> set[str]:
-        """Every worker's pinned shared files (called by retention, in an executor thread)."""
+        """Every worker's pinned shared files (called by retention, in an executor thread).
+
+        A worker alive but not answering within the checkpoint timeout is hung
+        (its loop blocked): that fails the attempt, whose stop kills it. Unbounded,
+        the coordinator's stop waited for this thread and the job hung instead.
+        """
         return asyncio.run_coroutine_threadsafe(self._ask_pins(), self._loop).result()
 
     async def _ask_pins(self) -> set[str]:
+        timeout = self._coordinator.config.timeout
         async with self._pins_lock:
             self._send_all({"type": "pins?"})
-            replies = await self._all("pins")
+            try:
+                replies = await asyncio.wait_for(self._all("pins"), timeout)
+            except TimeoutError:
+                why = f"a worker did not say its pinned files within {timeout:g}s: hung"
+                self._fail(ChannelError(why))  # no pass after this one reads a late reply
+                raise CheckpointError(f"retention skipped: {why}") from None
         return {f for r in replies for f in r["files"]}
 
     # -- the attempt's steps ------------------------------------------------------------
