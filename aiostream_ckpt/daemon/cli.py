@@ -111,9 +111,23 @@ def _parser() -> argparse.ArgumentParser:
         "<checkpoint.dir>/daemon.json from the AIOSTREAM_* environment)",
     )
 
-    from aiostream_ckpt.daemon.transactions import add_parser as add_transactions_parser
-
-    add_transactions_parser(sub)
+    # declared here, not by daemon.transactions: that imports aiokafka (~0.25 s of CPU),
+    # which every other command, ``run`` of a job without Kafka included, would pay
+    tx = sub.add_parser("transactions", help="a stopped job's Kafka transactions: list, repair")
+    tx_sub = tx.add_subparsers(dest="action", required=True)
+    for action, text in (
+        ("list", "each transactional id the job owns: state, age, checkpoint"),
+        ("commit", "commit ID, if the newest completed checkpoint pre-committed it"),
+        ("abort", "abort ID's open transaction (never one a completed checkpoint holds)"),
+    ):
+        a = tx_sub.add_parser(action, help=text)
+        if action != "list":
+            a.add_argument("id")
+        a.add_argument("--checkpoint-dir", type=Path, required=True)
+        a.add_argument("--bootstrap", required=True, help="Kafka host:port[,host:port]")
+        a.add_argument("--prefix", action="append", default=[], help="also this id prefix")
+        if action == "list":
+            a.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
     sub.add_parser(

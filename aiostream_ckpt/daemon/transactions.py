@@ -203,24 +203,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub: Any) -> None:
-    tx = sub.add_parser("transactions", help="a stopped job's Kafka transactions: list, repair")
-    tx_sub = tx.add_subparsers(dest="action", required=True)
-    for action, text in (
-        ("list", "each transactional id the job owns: state, age, checkpoint"),
-        ("commit", "commit ID, if the newest completed checkpoint pre-committed it"),
-        ("abort", "abort ID's open transaction (never one a completed checkpoint holds)"),
-    ):
-        a = tx_sub.add_parser(action, help=text)
-        if action != "list":
-            a.add_argument("id")
-        a.add_argument("--checkpoint-dir", type=Path, required=True)
-        a.add_argument("--bootstrap", required=True, help="Kafka host:port[,host:port]")
-        a.add_argument("--prefix", action="append", default=[], help="also this id prefix")
-        if action == "list":
-            a.add_argument("--json", action="store_true", help="JSON rows instead of a table")
-
-
 def transactions_main(args: argparse.Namespace) -> int:
     bootstrap = check_bootstrap_servers(args.bootstrap)
     job = read_job_transactions(args.checkpoint_dir, args.prefix)
