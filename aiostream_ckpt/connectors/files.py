@@ -18,6 +18,7 @@ import orjson
 
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, file_key_groups
+from aiostream_ckpt.connectors.pacing import Pacer, check_rate
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.connectors.staging import (
     DeadLetterWriter,
@@ -87,6 +88,10 @@ class JsonLinesFileSource:
     instead of round-robin, so ``reinterpret_as_keyed`` reads them without a
     shuffle (see :mod:`aiostream_ckpt.connectors.key_grouped`), and each
     batch holds records of one file, so an error can name it.
+
+    ``rate`` paces each reader to that many records per second of
+    ``ctx.clock`` (a recording replayed at its pace): the job then takes as
+    long on a fast machine as on a slow one, checkpoints included.
     """
 
     bounded = True
@@ -101,6 +106,7 @@ class JsonLinesFileSource:
         required: Mapping[str, type | tuple[type, ...]] | None = None,
         block_size: int = _BLOCK_SIZE,
         key_grouped: bool = False,
+        rate: float | None = None,
     ) -> None:
         if with_position and not parse:
             raise ConfigError("with_position needs parse=True (positions go into the event)")
@@ -114,6 +120,7 @@ class JsonLinesFileSource:
         if self.required and not parse:
             raise ConfigError("required fields need parse=True")
         self.block_size = block_size
+        self.rate = check_rate(rate)
         #: ``key_grouped``: each file's key groups, and the max parallelism they are of.
         self.key_groups: dict[str, KeyGroupRange] | None = None
         self.key_groups_of = 0
@@ -163,6 +170,7 @@ class JsonLinesFileReader:
         self._block_end = 0
         self._one_split = source.key_groups is not None
         self._last: str | None = None
+        self._pacer = None if source.rate is None else Pacer(source.rate, ctx.clock)
 
     async def start(self, restored: dict[str, Any] | None) -> None:
         if restored:
@@ -259,7 +267,7 @@ class JsonLinesFileReader:
         return self._current < len(self._splits)
 
     async def read_batch(self, max_records: int) -> list[Any] | None:
-        return self._read(max_records, one_split=self._one_split)
+        return await self._read(max_records, one_split=self._one_split)
 
     def last_split(self) -> str | None:
         """Return the file the last batch came from (key-grouped: each batch is of one file)."""
@@ -270,16 +278,26 @@ class JsonLinesFileReader:
         if self._current >= len(self._splits):
             return None
         split = self._splits[self._current]
-        out = self._read(max_records, one_split=True)
+        out = await self._read(max_records, one_split=True)
         return None if out is None else [(split, out)]
 
     def active_splits(self) -> list[str]:
         """Files are read one after the other: only the current one is active."""
         return [self._splits[self._current]] if self._current < len(self._splits) else []
 
-    def _read(self, max_records: int, *, one_split: bool) -> list[Any] | None:
+    async def _read(self, max_records: int, *, one_split: bool) -> list[Any] | None:
         if self._current >= len(self._splits):
             return None
+        if self._pacer is None:
+            return self._read_now(max_records, one_split=one_split)
+        allowed = await self._pacer.allowance(max_records)
+        if not allowed:
+            return []
+        out = self._read_now(allowed, one_split=one_split)
+        self._pacer.emitted(len(out or ()))
+        return out
+
+    def _read_now(self, max_records: int, *, one_split: bool) -> list[Any] | None:
         self._last = self._splits[self._current]
         out: list[Any] = []
         while len(out) < max_records:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.pacing import MAX_PACING_SLEEP, Pacer, check_rate
 from aiostream_ckpt.connectors.staging import serialize_lines
 from aiostream_ckpt.errors import ConfigError
 
@@ -32,9 +33,6 @@ Event = dict[str, Any]
 #: Events per seeded block: large enough to amortise seeding, small enough that
 #: a replay from inside a block wastes little.
 BLOCK = 4096
-
-#: Pacing never suspends longer than this, so a paced reader still answers soon.
-_MAX_PACING_SLEEP = 0.05
 
 
 class _EventModel:
@@ -133,13 +131,11 @@ class GeneratorSource:
     ) -> None:
         if count is not None and count < 0:
             raise ConfigError(f"count must not be negative, got {count}")
-        if rate is not None and rate <= 0:
-            raise ConfigError(f"rate must be positive, got {rate}")
         self.name = name
         self.count = count
         self.bounded = count is not None
         self.splits = splits
-        self.rate = rate
+        self.rate = check_rate(rate)
         self.model = _EventModel(
             seed=seed,
             splits=splits,
@@ -188,8 +184,7 @@ class GeneratorReader:
         self._turn = 0
         #: Last generated block per split: (block index, events).
         self._cache: dict[int, tuple[int, list[Event]]] = {}
-        self._paced_since: float | None = None
-        self._paced_emitted = 0
+        self._pacer = None if source.rate is None else Pacer(source.rate * len(splits), ctx.clock)
         self._last_split = -1
 
     async def start(self, restored: dict[str, Any] | None) -> None:
@@ -216,42 +211,25 @@ class GeneratorReader:
         length = self._src.split_length(split)
         return math.inf if length is None else max(0, length - self._positions[split])
 
-    async def _allowance(self, want: int) -> int:
-        """How many events pacing lets out now (``want`` when unpaced)."""
-        rate = self._src.rate
-        if rate is None:
-            return want
-        clock = self._ctx.clock
-        if self._paced_since is None:
-            self._paced_since = clock.monotonic()
-        total_rate = rate * len(self._positions)
-        for _ in range(2):
-            elapsed = clock.monotonic() - self._paced_since
-            allowed = int(elapsed * total_rate) - self._paced_emitted
-            if allowed >= 1:
-                return min(want, allowed)
-            wait = (self._paced_emitted + 1) / total_rate - elapsed
-            await clock.sleep(min(wait, _MAX_PACING_SLEEP))
-        return 0
-
     async def read_batch(self, max_records: int) -> list[Any] | None:
         if not self._active:
             if self._src.bounded:
                 return None
             # An unbounded reader without splits idles instead of ending the job's input.
-            await self._ctx.clock.sleep(_MAX_PACING_SLEEP)
+            await self._ctx.clock.sleep(MAX_PACING_SLEEP)
             return []
         self._turn %= len(self._active)
         split = self._active[self._turn]
         self._turn += 1
         remaining = self._remaining(split)
         want = int(min(max_records, remaining))
-        n = await self._allowance(want)
+        n = want if self._pacer is None else await self._pacer.allowance(want)
         if n <= 0:
             return []
         self._last_split = split
         events = self._take(split, n)
-        self._paced_emitted += len(events)
+        if self._pacer is not None:
+            self._pacer.emitted(len(events))
         if self._remaining(split) == 0:
             self._active.remove(split)
         return events

@@ -16,6 +16,7 @@ or ``broadcast`` (``process_broadcast_element`` of the broadcast input
 ``app.input`` (and ``app.input_b`` for ``second_input`` and ``broadcast``): JSON lines with
 ``app_id`` and ``ts``; ``app.output``: ``{"app_id", "pv"}`` per event (1..n
 per key), or ``{"app_id", "start", "n"}`` per window for ``window``.
+``app.rate``: read each input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -132,17 +133,18 @@ def build(env: StreamEnvironment) -> None:
     else:
         sink = ExactlyOnceFileSink(str(p["output"]), serializer=serializer)
     paths = [s for s in str(p["input"]).split(",") if s]
+    rate = float(p["rate"]) if "rate" in p else None
     ts = poison_ts if where == "timestamp_assigner" else itemgetter("ts")
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(0).with_timestamp_assigner(ts)
     events = env.from_source(
-        JsonLinesFileSource(paths, required={"app_id": str}),
+        JsonLinesFileSource(paths, required={"app_id": str}, rate=rate),
         uid="events",
         watermark_strategy=strategy if where in ("timer", "window", "timestamp_assigner") else None,
     )
     if where in ("timestamp_assigner", "sink_serializer"):
         out = events.key_by(app_id).process(CountPageViews(), uid="pv-count")
     elif where == "broadcast":
-        other = JsonLinesFileSource(str(p["input_b"]), required={"app_id": str})
+        other = JsonLinesFileSource(str(p["input_b"]), required={"app_id": str}, rate=rate)
         b = env.from_source(other, uid="events-b", parallelism=1)
         out = (
             events.key_by(app_id)
@@ -160,7 +162,7 @@ def build(env: StreamEnvironment) -> None:
             .aggregate(CountAggregate(), Describe(), uid="pv-windows")
         )
     elif where == "second_input":
-        other = JsonLinesFileSource(str(p["input_b"]), required={"app_id": str})
+        other = JsonLinesFileSource(str(p["input_b"]), required={"app_id": str}, rate=rate)
         b = env.from_source(other, uid="events-b")
         out = events.connect(b).key_by(app_id, app_id).process(CountBoth(), uid="pv-count")
     else:

@@ -56,8 +56,14 @@ async def test_unserializable_records_are_dead_lettered_once_under_kill9(
     events = tmp_path / "in.jsonl"
     added = poisoned(events, 15_000, 10, seed=3)
     topic = await new_topic(PARTITIONS, prefix="poison")
+    # Paced: a pass takes >= 3 s, 30 checkpoint intervals, on any machine. Unpaced, an
+    # idle one read all 15 k events before its first checkpoint completed (0 kills).
     lines = settings(
-        kafka_broker.bootstrap_servers, topic, events, "errors.on_process_error=dead_letter"
+        kafka_broker.bootstrap_servers,
+        topic,
+        events,
+        "errors.on_process_error=dead_letter",
+        "app.rate=5000",
     )
     await asyncio.to_thread(
         run_app_under_kills,

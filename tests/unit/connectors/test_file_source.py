@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.files import JsonLinesFileReader, JsonLinesFileSource
 from aiostream_ckpt.errors import ConfigError, ConnectorError, RecordError
+from tests.helpers import wait_until
 
 
 def ctx(subtask: int = 0, parallelism: int = 1, dead: list[Any] | None = None) -> ConnectorContext:
@@ -253,3 +256,24 @@ async def test_one_bad_event_in_a_good_batch_is_caught(
     r = await open_reader(src, ctx(dead=dead))
     assert await drain(r, 100) == [orjson.loads(ln) for ln in good]
     assert [(raw, why) for raw, why, _ in dead] == [(bad, reason)]
+
+
+async def test_rate_paces_each_reader_with_the_injected_clock(tmp_path: Path) -> None:
+    """A paced reader lets ``rate`` records out per second of its clock, whatever the machine."""
+    path = write_lines(tmp_path / "a.jsonl", [{"i": i} for i in range(300)])
+    clock = ManualClock()
+    c = ctx()
+    c.clock = clock
+    r = await open_reader(JsonLinesFileSource(path, rate=100.0), c)
+    task = asyncio.ensure_future(r.read_batch(1000))
+    await wait_until(lambda: clock.sleepers == 1)  # nothing is due at t=0: it waits
+    clock.advance(0.05)
+    assert [e["i"] for e in await task or []] == [0, 1, 2, 3, 4]
+    clock.advance(1.0)
+    assert [e["i"] for e in await r.read_batch(1000) or []] == list(range(5, 105))
+    read = sum(len(orjson.dumps({"i": i})) + 1 for i in range(105))
+    assert r.snapshot_position() == {str(path.resolve()): read}
+    clock.advance(10.0)
+    assert len(await drain(r, 1000)) == 195
+    with pytest.raises(ConfigError):
+        JsonLinesFileSource(path, rate=0)
