@@ -1,6 +1,6 @@
 """The per-record cost of a channel hop to another process, against one inside a process.
 
-``python -m bench.xchannel [--records N] [--batch 64 512] [--serializer json pickle]``
+``python -m bench.xchannel [--records N] [--batch 64 512] [--serializer json json-trusted pickle]``
 sends ``N`` pv_count-like records (``{"app_id", "user", "ts", "page"}``) in
 batches from a producer task to a consumer that takes them from an
 :class:`~aiostream_ckpt.runtime.channels.InputGate`, and prints, per batch
@@ -12,7 +12,9 @@ million records (producer and consumer process together). Rows:
   over a socket pair to a child process on its own uvloop loop (window 8).
 
 The difference is what a record pays for crossing a process: encoding (with
-the JSON codec's round-trip check), the socket, decoding.
+the JSON codec's exactness check), the socket, decoding. ``json-trusted`` is
+the JSON codec on a channel the graph trusts (records straight from an exact
+source): no exactness check.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ async def cross_process(batches: list[list[Any]], serializer: str) -> tuple[floa
     )
     child.close()
     assert proc.stdout is not None
-    conn = ChannelConnection("bench", batch_codec(serializer), window=WINDOW)
-    w = conn.writer(0)
+    codec = batch_codec(serializer.removesuffix("-trusted"))
+    conn = ChannelConnection("bench", codec, window=WINDOW)
+    w = conn.writer(0, trusted=serializer.endswith("-trusted"))
     await conn.start(parent)
     cpu, wall = cpu_self(), time.perf_counter()
     for b in batches:
@@ -105,7 +108,8 @@ async def cross_process(batches: list[list[Any]], serializer: str) -> tuple[floa
 def child_main(fd: int, serializer: str) -> None:
     async def main() -> None:
         gate = InputGate(1, WINDOW)
-        conn = ChannelConnection("bench-child", batch_codec(serializer), window=WINDOW)
+        codec = batch_codec(serializer.removesuffix("-trusted"))
+        conn = ChannelConnection("bench-child", codec, window=WINDOW)
         conn.reader(0, gate, index=0)
         await conn.start(socket.socket(fileno=fd))
         cpu = cpu_self()

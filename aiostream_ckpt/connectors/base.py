@@ -204,6 +204,14 @@ class WatermarkEmittingReader(Protocol):
 
 @runtime_checkable
 class Source(Protocol):
+    """A source of records.
+
+    Optional attribute ``json_exact`` (default False): every record is a fresh
+    value that JSON gives back exactly (what ``orjson.loads`` returns), so a
+    channel to another process may skip its exactness check for records that
+    come straight from the source (see ``runtime.wire``).
+    """
+
     name: str
     #: True when the input ends (files, generator); unbounded sources never return None.
     bounded: bool

@@ -115,6 +115,8 @@ class JsonLinesFileSource:
         self.name = name
         self.splits = _expand(path)
         self.parse = parse
+        #: records are orjson.loads's fresh output (positions: a list of str and int)
+        self.json_exact = parse
         self.with_position = with_position
         self.required = dict(required or {})
         if self.required and not parse:

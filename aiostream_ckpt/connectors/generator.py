@@ -134,6 +134,8 @@ class GeneratorSource:
         self.name = name
         self.count = count
         self.bounded = count is not None
+        #: fresh dicts of str and int per event (see ``Source``)
+        self.json_exact = True
         self.splits = splits
         self.rate = check_rate(rate)
         self.model = _EventModel(

@@ -389,7 +389,8 @@ def build_chain_specs(
                         continue
                     elif here(up):  # to another worker
                         assert share is not None
-                        writer = share.peer(sub).writer(channel_id)
+                        trusted = _exact_from_source(chains[src_ci], e)
+                        writer = share.peer(sub).writer(channel_id, trusted=trusted)
                     else:
                         continue
                     writers.setdefault((src_ci, up, id(e)), []).append(writer)
@@ -408,6 +409,25 @@ def build_chain_specs(
 
 def _everywhere(subtask: int) -> bool:
     return True
+
+
+def _exact_from_source(chain: Chain, edge: Edge) -> bool:
+    """Whether ``edge`` carries records straight from a source that declares them exact.
+
+    Only a chain that is the source alone (no operator, no timestamp assigner
+    between the source and the channel) and an edge that gives each record to
+    one channel (hash or rebalance: no record is shared with an in-process
+    operator that could change it before it is encoded). The key selector runs
+    on those records too; like Flink's, it must not change them.
+    """
+    head = chain.head
+    return (
+        len(chain.nodes) == 1
+        and head.kind is TransformKind.SOURCE
+        and head.watermark_strategy is None
+        and edge.partitioning in (Partitioning.HASH, Partitioning.REBALANCE)
+        and getattr(head.source(), "json_exact", False) is True
+    )
 
 
 def _key_group_check(t: Transformation, spec: ChainSpec, config: JobConfig) -> KeyGroupCheck:

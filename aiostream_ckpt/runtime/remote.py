@@ -78,11 +78,24 @@ _CONNECTION_TRANSITIONS = {
 class RemoteChannelWriter:
     """The sending end of one channel: ``send`` spends a credit, suspends without one."""
 
-    __slots__ = ("_conn", "_waiter", "channel_id", "credits", "index", "suspensions", "window")
+    __slots__ = (
+        "_conn",
+        "_waiter",
+        "channel_id",
+        "credits",
+        "index",
+        "suspensions",
+        "trusted",
+        "window",
+    )
 
-    def __init__(self, conn: ChannelConnection, channel_id: int, window: int) -> None:
+    def __init__(
+        self, conn: ChannelConnection, channel_id: int, window: int, trusted: bool = False
+    ) -> None:
         self._conn = conn
         self.channel_id = channel_id
+        #: the records sent are known exact for the codec (``BatchCodec.encode``)
+        self.trusted = trusted
         #: the receiver's channel index (kept for symmetry with ``ChannelWriter``)
         self.index = channel_id
         self.window = window
@@ -103,7 +116,8 @@ class RemoteChannelWriter:
     async def send(self, element: Any) -> None:
         if self.credits <= 0:
             await self._wait_for_credit()
-        self._conn.send_element(self.channel_id, element)  # a refused record spends no credit
+        # a refused record spends no credit
+        self._conn.send_element(self.channel_id, element, self.trusted)
         self.credits -= 1
 
     async def _wait_for_credit(self) -> None:
@@ -219,9 +233,10 @@ class ChannelConnection(asyncio.Protocol):
 
     # -- channels -----------------------------------------------------------------------
 
-    def writer(self, channel_id: int) -> RemoteChannelWriter:
+    def writer(self, channel_id: int, *, trusted: bool = False) -> RemoteChannelWriter:
+        """Declare a sending channel; ``trusted``: its records need no exactness check."""
         self._check_declaring(channel_id, self._writers)
-        w = self._writers[channel_id] = RemoteChannelWriter(self, channel_id, self.window)
+        w = self._writers[channel_id] = RemoteChannelWriter(self, channel_id, self.window, trusted)
         return w
 
     def reader(
@@ -299,9 +314,9 @@ class ChannelConnection(asyncio.Protocol):
 
     # -- sending ------------------------------------------------------------------------
 
-    def send_element(self, channel_id: int, element: Any) -> None:
+    def send_element(self, channel_id: int, element: Any, trusted: bool = False) -> None:
         if type(element) is list:
-            kind, payload = _BATCH, self.codec.encode(element)
+            kind, payload = _BATCH, self.codec.encode(element, trusted)
         else:
             kind, payload = encode_control(element)
         self.check_usable()

@@ -15,6 +15,9 @@ Record codecs, as for keyed state (:mod:`aiostream_ckpt.state.codecs`):
   records (dicts of str, int, bool, None and finite floats, or such scalars)
   are proven exact by their types, one pass over the batch's values; only
   other batches are decoded again and compared (:func:`exact_by_types`).
+  Records straight from a source that declares them exact (``json_exact``:
+  the file source's parsed lines, the generator) are not checked at all
+  (``encode(batch, trusted=True)``; the graph decides, ``runtime.graph``).
 * a declared record type: msgspec's JSON codec with ``list[type]``
   (dataclasses, datetimes, tuples, ``msgspec.Struct`` ... come back as such).
 * ``pickle``: any picklable record, by opt-in only (decoding runs code).
@@ -74,7 +77,9 @@ class BatchCodec(Protocol):
 
     name: str
 
-    def encode(self, batch: list[Any]) -> bytes: ...
+    def encode(self, batch: list[Any], trusted: bool = False) -> bytes:
+        """``trusted``: the records are known exact for this codec (skip any check)."""
+        ...
 
     def decode(self, data: bytes) -> list[Any]: ...
 
@@ -84,11 +89,13 @@ class JsonBatchCodec:
 
     name = "json"
 
-    def encode(self, batch: list[Any]) -> bytes:
+    def encode(self, batch: list[Any], trusted: bool = False) -> bytes:
         try:
             data = orjson.dumps(batch)
         except TypeError as exc:  # a datetime, a set, an int beyond 64 bits, a non-str key
             raise _refused(batch, str(exc)) from exc
+        if trusted:
+            return data
         if not exact_by_types(batch, data) and orjson.loads(data) != batch:
             raise _refused(batch, "it would not come back equal")
         return data
@@ -141,7 +148,7 @@ class TypedBatchCodec:
                 f"record type {type_name(record_type)} is not supported: {exc}", retriable=False
             ) from exc
 
-    def encode(self, batch: list[Any]) -> bytes:
+    def encode(self, batch: list[Any], trusted: bool = False) -> bytes:
         try:
             return self._encode(batch)
         except (msgspec.EncodeError, TypeError, ValueError) as exc:
@@ -164,7 +171,7 @@ class PickleBatchCodec:
 
     name = "pickle"
 
-    def encode(self, batch: list[Any]) -> bytes:
+    def encode(self, batch: list[Any], trusted: bool = False) -> bytes:
         try:
             return pickle.dumps(batch, protocol=5)
         except Exception as exc:

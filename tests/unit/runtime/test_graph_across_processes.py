@@ -27,11 +27,17 @@ from aiostream_ckpt.runtime.wire import batch_codec
 
 
 def build_share(
-    share: ProcessShare | None, tmp_path: Path, *, reinterpret: bool = False
+    share: ProcessShare | None,
+    tmp_path: Path,
+    *,
+    reinterpret: bool = False,
+    mapped: bool = False,
 ) -> tuple[list[ChainSpec], list[tuple[str, int]]]:
     config = JobConfig(parallelism=2, chaining=False)
     env = StreamEnvironment("split", config=config)
     events = env.from_source(GeneratorSource(100, keys=10, splits=2), uid="gen")
+    if mapped:  # user code between the source and the keyed edge
+        events = events.map(lambda e: e, uid="pre")
     keyed = events.reinterpret_as_keyed if reinterpret else events.key_by
     keyed(lambda e: e["app_id"]).map(lambda e: e, uid="keyed").print()
     spec = env.spec()
@@ -124,3 +130,22 @@ async def test_a_keyed_edge_crosses_workers_unless_the_input_is_key_grouped(
     crossing = [w for w in writers if isinstance(w, RemoteChannelWriter)]
     assert writers
     assert len(crossing) == (0 if reinterpret else 1)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+async def test_records_straight_from_an_exact_source_cross_unchecked(
+    tmp_path: Path, mapped: bool
+) -> None:
+    """The generator's records reach the keyed edge untouched: the JSON check is skipped;
+    after a map (user code that may build tuples, NaN ...) every batch is checked."""
+    share = ProcessShare(0, 2, {1: ChannelConnection("w0->w1", batch_codec())})
+    specs, _ = build_share(share, tmp_path, mapped=mapped)
+    crossing = [
+        w
+        for s in specs
+        for gate in s.outputs
+        for w in gate.writers
+        if isinstance(w, RemoteChannelWriter) and isinstance(gate, KeyGroupGate)
+    ]
+    assert len(crossing) == 1
+    assert crossing[0].trusted is (not mapped)

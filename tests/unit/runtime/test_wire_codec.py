@@ -92,3 +92,12 @@ def test_what_types_cannot_prove_takes_the_round_trip() -> None:
     floats = [{"x": 1.0, "n": None}]
     assert not exact_by_types(floats, orjson.dumps(floats))
     assert codec.decode(codec.encode(floats)) == floats
+
+
+def test_trusted_records_skip_the_check() -> None:
+    """A channel the graph trusts (records straight from an exact source) is not checked:
+    what the check would refuse is encoded as is, so trust must only be given by the graph."""
+    codec = JsonBatchCodec()
+    assert codec.decode(codec.encode([{"k": (1, 2)}], trusted=True)) == [{"k": [1, 2]}]
+    with pytest.raises(ChannelRecordError):  # orjson itself still refuses what it cannot write
+        codec.encode([{"k": {1, 2}}], trusted=True)
