@@ -17,11 +17,13 @@ figures as if they were current, until the next attempt's workers report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiostream_ckpt.errors import ChannelError
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.task_report import (
@@ -90,7 +92,9 @@ class MetricsReporter:
 
     def _report_if_soon(self) -> None:
         if self._soon and not self._control.failure.done():
-            self.report()
+            # closed by the main process (a failover's stop): nobody reads them
+            with contextlib.suppress(ChannelError):
+                self.report()
 
     async def run(self) -> None:
         """Sample every :data:`SAMPLE_EVERY`, report every :data:`REPORT_EVERY`; until cancelled."""
