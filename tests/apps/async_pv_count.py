@@ -3,6 +3,7 @@
 ``app.input`` (JSON-lines), ``app.output``: each event gets ``{"app_id", "pv": n}`` after
 an awaited lookup (``app.latency`` s, default 0.001); ``n`` is the key's count, kept in
 the function's value state, so the committed output per key is exactly 1..n.
+``app.rate``: read the input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class CountAfterLookup(KeyedAsyncFunction[Any, Any]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
+    rate = float(p["rate"]) if "rate" in p else None
     events = env.from_source(
-        JsonLinesFileSource(str(p["input"]), required={"app_id": str}), uid="events"
+        JsonLinesFileSource(str(p["input"]), required={"app_id": str}, rate=rate), uid="events"
     )
     counted = events.key_by(app_id).map_async(
         CountAfterLookup(float(p.get("latency", 0.001))), capacity=64, uid="pv-count"

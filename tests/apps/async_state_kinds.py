@@ -6,7 +6,7 @@ appends its ``seq`` to a list, adds 1 to a map entry (one of three buckets) and
 adds 1 to a sum. The output ``{"app_id", "pv", "map_n", "sum_n"}`` gives the
 count each kind held after the call: the list's length as ``pv`` (exactly 1..n
 per key if every write was applied once), the map's total and the sum, which
-must equal it.
+must equal it. ``app.rate``: read the input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ class CountInEachKind(KeyedAsyncFunction[Any, Any]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
-    events = env.from_source(
-        JsonLinesFileSource(str(p["input"]), required={"app_id": str, "seq": int}), uid="events"
-    )
+    rate = float(p["rate"]) if "rate" in p else None
+    source = JsonLinesFileSource(str(p["input"]), required={"app_id": str, "seq": int}, rate=rate)
+    events = env.from_source(source, uid="events")
     counted = events.key_by(app_id).map_async(
         CountInEachKind(float(p.get("latency", 0.001))), capacity=64, uid="kinds"
     )

@@ -6,6 +6,7 @@ event-time timer per second; per ``date`` (``key_type=date``) a tumbling window
 counts events. Every output names the key's type as the engine handed it over
 (``ctx.current_key`` in ``process_element`` and ``on_timer``, the window
 function's key), so a key that came back from a checkpoint as ``str`` shows.
+``app.rate``: read the input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ class PerDay(ProcessWindowFunction[int, Event, date]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
+    rate = float(p["rate"]) if "rate" in p else None
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(0).with_timestamp_assigner(
         lambda e: int(e["ts"])
     )
     events = env.from_source(
-        JsonLinesFileSource(str(p["input"])), uid="events", watermark_strategy=strategy
+        JsonLinesFileSource(str(p["input"]), rate=rate), uid="events", watermark_strategy=strategy
     )
     by_color = events.key_by(lambda e: Color(e["color"]), key_type=Color)
     by_day = events.key_by(lambda e: date.fromisoformat(e["day"]), key_type=date)

@@ -23,6 +23,10 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.integration
 
+#: Events, read at most RATE a second: a pass lasts >= 1.6 s, 30 checkpoint intervals, on any
+#: machine (the 1 ms lookups at capacity 64 alone bound 20 k events to ~0.3 s only).
+EVENTS, RATE = 20_000, 12_000
+
 
 def _args(tmp: Path, inp: Path, p: int) -> list[str]:
     return [
@@ -30,6 +34,7 @@ def _args(tmp: Path, inp: Path, p: int) -> list[str]:
         "--set", f"checkpoint.dir={tmp / 'ckpt'}",
         "--set", f"app.input={inp}",
         "--set", f"app.output={tmp / 'out'}",
+        "--set", f"app.rate={RATE}",
         "--set", "checkpoint.interval=50ms",
         "--set", f"job.parallelism={p}",
         "--set", "job.batch_size=256",
@@ -37,13 +42,13 @@ def _args(tmp: Path, inp: Path, p: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _killed_twice(tmp_path: Path, app: str, inp: Path, seed: int) -> Path:
-    """Run ``app`` on ``inp`` at parallelism 2 under two kill -9; return its output."""
+def _killed_twice(tmp_path: Path, app: str, inp: Path, seed: int, rate: int) -> Path:
+    """Run ``app`` on ``inp`` (``rate`` events/s) at parallelism 2 under two kill -9."""
     out = tmp_path / "out"
     run_app_under_kills(
         tmp_path,
         app,
-        [f"app.input={inp}", f"app.output={out}", "rest.enabled=false"],
+        [f"app.input={inp}", f"app.output={out}", f"app.rate={rate}", "rest.enabled=false"],
         kills=2,
         seed=seed,
         inputs=[inp],
@@ -57,21 +62,21 @@ def _killed_twice(tmp_path: Path, app: str, inp: Path, seed: int) -> Path:
 
 
 def test_keyed_async_state_exactly_once_under_kill9(tmp_path: Path) -> None:
-    inp = make_pv_input(tmp_path / "in.jsonl", 60_000, seed=70, keys=300)
-    _killed_twice(tmp_path, "tests.apps.async_pv_count", inp, seed=7)
+    inp = make_pv_input(tmp_path / "in.jsonl", EVENTS, seed=70, keys=300)
+    _killed_twice(tmp_path, "tests.apps.async_pv_count", inp, seed=7, rate=RATE)
 
 
 def test_list_map_and_reducing_state_exactly_once_under_kill9(tmp_path: Path) -> None:
     """The same rule for the other state kinds: pv (the list's length) is 1..n per key, and
     the map's total and the sum agree with it on every record."""
     inp = make_pv_input(tmp_path / "in.jsonl", 10_000, seed=72, keys=100)
-    out = _killed_twice(tmp_path, "tests.apps.async_state_kinds", inp, seed=8)
+    out = _killed_twice(tmp_path, "tests.apps.async_state_kinds", inp, seed=8, rate=RATE // 2)
     disagree = [r for r in read_committed_output(out) if not r["pv"] == r["map_n"] == r["sum_n"]]
     assert not disagree, disagree[:5]
 
 
 def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:
-    inp = make_pv_input(tmp_path / "in.jsonl", 60_000, seed=71, keys=300)
+    inp = make_pv_input(tmp_path / "in.jsonl", EVENTS, seed=71, keys=300)
     with DaemonProcess(*_args(tmp_path, inp, 2)) as first:
         first.wait_for("checkpoint 3 completed", timeout=120)
         first.proc.kill()  # SIGKILL
