@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -79,11 +80,14 @@ class WorkerCoordinator:
         self._savepoint_dirs: dict[int, Path] = {}
         #: called after each ack: the figures go out with the checkpoint's progress
         self.on_ack: Callable[[], None] | None = None
+        #: has the rolling file sinks here close their part files at the next checkpoint
+        self.on_roll: Callable[[], None] | None = None
         #: resolves to the final checkpoint's id, told with the notifications
         self.finished: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        # where a savepoint goes is noted on arrival, not when the pump gets to it: barrier
-        # n from another worker's source may reach a task here in the same loop turn
-        control.on_message = self._note_savepoint_dir
+        # where a savepoint goes, and a roll before a stop's checkpoint, are acted on at
+        # arrival, not when the pump gets to them: the barrier from another worker's
+        # source may reach a task here in the same loop turn
+        control.on_message = self._on_arrival
 
     # -- TaskCoordinator ------------------------------------------------------------
 
@@ -116,17 +120,20 @@ class WorkerCoordinator:
 
     # -- from the main process ------------------------------------------------------
 
-    def _note_savepoint_dir(self, message: Message) -> None:
-        if message["type"] == "checkpoint":
+    def _on_arrival(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "checkpoint":
             sp = path_or_none(message.get("savepoint_dir"))
             if sp is not None:
                 self._savepoint_dirs[message["id"]] = sp
+        elif kind == "roll" and self.on_roll is not None:
+            self.on_roll()
 
     def handle(self, message: Message) -> None:
         """Act on a checkpoint message of the main process (trigger, notify, pins?)."""
         kind = message["type"]
         if kind == "checkpoint":
-            pass  # noted on arrival (_note_savepoint_dir)
+            pass  # noted on arrival (_on_arrival)
         elif kind == "trigger":
             self._sources[message["task"]].trigger_checkpoint(barrier_of(message))
         elif kind == "notify":
@@ -197,6 +204,7 @@ async def serve_attempt(
         )
         reporter = MetricsReporter(control, index, tasks, setup.clock.monotonic)
         coordinator.on_ack = reporter.report_soon
+        coordinator.on_roll = functools.partial(_roll, tasks)
         reporting = asyncio.create_task(reporter.run(), name="metrics")
         for j, conn in peers.items():
             await conn.start(peer_sockets[j])
@@ -228,6 +236,11 @@ async def serve_attempt(
         executor.shutdown(wait=True, cancel_futures=True)
 
 
+def _roll(tasks: list[StreamTask]) -> None:
+    for t in tasks:
+        t.request_roll()
+
+
 def _report(control: ChannelConnection, exc: BaseException) -> None:
     with contextlib.suppress(ChannelError):  # else the main process is gone too
         control.send_message(error_message(exc))
@@ -247,9 +260,7 @@ async def _pump(
             kind = message["type"]
             if kind == "stop":
                 return
-            if kind == "roll":  # a stop's final checkpoint closes the open part files
-                for t in tasks:
-                    t.request_roll()
+            if kind == "roll":  # acted on at arrival (WorkerCoordinator._on_arrival)
                 continue
             coordinator.handle(message)
             if kind == "notify" and message["complete"]:

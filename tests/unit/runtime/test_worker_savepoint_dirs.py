@@ -43,3 +43,23 @@ async def test_a_savepoint_directory_is_known_once_its_message_arrived(tmp_path:
     finally:
         await main.close()
         await control.close()
+
+
+async def test_a_roll_reaches_the_sinks_once_its_message_arrived(tmp_path: Path) -> None:
+    """A stop's roll, then its checkpoint: the sinks must close their part files at it."""
+    main_sock, worker_sock = socket.socketpair()
+    main = ChannelConnection("main", batch_codec())
+    control = ChannelConnection("worker-1-control", batch_codec())
+    await main.start(main_sock)
+    await control.start(worker_sock)
+    try:
+        coordinator = WorkerCoordinator(control, CheckpointStorage(tmp_path / "ckpt"), 1)
+        rolled: list[bool] = []
+        coordinator.on_roll = lambda: rolled.append(True)
+        main.send_message({"type": "roll"})
+        arrived = await asyncio.wait_for(control.messages.get(), 10)  # the pump never runs
+        assert arrived["type"] == "roll"
+        assert rolled == [True]
+    finally:
+        await main.close()
+        await control.close()
