@@ -1,19 +1,23 @@
-"""A worker writes a savepoint where the main process said, whichever socket spoke first.
+"""A worker acts on what the main process said, whichever socket spoke first.
 
 The main process tells every worker where savepoint n goes (``checkpoint``
-on the control connection) before it triggers any source. A task whose
-inputs all come from another worker gets barrier n on a peer socket; under
-load both sockets are read in the same loop turn, and the task runs before
-the control pump has handled the message. The directory must be known then,
-or the task writes an incremental checkpoint snapshot (into ``chk-n`` and the
-shared directory) that the savepoint's metadata cannot find.
+on the control connection) before it triggers any source, and has the sinks
+roll (``roll``) before a stop's checkpoint. A task whose inputs all come from
+another worker gets barrier n on a peer socket; under load both sockets are
+read in the same loop turn, and the task runs before the control pump has
+handled the message. So these are acted on at arrival: else the task writes
+an incremental checkpoint snapshot (into ``chk-n`` and the shared directory)
+that the savepoint's metadata cannot find, or keeps its part file open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.runtime.remote import ChannelConnection
@@ -21,45 +25,51 @@ from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_attempt import WorkerCoordinator
 
 
-async def test_a_savepoint_directory_is_known_once_its_message_arrived(tmp_path: Path) -> None:
+Link = tuple[ChannelConnection, ChannelConnection, WorkerCoordinator]
+
+
+@pytest.fixture
+async def link(tmp_path: Path) -> AsyncIterator[Link]:
+    """A worker's control connection, both ends, and the worker's coordinator on it."""
     main_sock, worker_sock = socket.socketpair()
     main = ChannelConnection("main", batch_codec())
     control = ChannelConnection("worker-1-control", batch_codec())
     await main.start(main_sock)
     await control.start(worker_sock)
     try:
-        coordinator = WorkerCoordinator(control, CheckpointStorage(tmp_path / "ckpt"), 1)
-        sp = tmp_path / "savepoint-7"
-        main.send_message({"type": "checkpoint", "id": 7, "savepoint_dir": str(sp)})
-        # it arrived; the control pump has not handled it (here: never will)
-        arrived = await asyncio.wait_for(control.messages.get(), 10)
-        assert arrived["type"] == "checkpoint"
-
-        target = coordinator.snapshot_target(7, "pv-count", 1)
-
-        assert target.is_savepoint
-        assert target.root == sp and target.exclusive_dir == sp / "pv-count-1"
-        assert not (tmp_path / "ckpt" / "chk-0000000007").exists()
+        yield main, control, WorkerCoordinator(control, CheckpointStorage(tmp_path / "ckpt"), 1)
     finally:
         await main.close()
         await control.close()
 
 
-async def test_a_roll_reaches_the_sinks_once_its_message_arrived(tmp_path: Path) -> None:
-    """A stop's roll, then its checkpoint: the sinks must close their part files at it."""
-    main_sock, worker_sock = socket.socketpair()
-    main = ChannelConnection("main", batch_codec())
-    control = ChannelConnection("worker-1-control", batch_codec())
-    await main.start(main_sock)
-    await control.start(worker_sock)
-    try:
-        coordinator = WorkerCoordinator(control, CheckpointStorage(tmp_path / "ckpt"), 1)
-        rolled: list[bool] = []
-        coordinator.on_roll = lambda: rolled.append(True)
-        main.send_message({"type": "roll"})
-        arrived = await asyncio.wait_for(control.messages.get(), 10)  # the pump never runs
-        assert arrived["type"] == "roll"
-        assert rolled == [True]
-    finally:
-        await main.close()
-        await control.close()
+async def arrived(control: ChannelConnection) -> str:
+    """Wait for the next message to arrive; take it so that no pump ever handles it."""
+    message = await asyncio.wait_for(control.messages.get(), 10)
+    return str(message["type"])
+
+
+async def test_a_savepoint_directory_is_known_once_its_message_arrived(
+    tmp_path: Path, link: Link
+) -> None:
+    main, control, coordinator = link
+    sp = tmp_path / "savepoint-7"
+    main.send_message({"type": "checkpoint", "id": 7, "savepoint_dir": str(sp)})
+    assert await arrived(control) == "checkpoint"
+
+    target = coordinator.snapshot_target(7, "pv-count", 1)
+
+    assert target.is_savepoint
+    assert target.root == sp and target.exclusive_dir == sp / "pv-count-1"
+    assert not (tmp_path / "ckpt" / "chk-0000000007").exists()
+
+
+async def test_a_roll_reaches_the_sinks_once_its_message_arrived(
+    link: Link,
+) -> None:
+    main, control, coordinator = link
+    rolled: list[bool] = []
+    coordinator.on_roll = lambda: rolled.append(True)
+    main.send_message({"type": "roll"})
+    assert await arrived(control) == "roll"
+    assert rolled == [True]
