@@ -24,7 +24,6 @@ from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_attempt import WorkerCoordinator
 
-
 Link = tuple[ChannelConnection, ChannelConnection, WorkerCoordinator]
 
 
