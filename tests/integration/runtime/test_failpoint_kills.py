@@ -15,7 +15,7 @@ import pytest
 
 from aiostream_ckpt.failpoints import POINTS
 from aiostream_ckpt_dev.chaos.cli import run_chaos
-from aiostream_ckpt_dev.chaos.windows import Kill, run_round
+from aiostream_ckpt_dev.chaos.windows import MAIN_RUNNING, Kill, run_round
 from aiostream_ckpt_dev.validate.proof import (
     AppRun,
     compare_dirs,
@@ -118,3 +118,47 @@ def test_chaos_command_on_the_windowed_app_at_parallelism_2(tmp_path: Path) -> N
     assert verdict.kills >= 5 and verdict.events == 80_000
     want = f"chaos: kills={verdict.kills} faults=0 events=80000 lost=0 duplicated=0 verdict=PASS"
     assert verdict.line() == want
+
+
+def test_at_two_workers_a_task_window_kills_a_worker_then_the_main_process(
+    tmp_path: Path,
+) -> None:
+    """chaos.windows at job.workers=2: the harness behind the suite's workers parts.
+
+    A task's fail point (and a position kill aimed at a worker) kills a worker
+    of the run's first attempt; the restarted attempt checkpoints, then the
+    main process is killed; the coordinator's point kills the main process.
+    """
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 40_000, seed=30 + i) for i in range(2)]
+    sets = [
+        f"app.input={','.join(map(str, inputs))}",
+        f"app.output={tmp_path / 'out'}",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "job.parallelism=2",
+        "job.workers=2",
+        "restart.delay=0s",
+        "checkpoint.interval=30ms",
+        "job.batch_size=256",
+    ]
+    cmd = cli_cmd(
+        "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]
+    )
+    plan = [
+        Kill("metadata_durable", 2),
+        Kill("sink_commit", 2, after=0.1),
+        Kill("position", fraction=0.05, worker=1),
+    ]
+    log = tmp_path / "worker.log"
+    result = run_round(cmd, plan, inputs=inputs, log_path=log, timeout=600, workers=2)
+    text = log.read_text()
+    assert result.exit_code == 0, text[-3000:]
+    assert result.kills["metadata_durable"] == 1 and result.kills["worker:sink_commit"] == 1, (
+        result.kills
+    )
+    assert result.kills["worker:position"] <= 1 and result.kills[MAIN_RUNNING] >= 1, result.kills
+    assert text.count("failpoint sink_commit: SIGKILL at hit 2") in (1, 2)  # both may reach it
+    assert pv_count.PROOF.oracle is not None
+    recount = compare_oracle(
+        tmp_path / "out", pv_count.PROOF.oracle({"input": sets[0][10:]}), pv_count.PROOF
+    )
+    assert recount.passed and recount.counts["records_out"] == 80_000, recount.counts
