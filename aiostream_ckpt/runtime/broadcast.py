@@ -292,11 +292,11 @@ class KeyedBroadcastProcessOperator(_BroadcastSide, KeyedCoProcessOperator):
         self._broadcast_ctx = KeyedBroadcastContext(side, self.broadcast_states, self.backend)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        return self._run(batch, self.function.process_element, self._key_selectors[0])
+        return self._run_keyed(batch, self.function.process_element, self._key_selectors[0])
 
     def _broadcast_batch(self, batch: list[Any]) -> list[Any]:
         pe = self.function.process_broadcast_element  # type: ignore[attr-defined]
-        return self._run(batch, pe, _no_key)
+        return self._run_keyed(batch, pe, _no_key)
 
 
 def _no_key(record: Any) -> None:

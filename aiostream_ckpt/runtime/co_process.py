@@ -55,23 +55,6 @@ class CoProcessOperator(ProcessOperator):
         pe = self.function.process_element2  # type: ignore[attr-defined]
         return self._run(batch, pe, self.process_batch2)
 
-    def _run(
-        self, batch: list[Any], pe: Callable[..., Any], resume: Callable[..., Any] | None = None
-    ) -> list[Any]:
-        out: list[Any] = []
-        col = self._out
-        col.collect = out.append
-        ctx = self._ctx
-        it = iter(batch)
-        try:
-            for rec in it:
-                pe(rec, ctx, col)
-        except Exception as exc:
-            raise RecordFailed(self, batch, it, out, resume) from exc
-        finally:
-            col.detach()
-        return out
-
 
 class KeyedCoProcessOperator(TimedKeyedProcessOperator):
     """Runs a :class:`KeyedCoProcessFunction`: each input's key selector sets the shared key."""
@@ -87,34 +70,11 @@ class KeyedCoProcessOperator(TimedKeyedProcessOperator):
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
         pe = self.function.process_element1  # type: ignore[attr-defined]
-        return self._run(batch, pe, self._key_selectors[0])
+        return self._run_keyed(batch, pe, self._key_selectors[0])
 
     def process_batch2(self, batch: list[Any]) -> list[Any]:
         pe = self.function.process_element2  # type: ignore[attr-defined]
-        return self._run(batch, pe, self._key_selectors[1], self.process_batch2)
-
-    def _run(
-        self,
-        batch: list[Any],
-        pe: Callable[..., Any],
-        ks: Callable[[Any], Any],
-        resume: Callable[..., Any] | None = None,
-    ) -> list[Any]:
-        out: list[Any] = []
-        col = self._out
-        col.collect = out.append
-        ctx = self._ctx
-        kc = self._key_context
-        it = iter(batch)
-        try:
-            for rec in it:
-                kc.key = ctx.current_key = ks(rec)
-                pe(rec, ctx, col)
-        except Exception as exc:
-            raise RecordFailed(self, batch, it, out, resume) from exc
-        finally:
-            col.detach()
-        return out
+        return self._run_keyed(batch, pe, self._key_selectors[1], self.process_batch2)
 
 
 def is_co_chain(spec: ChainSpec) -> bool:

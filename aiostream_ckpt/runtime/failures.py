@@ -21,7 +21,8 @@ from aiostream_ckpt.user_errors import short_repr, user_frame, user_traceback
 #: an operator method -> what the user function was doing
 _PHASES = {
     "process_batch": "on a record",
-    "_run": "on a record",  # two-input operators' loop over either input
+    "_run": "on a record",  # the process operators' loop (either input of two-input ones)
+    "_run_keyed": "on a record",  # the keyed ones'
     "open": "in open()",
     "close": "in close()",
     "finish": "at the end of input",

@@ -202,19 +202,28 @@ class ProcessOperator(StreamOperator):
             self.function = ReturnWatch(self, log)  # type: ignore[assignment]  # see ReturnWatch
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
+        return self._run(batch, self.function.process_element)
+
+    def _run(
+        self, batch: list[Any], pe: Callable[..., Any], resume: Callable[..., Any] | None = None
+    ) -> list[Any]:
+        """Call ``pe`` on every record of ``batch``: the loop of every process operator.
+
+        Two-input operators run either input's method through it; ``resume``
+        runs the rest of a failed batch of their second input (RecordFailed).
+        """
         out: list[Any] = []
         col = self._out
         col.collect = out.append
-        pe = self.function.process_element
         ctx = self._ctx
         it = iter(batch)
         try:
             for rec in it:
                 pe(rec, ctx, col)
         except Exception as exc:
-            raise RecordFailed(self, batch, it, out) from exc
+            raise RecordFailed(self, batch, it, out, resume) from exc
         finally:
-            col.detach()  # see KeyedProcessOperator.process_batch
+            col.detach()  # see KeyedProcessOperator._run_keyed
         return out
 
     def close(self) -> None:
@@ -242,13 +251,21 @@ class KeyedProcessOperator(ProcessOperator):
         super().open(ctx)
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
+        return self._run_keyed(batch, self.function.process_element, self._key_selector)
+
+    def _run_keyed(
+        self,
+        batch: list[Any],
+        pe: Callable[..., Any],
+        ks: Callable[[Any], Any],
+        resume: Callable[..., Any] | None = None,
+    ) -> list[Any]:
+        """:meth:`_run` under each record's key (``ks``): the loop of every keyed one."""
         out: list[Any] = []
         col = self._out
         col.collect = out.append
-        pe = self.function.process_element
         ctx = self._ctx
         kc = self._key_context
-        ks = self._key_selector
         it = iter(batch)
         try:
             for rec in it:
@@ -256,7 +273,7 @@ class KeyedProcessOperator(ProcessOperator):
                 kc.key = ctx.current_key = ks(rec)
                 pe(rec, ctx, col)
         except Exception as exc:
-            raise RecordFailed(self, batch, it, out) from exc
+            raise RecordFailed(self, batch, it, out, resume) from exc
         finally:
             # Let go of the output batch: the task frees it right after the sink wrote
             # it, while it is still in the CPU cache (held until the next batch, it
