@@ -21,7 +21,10 @@ every run's output is recounted exactly-once as the other rows are. Figures:
 the steady rate (10-90 % of the input, as every row) and the wall rate
 (start-up included), their ratios workers=2 / workers=1, and CPU seconds per
 million events per process (medians over the repeats: the main process and
-each worker; at workers=1 the main process runs everything). Python's
+each worker; at workers=1 the main process runs everything), and the
+CPU-bound ratio: one process's CPU against the busier worker's, the speedup
+two free cores would give (the rate ratios on a shared machine are skewed by
+the other processes: the scheduler gives two workers a bigger share). Python's
 bytecode is cached for these runs (``PYTHONPYCACHEPREFIX``, one warm-up run)
 so a worker's start-up does not include compiling the engine.
 """
@@ -186,6 +189,8 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a and b else None
 
+    cpu1 = cpu_per_million(one.config.get("cpu_s", []), events)
+    cpu2 = cpu_per_million(two.config.get("cpu_s", []), events)
     return {
         "case": name,
         "events": events,
@@ -193,6 +198,9 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
         "target_steady_ratio": TARGETS.get(name),
         "steady_ratio": ratio(two.events_per_s, one.events_per_s),
         "wall_ratio": ratio(two.events_per_s_wall, one.events_per_s_wall),
+        # what two free cores would give a CPU-bound job: one process's CPU against
+        # the busier worker's (the load on a shared machine skews the rate ratios)
+        "cpu_bound_ratio": ratio(cpu1.get("total"), max(cpu2.get("workers") or [0.0])),
         "exactly_once": one.exactly_once_verified is True and two.exactly_once_verified is True,
         "load_avg": [round(x, 1) for x in os.getloadavg()],
         **{
@@ -201,9 +209,9 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
                 "events_per_s": r.events_per_s,
                 "events_per_s_wall": r.events_per_s_wall,
                 "repeats": r.events_per_s_repeats,
-                "cpu_s_per_m_events": cpu_per_million(r.config.get("cpu_s", []), events),
+                "cpu_s_per_m_events": c,
             }
-            for w, r in ((1, one), (2, two))
+            for w, r, c in ((1, one, cpu1), (2, two, cpu2))
         },
     }
 
@@ -363,7 +371,9 @@ def scaling_line(s: dict[str, Any]) -> str:
     return (
         f"{s['case']}: steady {_num(one['events_per_s'])} -> {_num(two['events_per_s'])} "
         f"events/s = {_num(s['steady_ratio'], '.2f')}x (target {s['target_steady_ratio']}x), "
-        f"wall {_num(s['wall_ratio'], '.2f')}x; CPU s per M events {cpu(one['cpu_s_per_m_events'])}"
+        f"wall {_num(s['wall_ratio'], '.2f')}x, "
+        f"CPU-bound {_num(s.get('cpu_bound_ratio'), '.2f')}x; "
+        f"CPU s per M events {cpu(one['cpu_s_per_m_events'])}"
         f" -> {cpu(two['cpu_s_per_m_events'])}; exactly-once "
         f"{'yes' if s['exactly_once'] else 'NO/unchecked'}; load {s['load_avg'][0]}"
     )

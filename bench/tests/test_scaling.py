@@ -35,7 +35,11 @@ def test_merged_repeats_keep_every_verdict_and_the_median_rate() -> None:
     assert one.result.exactly_once_verified is True and len(one.result.config["cpu_s"]) == 3
     bad = merge([_run(100.0, 20.0, cpu), _run(150.0, 15.0, cpu, verdict=False)], 2_000_000)
     assert bad.result.exactly_once_verified is False
-    two = merge([_run(180.0, 12.0, cpu)], 2_000_000)
+    two = merge(
+        [_run(180.0, 12.0, {"total_s": 5.0, "main_s": 0.6, "children_s": [2.2, 2.2]})], 2_000_000
+    )
     s = summary("file-10k", one.result, two.result, 2_000_000)
     assert s["steady_ratio"] == 1.8 and s["wall_ratio"] == round(20.0 / 12.0, 2)
     assert s["exactly_once"] and s["target_steady_ratio"] == 1.5
+    # one process's CPU (2.0 s per M events) against the busier worker's (1.1)
+    assert s["cpu_bound_ratio"] == round(2.0 / 1.1, 2)
