@@ -110,6 +110,9 @@ class KafkaSource:
         self.isolation_level = isolation_level
         self.deserializer = deserializer
         self.key_deserializer = key_deserializer
+        #: events are orjson.loads's fresh output: the default deserializer, no key pairs
+        #: (a channel to another worker then skips its JSON check; see ``Source``)
+        self.json_exact = deserializer is orjson.loads and key_deserializer is None
         self.required = dict(required or {})
         self.consumer_config = dict(consumer_config or {})
         self.commit_offsets_to_kafka = commit_offsets_to_kafka
