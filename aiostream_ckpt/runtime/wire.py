@@ -16,7 +16,8 @@ Record codecs, as for keyed state (:mod:`aiostream_ckpt.state.codecs`):
   are proven exact by their types, one pass over the batch's values; only
   other batches are decoded again and compared (:func:`exact_by_types`).
   Records straight from a source that declares them exact (``json_exact``:
-  the file source's parsed lines, the generator) are not checked at all
+  the file source's parsed lines, the generator, a KafkaSource with the
+  default deserializer) are not checked at all
   (``encode(batch, trusted=True)``; the graph decides, ``runtime.graph``).
 * a declared record type: msgspec's JSON codec with ``list[type]``
   (dataclasses, datetimes, tuples, ``msgspec.Struct`` ... come back as such).
