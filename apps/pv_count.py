@@ -8,8 +8,9 @@ committed output is exactly that of a failure-free run.
 Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
 
 - ``input``: JSON-lines file(s), comma-separated; or ``generate=N`` for N
-  generated events (``seed``, ``keys``; ``splits`` to read them in parallel,
-  ``rate`` events per second per split to pace them, e.g. in the container).
+  generated events (``seed``, ``keys``; ``splits`` to read them in parallel).
+  ``rate``: events per second per split (file) to pace them, e.g. in the
+  container or under kill -9 tests.
 - ``key_grouped=1``: ``input`` is partitioned by key group (files named
   ``kg-<start>-<end>-of-<max>...``, as ``write_key_grouped`` writes them):
   the count reads it with ``reinterpret_as_keyed``, chained to the source,
@@ -150,19 +151,21 @@ def _keyed(events: Stream[Any], p: Mapping[str, Any]) -> KeyedStream[Any, Any]:
 
 def event_source(p: dict[str, Any]) -> Any:
     """Return the source of ``app.generate`` or ``app.input`` (the apps on files share it)."""
+    rate = float(p["rate"]) if "rate" in p else None
     if "generate" in p:
         return GeneratorSource(
             int(p["generate"]),
             seed=int(p.get("seed", 0)),
             keys=int(p.get("keys", 1000)),
             splits=int(p.get("splits", 1)),
-            rate=float(p["rate"]) if "rate" in p else None,
+            rate=rate,
         )
     if "input" in p:
         return JsonLinesFileSource(
             [s for s in str(p["input"]).split(",") if s],
             required={"app_id": str},
             key_grouped=_flag(p.get("key_grouped", "0")),
+            rate=rate,
         )
     raise ValueError("set app.input (JSON-lines file) or app.generate (event count)")
 

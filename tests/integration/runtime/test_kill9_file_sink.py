@@ -14,6 +14,9 @@ from tests.helpers import check_pv_output, make_pv_input, recount, run_app_under
 
 pytestmark = pytest.mark.integration
 
+#: Events per input file, read at most RATE a second.
+EVENTS, RATE = 100_000, 60_000
+
 
 def _run(
     tmp_path: Path,
@@ -24,11 +27,14 @@ def _run(
     kills: int,
     at_least: int | None = None,
     by_input: bool,
+    rate: int = RATE,
 ):
-    # by time: enough input that the job outlives 3 kills (each <= 0.12 s after a
-    # checkpoint); by input: kills at random points of it, all happen however fast
+    # paced: a pass lasts >= 1.7 s, 34 checkpoint intervals, on any machine, so it
+    # outlives 3 kills by time (each <= 0.12 s after a checkpoint) and has checkpoints
+    # before each kill by input (27 blocks a file). Before, 800 k events a file stood
+    # in for the pace: ~100 s a test at load 20.
     inputs = [
-        make_pv_input(tmp_path / f"in-{i}.jsonl", 800_000, seed=seed * 10 + i, malformed=2)
+        make_pv_input(tmp_path / f"in-{i}.jsonl", EVENTS, seed=seed * 10 + i, malformed=2)
         for i in range(parallelism)
     ]
     out = tmp_path / "out"
@@ -39,6 +45,7 @@ def _run(
             f"app.input={','.join(map(str, inputs))}",
             f"app.output={out}",
             f"checkpoint.mode={mode}",
+            f"app.rate={rate}",
             *settings,
         ],
         kills=kills,
@@ -68,12 +75,18 @@ def test_exactly_once_under_kill9(tmp_path: Path, seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_rolling_part_files_exactly_once_under_kill9(tmp_path: Path, seed: int) -> None:
-    """Part files span checkpoints (rolled at 4 MiB, ~4 checkpoints): kills hit open ones."""
+    """Part files span checkpoints (rolled at 512 KiB, ~6 a subtask): kills hit open ones.
+
+    Each kill starts new part files (a restore commits the open ones), so files <
+    checkpoints / 2 takes many checkpoints per kill: at 10 k events/s a pass lasts
+    10 s, ~25 checkpoints even where each takes 0.4 s (load 20), ~160 on an idle machine.
+    """
     from aiostream_ckpt.connectors.staging import committed_files
 
     _, check, log = _run(
         tmp_path,
-        "app.roll_size=4194304",
+        "app.roll_size=524288",
+        rate=10_000,
         seed=200 + seed,
         mode="exactly_once",
         parallelism=1 + seed % 2,
