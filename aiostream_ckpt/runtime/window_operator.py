@@ -29,7 +29,7 @@ from aiostream_ckpt.jobspec.window_functions import (
     ProcessWindowFunction,
     WindowContext,
 )
-from aiostream_ckpt.jobspec.windows import TimeWindow
+from aiostream_ckpt.jobspec.windows import TimeWindow, TumblingEventTimeWindows
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
@@ -51,6 +51,14 @@ class WindowOperator(StreamOperator):
         self._aggregate = cast("AggregateFunction[Any, Any, Any]", spec.function)
         self._reduce = cast("Callable[[Any, Any], Any]", spec.function)
         self._process = cast("ProcessWindowFunction[Any, Any, Any]", spec.function)
+        assigner = spec.assigner
+        #: ``(size, offset)`` when every record is in one size-aligned window (tumbling)
+        self._tumbling = (
+            (assigner.size, assigner.offset)
+            if isinstance(assigner, TumblingEventTimeWindows)
+            and type(assigner).bounds is TumblingEventTimeWindows.bounds
+            else None
+        )
         self._scheduler: ProcessingTimeScheduler | None = None
         self._timers: InternalTimerService | None = None
         self._contents: Any = None
@@ -87,7 +95,7 @@ class WindowOperator(StreamOperator):
     # -- records ------------------------------------------------------------------------
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
-        """Add each record to its windows (see :meth:`_add_batch`).
+        """Add each record to its windows (see :meth:`_add_batch`, :meth:`_add_tumbling`).
 
         The key selector, timestamp assigner and aggregate/reduce function run
         here (a failure is ``RecordFailed``, as in every record loop), and a
@@ -95,6 +103,8 @@ class WindowOperator(StreamOperator):
         """
         out: list[Any] = []
         self._out.collect = out.append
+        if self._tumbling is not None:
+            return self._add_tumbling(batch, out, *self._tumbling)
         return self._add_batch(batch, out)
 
     def _add_batch(self, batch: list[Any], out: list[Any]) -> list[Any]:
@@ -148,6 +158,60 @@ class WindowOperator(StreamOperator):
             for (key, window), acc in folded.items():
                 kc.key = key
                 contents.put(window, acc)
+        return out
+
+    def _add_tumbling(self, batch: list[Any], out: list[Any], size: int, offset: int) -> list[Any]:
+        """:meth:`_add_batch` for tumbling windows: per record, a dict lookup and the fold.
+
+        Why: a record of a tumbling window is in one window, whose start is
+        arithmetic; the general loop paid a ``bounds()`` call, a window tuple
+        and three calls to fold an aggregate per record (the operator alone
+        spent ~4.7 us per record there, pv_count's whole job ~3). Here a record
+        whose (key, window) the batch already holds costs the key selector,
+        the timestamp, one ``(key, start)`` lookup and the user's ``add``; the
+        first record of a (key, window) in the batch takes the checks of
+        :meth:`_add_batch`, in the same order, so state, timers and output
+        are the same.
+        """
+        kc = self._kc
+        ks = self._key_selector
+        tsf = self._ts
+        contents = self._contents
+        fold, fold_owned = self._fold, self._fold_owned
+        add = self._aggregate.add if self.spec.kind is WindowKind.AGGREGATE else None
+        lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
+        folded: dict[tuple[Any, int], Any] = {}
+        it = iter(batch)
+        try:
+            for rec in it:
+                key = ks(rec)
+                ts = tsf(rec)
+                start = ts - (ts - offset + size) % size  # window_start, inlined
+                kw = (key, start)
+                acc = folded.get(kw, _MISSING)
+                if acc is not _MISSING:  # most records: the batch holds their window
+                    folded[kw] = fold_owned(acc, rec) if add is None else add(rec, acc)
+                    continue
+                window = (start, start + size)
+                max_ts = window[1] - 1
+                if max_ts + lateness <= watermark:
+                    self._late(rec)
+                    continue
+                kc.key = key
+                if max_ts <= watermark:  # due: fires now, with this record in it
+                    contents.put(window, fold(contents.get(window, _MISSING), rec))
+                    self._after_add(window)
+                    continue
+                acc = contents.get(window, _MISSING)
+                if acc is _MISSING:
+                    self._set_timers(max_ts)
+                folded[kw] = fold(acc, rec)
+        except Exception as exc:  # what the records before it folded is written back below
+            raise RecordFailed(self, batch, it, out) from exc
+        finally:
+            for (key, start), acc in folded.items():
+                kc.key = key
+                contents.put((start, start + size), acc)
         return out
 
     def _late(self, record: Any) -> None:

@@ -1,0 +1,169 @@
+"""The window operators' inlined record paths give what their general paths give.
+
+Tumbling windows and sessions of an aggregate fold most records inline (see
+``WindowOperator._add_tumbling`` and ``SessionWindowOperator.process_batch``);
+the general loops stay for other assigners and rare cases. Each test runs
+the same batches and watermarks (out of order, late and very late records,
+late firings, a failing record) through an operator on its inlined path and
+one forced onto the general path, and compares output, late records and
+state after every step.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.api.functions import RuntimeContext
+from aiostream_ckpt.jobspec.functions import OutputTag
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
+from aiostream_ckpt.jobspec.window_functions import AggregateFunction
+from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.session_windows import SESSIONS, SessionWindowOperator
+from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
+from aiostream_ckpt.time import EventTimeSessionWindows, TumblingEventTimeWindows
+
+MAXP = 128
+LATE: OutputTag[Any] = OutputTag("late")
+
+
+class SumOrFail(AggregateFunction[dict[str, Any], int, int]):
+    """Sums ``v``; raises on a record marked ``bad`` (the batch's RecordFailed)."""
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: dict[str, Any], accumulator: int) -> int:
+        if value.get("bad"):
+            raise ValueError("bad record")
+        return accumulator + value["v"]
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
+def _operator(tmp: Path, *, session: bool, kind: WindowKind, lateness: int) -> Any:
+    function: Any = {
+        WindowKind.AGGREGATE: SumOrFail(),
+        WindowKind.REDUCE: lambda a, b: {"k": a["k"], "ts": b["ts"], "v": a["v"] + b["v"]},
+        WindowKind.PROCESS: CountElements(),
+    }[kind]
+    spec = WindowSpec(
+        assigner=EventTimeSessionWindows.with_gap(300)
+        if session
+        else TumblingEventTimeWindows.of(500),
+        kind=kind,
+        timestamp_assigner=lambda e: e["ts"],
+        function=function,
+        allowed_lateness=lateness,
+        late_tag=LATE,
+    )
+    cls = SessionWindowOperator if session else WindowOperator
+    op = cls("w", spec, lambda e: e["k"])
+    op.side_output = []
+    backend = LmdbStateBackend(
+        operator_uid="w",
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, MAXP - 1),
+        max_parallelism=MAXP,
+        local_dir=tmp,
+    )
+    op.backend = backend
+    op.open(
+        RuntimeContext(operator_uid="w", subtask_index=0, parallelism=1, params={}, backend=backend)
+    )
+    return op
+
+
+class CountElements:
+    """A process window function over the elements (the PROCESS kind's function)."""
+
+    def open(self, ctx: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def process(self, key: Any, context: Any, elements: Any, out: Any) -> None:
+        w = context.window
+        out.collect((key, w.start, w.end, sorted(e["v"] for e in elements)))
+
+
+def _stream(seed: int) -> list[tuple[list[dict[str, Any]], int]]:
+    """Batches of out-of-order records over 6 keys, each with the watermark after it."""
+    rng = random.Random(seed)
+    steps = []
+    now = 0
+    for _ in range(60):
+        batch = []
+        for _ in range(rng.randint(0, 40)):
+            lag = rng.choice([0, 0, 0, 50, 200, 900, 3_000])  # some late, some very late
+            batch.append({"k": f"k{rng.randint(0, 5)}", "ts": max(0, now - lag), "v": 1})
+            now += rng.randint(0, 40)
+        if batch and rng.random() < 0.1:
+            batch[rng.randrange(len(batch))]["bad"] = True
+        steps.append((batch, now - 400))
+    return steps
+
+
+def _run(op: Any, steps: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
+    """Feed ``steps``; a failing record is dropped and the batch goes on after it."""
+    trace: list[Any] = []
+    for batch, watermark in steps:
+        rest = batch
+        while True:
+            try:
+                out = op.process_batch(rest)
+                trace.append(("out", out))
+                break
+            except RecordFailed as failed:
+                trace.append(("failed", failed.index, failed.out))
+                rest = rest[failed.index + 1 :]
+        trace.append(("late", list(op.side_output)))
+        op.side_output.clear()
+        trace.append(("fired", op.process_watermark(watermark)))
+        trace.append(("state", _state(op)))
+    trace.append(("end", op.process_watermark(1 << 40), _state(op)))
+    return trace
+
+
+def _state(op: Any) -> Any:
+    backend = op.backend
+    if isinstance(op, SessionWindowOperator):
+        keys = sorted(backend.keys(SESSIONS))
+        return [(k, op.open_sessions(k)) for k in keys], op.timer_service.pending()
+    contents = op._contents
+    out = []
+    for k in sorted(backend.keys(WINDOW_CONTENTS)):
+        backend.key_context.key = k
+        out.append((k, sorted(contents.items())))
+    return out, op.timer_service.pending()
+
+
+@pytest.mark.parametrize("kind", list(WindowKind))
+@pytest.mark.parametrize("lateness", [0, 700])
+@pytest.mark.parametrize("session", [False, True], ids=["tumbling", "session"])
+def test_inlined_path_gives_the_general_paths_results(
+    tmp_path: Path, kind: WindowKind, lateness: int, session: bool
+) -> None:
+    for seed in range(3):
+        steps = _stream(seed)
+        fast = _operator(tmp_path / f"f{seed}", session=session, kind=kind, lateness=lateness)
+        general = _operator(tmp_path / f"g{seed}", session=session, kind=kind, lateness=lateness)
+        if session:
+            general._gap = 0  # every record through ``_add``
+        else:
+            general._tumbling = None  # every record through ``_add_batch``
+        got, want = _run(fast, steps), _run(general, steps)
+        assert got == want
+        assert any(t[0] == "late" and t[1] for t in want)  # the stream has late records
+        fast.backend.close()
+        general.backend.close()
