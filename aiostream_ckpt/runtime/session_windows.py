@@ -35,15 +35,26 @@ from typing import Any
 
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind
-from aiostream_ckpt.jobspec.windows import TimeWindow
+from aiostream_ckpt.jobspec.windows import EventTimeSessionWindows, TimeWindow
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
+from aiostream_ckpt.state.codecs import EXACT_SCALARS
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
 
 #: The value state of a key's open sessions: ``[(start, end, contents), ...]``.
 SESSIONS = "session-windows"
 
 Session = tuple[int, int, Any]
+
+
+def _unchanging(sessions: list[Session]) -> bool:
+    """Whether ``sessions`` holds only ints and scalar contents (nothing that can change)."""
+    for start, end, contents in sessions:
+        if not (
+            start.__class__ is int and end.__class__ is int and contents.__class__ in EXACT_SCALARS
+        ):
+            return False
+    return True
 
 
 class SessionWindowOperator(WindowOperator):
@@ -57,7 +68,15 @@ class SessionWindowOperator(WindowOperator):
         self._sessions = self.backend.create_state(
             ValueStateDescriptor(SESSIONS, stored, serializer=self.spec.serializer)
         )
-        self._bounds = self.spec.assigner.bounds
+        assigner = self.spec.assigner
+        self._bounds = assigner.bounds
+        #: the gap when a record's window is ``[ts, ts + gap)`` (the inlined path)
+        self._gap = (
+            assigner.gap
+            if isinstance(assigner, EventTimeSessionWindows)
+            and type(assigner).bounds is EventTimeSessionWindows.bounds
+            else 0
+        )
         self._migrate()
 
     def _migrate(self) -> None:
@@ -82,30 +101,55 @@ class SessionWindowOperator(WindowOperator):
         """Add each record to its key's sessions; write each key's sessions back once.
 
         A failing record (key selector, timestamp, aggregate) is ``RecordFailed``;
-        what the records before it did is written back all the same.
+        what the records before it did is written back all the same. A batch
+        works on its own copy of each key's list, so a list written back is
+        never changed again: one of tuples of ints and scalar contents goes
+        into the write set as it is (``update_unchanged``), encoded at the
+        snapshot. The common record, one that extends its key's one open
+        session of an aggregate, is folded inline; the rest is :meth:`_add`.
         """
         out: list[Any] = []
         self._out.collect = out.append
         kc, ks, tsf = self._kc, self._key_selector, self._ts
         state = self._sessions
-        add = self._add
+        value = state.value
+        add, gap = self._add, self._gap
+        agg = self._aggregate.add if self.spec.kind is WindowKind.AGGREGATE and gap else None
+        watermark = self.watermark  # no timer fires in a batch
         touched: dict[Any, list[Session]] = {}
         it = iter(batch)
         try:
             for rec in it:
-                kc.key = key = ks(rec)
+                key = ks(rec)
+                ts = tsf(rec)
                 sessions = touched.get(key)
                 if sessions is None:
-                    # the cached list is this batch's to change: written back below
-                    sessions = touched[key] = state.value() or []
-                if not add(sessions, rec, tsf(rec)):
+                    kc.key = key
+                    sessions = touched[key] = list(value() or ())
+                if agg is not None and len(sessions) == 1:
+                    start, end, acc = sessions[0]
+                    if start <= ts + gap and ts <= end:  # touches its one session
+                        if ts < start:
+                            start = ts
+                        if ts + gap > end:
+                            end = ts + gap
+                        if end - 1 > watermark:  # not due: nothing fires
+                            sessions[0] = (start, end, agg(rec, acc))
+                            continue
+                kc.key = key
+                if not add(sessions, rec, ts):
                     self._late(rec)
         except Exception as exc:
             raise RecordFailed(self, batch, it, out) from exc
         finally:
             for key, sessions in touched.items():
                 kc.key = key
-                state.update(sessions or None)
+                if not sessions:
+                    state.update(None)
+                elif _unchanging(sessions):
+                    state.update_unchanged(sessions)
+                else:
+                    state.update(sessions)
         return out
 
     def _add(self, sessions: list[Session], record: Any, ts: int) -> bool:

@@ -540,6 +540,20 @@ class ValueStateImpl(KeyedStateBase):
         self._dirty[key] = value if value.__class__ in _EXACT else self._capture(value)
         self._cache[key] = value
 
+    def update_unchanged(self, value: Any) -> None:
+        """``update(value)`` for a value that is never changed after this call.
+
+        For engine operators whose values are built of immutable parts the
+        codec gives back exactly (session windows: tuples of ints and scalar
+        contents): the write set holds it by reference, like an int, and the
+        snapshot encodes it. Why: ``update()`` of a list encodes it at once
+        (a typed state also decodes and compares it), per key and batch,
+        where a snapshot encodes each changed key once.
+        """
+        key = self._ctx.key
+        self._dirty[key] = value
+        self._cache[key] = value
+
     def clear(self) -> None:
         self._write(self._ctx.key, None)
 
@@ -674,6 +688,9 @@ class TtlValueState(_TtlMixin, ValueStateImpl):
 
     def update(self, value: Any) -> None:
         self._write(self._ctx.key, value)
+
+    def update_unchanged(self, value: Any) -> None:
+        self._write(self._ctx.key, value)  # a TTL entry is (value, ts): no shortcut
 
 
 class TtlReducingState(_TtlMixin, ReducingStateImpl):

@@ -395,3 +395,27 @@ def test_captured_encodings_cannot_be_confused_with_user_values(env):
     with pytest.raises(StateTypeError, match=r"'j'.*type bytearray"):
         j.update(bytearray(b"not json"))  # refused where it is stored, not at the flush
     b.flush()
+
+
+def test_update_unchanged_is_encoded_by_the_snapshot_and_reads_back_typed(env):
+    """An engine value held by reference (never changed after the call) is in the checkpoint.
+
+    Typed as the session windows' list of ``(start, end, count)``: restored as
+    tuples; an untyped and a TTL state store it as ``update()`` would.
+    """
+    b = env.backend()
+    typed = b.create_state(ValueStateDescriptor("s", list[tuple[int, int, Any]]))
+    ttl = b.create_state(ValueStateDescriptor("t", ttl=TTL))
+    b.key_context.key = "k"
+    sessions = [(0, 1_500, 2), (9_000, 10_000, None)]
+    typed.update_unchanged(sessions)
+    ttl.update_unchanged([1, 2])
+    assert typed.value() is sessions
+    handle = env.checkpoint(b, 1)
+    typed.update_unchanged([(1, 2, 3)])  # a later value does not reach checkpoint 1
+    assert _restore_named(env, handle, b) == {"s": {"k": sessions}, "t": {"k": [1, 2]}}
+    r = env.backend()
+    r.restore(env.root, [handle])
+    r.key_context.key = "k"
+    back = r.create_state(typed.descriptor).value()
+    assert back == sessions and all(type(s) is tuple for s in back)
