@@ -31,9 +31,9 @@ map entry) is moved into it when the operator opens.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.windows import EventTimeSessionWindows, TimeWindow
 from aiostream_ckpt.runtime.operators import RecordFailed
@@ -60,8 +60,7 @@ def _unchanging(sessions: list[Session]) -> bool:
 class SessionWindowOperator(WindowOperator):
     """The window operator for merging (session) window assigners."""
 
-    def open(self, ctx: RuntimeContext) -> None:
-        super().open(ctx)
+    def _open_windows(self) -> None:
         assert self.backend is not None
         contents = Any if self.spec.state_type is None else self.spec.state_type
         stored: Any = list[tuple[int, int, contents]]  # type: ignore[valid-type]
@@ -89,6 +88,14 @@ class SessionWindowOperator(WindowOperator):
             self._sessions.update((self._sessions.value() or []) + sessions)
             old.clear()
         kc.key = None
+
+    def _window_ends(self) -> Iterator[tuple[Any, int]]:
+        assert self.backend is not None
+        kc, state = self._kc, self._sessions
+        for key in list(self.backend.keys(SESSIONS)):
+            kc.key = key
+            for s in state.value() or ():
+                yield key, s[1] - 1
 
     def open_sessions(self, key: Any) -> list[tuple[int, int]]:
         """``key``'s open sessions as ``(start, end)``, oldest first (tests, inspection)."""

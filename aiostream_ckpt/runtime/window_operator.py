@@ -3,11 +3,14 @@
 Per key, one map state holds every open window of that key, ``(start, end) ->
 contents`` (an accumulator, a reduced value, or the list of elements); session
 windows keep theirs apart (:mod:`~aiostream_ckpt.runtime.session_windows`).
-Timers are the operator's :class:`InternalTimerService` (keyed state too): one
-at ``window.max_timestamp`` to fire, one at ``max_timestamp +
+Timers: one at ``window.max_timestamp`` to fire, one at ``max_timestamp +
 allowed_lateness`` to drop the contents. A timer carries no window, only a
 time; on a timer the operator fires/cleans the key's windows whose time it
-is. So a key's timers follow its live windows, whatever its history.
+is. So a key's timers follow its live windows, whatever its history. With
+allowed lateness they are the operator's :class:`InternalTimerService`
+(keyed state too); without, the windows in state are exactly the unfired
+ones, so the timers are kept in memory and derived from them when the
+operator opens (:meth:`WindowOperator._derive_timers`).
 
 Lateness follows Flink: a window is late once ``max_timestamp +
 allowed_lateness <= watermark``; a record whose windows are all late goes to
@@ -18,7 +21,7 @@ with the updated result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from aiostream_ckpt.jobspec.functions import Collector, RuntimeContext
@@ -32,7 +35,12 @@ from aiostream_ckpt.jobspec.window_functions import (
 from aiostream_ckpt.jobspec.windows import TimeWindow, TumblingEventTimeWindows
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
-from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
+from aiostream_ckpt.time.timers import (
+    EVENT_TIMERS,
+    DerivedEventTimers,
+    InternalTimerService,
+    ProcessingTimeScheduler,
+)
 
 WINDOW_CONTENTS = "window-contents"
 _MISSING = object()
@@ -60,7 +68,7 @@ class WindowOperator(StreamOperator):
             else None
         )
         self._scheduler: ProcessingTimeScheduler | None = None
-        self._timers: InternalTimerService | None = None
+        self._timers: InternalTimerService | DerivedEventTimers | None = None
         self._contents: Any = None
         self._out: Collector[Any] = Collector()
         self.watermark = MIN_WATERMARK
@@ -82,10 +90,66 @@ class WindowOperator(StreamOperator):
         if self._scheduler is not None:
             timers.bind(self._scheduler)
         timers.open()
+        self._open_windows()
+        if self._lateness:
+            self._arm_stored_windows()
+        else:
+            self._derive_timers()
         if self.spec.window_function is not None:
             self.spec.window_function.open(ctx)
         if isinstance(self.spec.function, ProcessWindowFunction):
             self.spec.function.open(ctx)
+
+    def _open_windows(self) -> None:
+        """Restore (or migrate) window state of the operator's own, before its timers."""
+
+    def _window_ends(self) -> Iterator[tuple[Any, int]]:
+        """``(key, max_timestamp)`` of every window in state; sets the key context to ``key``."""
+        assert self.backend is not None
+        kc, contents = self._kc, self._contents
+        for key in list(self.backend.keys(WINDOW_CONTENTS)):
+            kc.key = key
+            for window in list(contents.keys()):
+                yield key, window[1] - 1
+
+    def _derive_timers(self) -> None:
+        """Without allowed lateness, keep the timers in memory: each stored window's end.
+
+        A window is in state until its end fires, and then it is dropped (a
+        record for a window whose end has passed is late), so the stored
+        windows are the timers: registered again here after a restore, not
+        stored. Why: a stored timer cost a map put when set, a remove when it
+        fired and their LMDB records at the checkpoint, per window (and per
+        growing session, ~0.4 per click). Timers a checkpoint of the stored
+        layout holds are cleared: the windows give them back. With allowed
+        lateness a fired window stays until its cleanup, and whether its end
+        has fired is known only from its timers: those stay in keyed state.
+        """
+        assert self.backend is not None
+        backend, kc = self.backend, self._kc
+        stored = backend.create_state(MapStateDescriptor(EVENT_TIMERS))
+        for key in list(backend.keys(EVENT_TIMERS)):
+            kc.key = key
+            stored.clear()
+        timers = self._timers = DerivedEventTimers(backend)
+        for _key, max_ts in self._window_ends():
+            timers.register_event_time_timer(max_ts)
+        kc.key = None
+
+    def _arm_stored_windows(self) -> None:
+        """With allowed lateness, give stored windows without a stored timer their timers.
+
+        A checkpoint taken without allowed lateness stores no timers (see
+        :meth:`_derive_timers`); a window that has neither its end's nor its
+        cleanup's timer has not fired, so it gets both.
+        """
+        timers = self._timers
+        assert timers is not None
+        lateness, has = self._lateness, timers.has_event_time_timer
+        for _key, max_ts in self._window_ends():
+            if not (has(max_ts) or has(max_ts + lateness)):
+                self._set_timers(max_ts)
+        self._kc.key = None
 
     def close(self) -> None:
         for fn in (self.spec.window_function, self.spec.function):
@@ -319,5 +383,5 @@ class WindowOperator(StreamOperator):
             self.user_function_failed(f"{type(fn).__name__}.{step}", "window", fired, exc)
 
     @property
-    def timer_service(self) -> InternalTimerService | None:
+    def timer_service(self) -> InternalTimerService | DerivedEventTimers | None:
         return self._timers

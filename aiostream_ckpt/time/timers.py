@@ -224,3 +224,49 @@ class InternalTimerService:
     def pending(self) -> tuple[int, int]:
         """How many event-time and processing-time timers are set (tests, metrics)."""
         return len(self._event.live), len(self._proc.live)
+
+
+class DerivedEventTimers:
+    """Event-time timers in memory only, for an operator that derives them from its state.
+
+    The subset of :class:`InternalTimerService` a window operator uses. Not
+    in the checkpoint: the operator registers them again from its restored
+    state when it opens (session windows: each open session's end). Why:
+    timers in keyed state cost a map put and a remove per timer and their
+    LMDB records at every checkpoint, for information the state already has.
+    """
+
+    __slots__ = ("_heap", "_kc", "_live", "_seq", "watermark")
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self._kc = backend.key_context
+        self._heap: list[tuple[int, int, Any]] = []
+        self._live: set[tuple[int, Any]] = set()
+        self._seq = itertools.count()
+        self.watermark = MIN_WATERMARK
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        entry = (timestamp, self._kc.key)
+        if entry not in self._live:
+            self._live.add(entry)
+            heapq.heappush(self._heap, (timestamp, next(self._seq), entry[1]))
+
+    def has_event_time_timer(self, timestamp: int) -> bool:
+        return (timestamp, self._kc.key) in self._live
+
+    def advance_watermark(self, watermark: int, on_timer: TimerCallback) -> None:
+        """Fire every timer at or before ``watermark``, in time order (as the service does)."""
+        if watermark > self.watermark:
+            self.watermark = watermark
+        heap, live, kc = self._heap, self._live, self._kc
+        while heap and heap[0][0] <= watermark:
+            ts, _, key = heapq.heappop(heap)
+            live.discard((ts, key))
+            kc.key = key
+            on_timer(ts, key)
+
+    def restore_watermark(self, watermark: int) -> None:
+        self.watermark = max(self.watermark, watermark)
+
+    def pending(self) -> tuple[int, int]:
+        return len(self._live), 0

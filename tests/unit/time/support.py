@@ -9,8 +9,16 @@ from typing import Any
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
+from aiostream_ckpt.jobspec.functions import RuntimeContext
+from aiostream_ckpt.jobspec.graph import WindowSpec
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
+from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
+from aiostream_ckpt.runtime.window_operator import WindowOperator
+from aiostream_ckpt.state.keygroups import KeyGroupRange
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import WatermarkStrategy
+
+WINDOW_MAXP = 128
 
 
 def ts_of(event: Any) -> int:
@@ -143,3 +151,26 @@ async def drained(run: JobRun) -> None:
     """
     assert run.coordinator is not None
     await asyncio.wait_for(run.coordinator.trigger(), 30)
+
+
+def window_backend(tmp: Path, uid: str) -> LmdbStateBackend:
+    """An LMDB backend of one instance holding every key group (window operator tests)."""
+    return LmdbStateBackend(
+        operator_uid=uid,
+        subtask_index=0,
+        key_group_range=KeyGroupRange(0, WINDOW_MAXP - 1),
+        max_parallelism=WINDOW_MAXP,
+        local_dir=tmp,
+    )
+
+
+def open_window_operator(spec: WindowSpec, key_selector: Any, backend: LmdbStateBackend) -> Any:
+    """The operator the runtime builds for ``spec`` (sessions for a merging assigner), opened."""
+    uid = backend.operator_uid
+    cls = SessionWindowOperator if spec.assigner.merging else WindowOperator
+    op = cls(uid, spec, key_selector)
+    op.backend = backend
+    op.open(
+        RuntimeContext(operator_uid=uid, subtask_index=0, parallelism=1, params={}, backend=backend)
+    )
+    return op

@@ -17,16 +17,14 @@ from typing import Any
 
 import pytest
 
-from aiostream_ckpt.api.functions import RuntimeContext
 from aiostream_ckpt.jobspec.functions import OutputTag
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import AggregateFunction
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.session_windows import SESSIONS, SessionWindowOperator
-from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
-from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb import LmdbStateBackend
+from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
 from aiostream_ckpt.time import EventTimeSessionWindows, TumblingEventTimeWindows
+from tests.unit.time.support import open_window_operator, window_backend
 
 MAXP = 128
 LATE: OutputTag[Any] = OutputTag("late")
@@ -66,20 +64,8 @@ def _operator(tmp: Path, *, session: bool, kind: WindowKind, lateness: int) -> A
         allowed_lateness=lateness,
         late_tag=LATE,
     )
-    cls = SessionWindowOperator if session else WindowOperator
-    op = cls("w", spec, lambda e: e["k"])
+    op = open_window_operator(spec, lambda e: e["k"], window_backend(tmp, "w"))
     op.side_output = []
-    backend = LmdbStateBackend(
-        operator_uid="w",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, MAXP - 1),
-        max_parallelism=MAXP,
-        local_dir=tmp,
-    )
-    op.backend = backend
-    op.open(
-        RuntimeContext(operator_uid="w", subtask_index=0, parallelism=1, params={}, backend=backend)
-    )
     return op
 
 
