@@ -269,7 +269,9 @@ class WindowOperator(StreamOperator):
                 acc = contents.get(window, _MISSING)
                 if acc is _MISSING:
                     self._set_timers(max_ts)
-                folded[kw] = fold(acc, rec)
+                    folded[kw] = fold(acc, rec)
+                else:
+                    folded[kw] = fold(acc, rec) if add is None else add(rec, acc)
         except Exception as exc:  # what the records before it folded is written back below
             raise RecordFailed(self, batch, it, out) from exc
         finally:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from aiostream_ckpt.errors import StateError
-from aiostream_ckpt.state.codecs import EXACT_SCALARS, MapKeyCodec
+from aiostream_ckpt.state.codecs import EXACT_SCALARS, PICKLE, UNTYPED, MapKeyCodec
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
 from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, TtlCodec
 from aiostream_ckpt.state.serde import (
@@ -49,7 +49,14 @@ LOAD_WHOLE = 64
 class MapStateImpl(KeyedStateBase):
     """A map per key; map keys are serialized like stream keys (orjson)."""
 
-    __slots__ = ("_check_all_keys", "_cleared", "_complete", "_key_loads", "_keys")
+    __slots__ = (
+        "_check_all_keys",
+        "_cleared",
+        "_complete",
+        "_key_loads",
+        "_keys",
+        "_scalars_by_ref",
+    )
     kind = "map"
     #: Entries that expire (TTL): every read goes through :meth:`_live`.
     _expiring: ClassVar[bool] = False
@@ -63,6 +70,9 @@ class MapStateImpl(KeyedStateBase):
         self._dirty: dict[Any, dict[Any, Any]] = {}
         self._complete: set[Any] = set()
         self._cleared: set[Any] = set()
+        #: an int/str/bool/None value is its own write-set entry (untyped and pickle
+        #: codecs, no TTL): put() skips the codec call, as ValueState.update does
+        self._scalars_by_ref = not self._expiring and self._codec in (UNTYPED, PICKLE)
 
     # -- entry hooks (overridden for TTL) -------------------------------------
     def _wrap(self, value: Any) -> tuple[Any, Any]:
@@ -182,8 +192,10 @@ class MapStateImpl(KeyedStateBase):
             map_key.__class__ not in EXACT_SCALARS and m.get(map_key, _DELETED) is _DELETED
         ):
             self._keys.check(map_key, self._map_key_bytes(map_key), self.name)
-        cached, captured = self._wrap(value)
-        m[map_key] = cached
+        if value.__class__ in EXACT_SCALARS and self._scalars_by_ref:
+            m[map_key] = captured = value  # what the codec's capture returns for it
+        else:
+            m[map_key], captured = self._wrap(value)
         dirty = self._dirty.get(key)
         if dirty is None:
             self._dirty[key] = {map_key: captured}
