@@ -3,6 +3,7 @@
 ``app.input_a`` and ``app.input_b`` (JSON-lines files), ``app.output``: every
 event of either stream adds one to its app's count, as if the two were one
 input, so the committed output per key is exactly 1..n (n over both files).
+``app.rate``: read each input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ class CountBoth(KeyedCoProcessFunction[Any, Any, Any]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
-    a = env.from_source(JsonLinesFileSource(str(p["input_a"]), required={"app_id": str}), uid="a")
-    b = env.from_source(JsonLinesFileSource(str(p["input_b"]), required={"app_id": str}), uid="b")
+    rate = float(p["rate"]) if "rate" in p else None
+    a, b = (
+        env.from_source(
+            JsonLinesFileSource(str(p[f"input_{uid}"]), required={"app_id": str}, rate=rate),
+            uid=uid,
+        )
+        for uid in "ab"
+    )
     counts = a.connect(b).key_by(app_id, app_id).process(CountBoth(), uid="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="pv-sink")

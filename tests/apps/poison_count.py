@@ -21,7 +21,8 @@ class PoisonedCount(CountPageViews):
 def build(env: StreamEnvironment) -> None:
     p = env.params
     paths = [s for s in str(p["input"]).split(",") if s]
-    source = JsonLinesFileSource(paths, required={"app_id": str})
+    rate = float(p["rate"]) if "rate" in p else None  # events a second, per input
+    source = JsonLinesFileSource(paths, required={"app_id": str}, rate=rate)
     events = env.from_source(source, uid="events")
     events.key_by(app_id).process(PoisonedCount(), uid="pv-count").sink_to(
         ExactlyOnceFileSink(str(p["output"])), uid="pv-sink"

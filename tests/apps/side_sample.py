@@ -1,6 +1,7 @@
 """pv_count that also sends every 10th event (by ``seq``) to a side output, sunk exactly once.
 
-``app.input``, ``app.output`` (main), ``app.side_output`` (the sampled events).
+``app.input``, ``app.output`` (main), ``app.side_output`` (the sampled events);
+``app.rate``: read each input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ class CountAndSample(CountPageViews):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
+    rate = float(p["rate"]) if "rate" in p else None
     events = env.from_source(
-        JsonLinesFileSource(str(p["input"]).split(","), required={"app_id": str}), uid="events"
+        JsonLinesFileSource(str(p["input"]).split(","), required={"app_id": str}, rate=rate),
+        uid="events",
     )
     counts = events.key_by(app_id).process(CountAndSample(), uid="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="pv-sink")

@@ -16,16 +16,20 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.integration
 
+#: Events of the first input, read at most RATE a second: a pass lasts >= 1.7 s, 34 checkpoint
+#: intervals, on any machine (300 k unpaced stood in for that: ~4x the CPU).
+EVENTS, RATE = 100_000, 60_000
+
 
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_connected_streams_exactly_once_under_kill9(tmp_path: Path, parallelism: int) -> None:
-    a = make_pv_input(tmp_path / "a.jsonl", 300_000, seed=60, malformed=1)
-    b = make_pv_input(tmp_path / "b.jsonl", 200_000, seed=61, keys=150)
+    a = make_pv_input(tmp_path / "a.jsonl", EVENTS, seed=60, malformed=1)
+    b = make_pv_input(tmp_path / "b.jsonl", EVENTS * 2 // 3, seed=61, keys=150)
     out = tmp_path / "out"
     run_app_under_kills(
         tmp_path,
         "tests.apps.co_count",
-        [f"app.input_a={a}", f"app.input_b={b}", f"app.output={out}"],
+        [f"app.input_a={a}", f"app.input_b={b}", f"app.output={out}", f"app.rate={RATE}"],
         kills=2,
         seed=parallelism,
         inputs=[a, b],
@@ -38,8 +42,8 @@ def test_connected_streams_exactly_once_under_kill9(tmp_path: Path, parallelism:
 
 def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:
     """The shared keyed state is redistributed by key group: still exactly once."""
-    a = make_pv_input(tmp_path / "a.jsonl", 300_000, seed=62)
-    b = make_pv_input(tmp_path / "b.jsonl", 300_000, seed=63)
+    a = make_pv_input(tmp_path / "a.jsonl", EVENTS, seed=62)
+    b = make_pv_input(tmp_path / "b.jsonl", EVENTS, seed=63)
     out = tmp_path / "out"
 
     def args(p: int) -> list[str]:
@@ -49,6 +53,7 @@ def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:
             "--set", f"app.input_a={a}",
             "--set", f"app.input_b={b}",
             "--set", f"app.output={out}",
+            "--set", f"app.rate={RATE}",
             "--set", "checkpoint.interval=50ms",
             "--set", f"job.parallelism={p}",
             "--set", "job.batch_size=512",

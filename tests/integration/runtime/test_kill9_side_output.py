@@ -17,11 +17,15 @@ from tests.helpers import check_pv_output, make_pv_input, recount, run_app_under
 
 pytestmark = pytest.mark.integration
 
+#: Events per input, read at most RATE a second: a pass lasts >= 1.7 s, 34 checkpoint
+#: intervals, on any machine (300 k unpaced stood in for that: ~4x the CPU).
+EVENTS, RATE = 100_000, 60_000
+
 
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_side_output_exactly_once_under_kill9(tmp_path: Path, parallelism: int) -> None:
     inputs = [
-        make_pv_input(tmp_path / f"in-{i}.jsonl", 300_000, seed=40 + i, malformed=1)
+        make_pv_input(tmp_path / f"in-{i}.jsonl", EVENTS, seed=40 + i, malformed=1)
         for i in range(parallelism)
     ]
     out, side = tmp_path / "out", tmp_path / "side"
@@ -32,6 +36,7 @@ def test_side_output_exactly_once_under_kill9(tmp_path: Path, parallelism: int) 
             f"app.input={','.join(map(str, inputs))}",
             f"app.output={out}",
             f"app.side_output={side}",
+            f"app.rate={RATE}",
         ],
         kills=2,
         seed=parallelism,
