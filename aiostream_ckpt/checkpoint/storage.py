@@ -36,7 +36,7 @@ from aiostream_ckpt.checkpoint.metadata import (
     decode_metadata,
     encode_metadata,
 )
-from aiostream_ckpt.durable import fsync_dir
+from aiostream_ckpt.durable import child_path, fsync_dir
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
 from aiostream_ckpt.state.backend import SnapshotTarget
 
@@ -50,7 +50,7 @@ _STOP_SAVEPOINT_FILE = "_stop_savepoint"
 
 def write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = child_path(path.parent, path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -112,7 +112,7 @@ class CheckpointStorage:
         self._pins_lock = threading.Lock()
 
     def checkpoint_dir(self, checkpoint_id: int) -> Path:
-        return self.root / f"chk-{checkpoint_id:010d}"
+        return child_path(self.root, f"chk-{checkpoint_id:010d}")
 
     def _ids_on_disk(self) -> list[int]:
         ids: list[int] = []
@@ -243,7 +243,7 @@ class CheckpointStorage:
         log.error("the stop-with-savepoint's savepoint %s is set aside: %s", body["path"], reason)
 
     def target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
-        exclusive = self.checkpoint_dir(checkpoint_id) / f"{uid}-{subtask}"
+        exclusive = child_path(self.checkpoint_dir(checkpoint_id), f"{uid}-{subtask}")
         try:
             exclusive.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -52,7 +52,7 @@ from aiostream_ckpt.connectors.output_recovery import (
     plan_recovery,
     retract_files,
 )
-from aiostream_ckpt.durable import fsync_dir
+from aiostream_ckpt.durable import child_path, fsync_dir
 from aiostream_ckpt.errors import ConnectorError
 from aiostream_ckpt.user_errors import function_name
 
@@ -228,9 +228,9 @@ def _io(what: str, path: Path) -> Iterator[None]:
 def _commit_file(directory: Path, staged: str, final: str) -> None:
     """Rename staged -> final; already committed is fine, neither file is data loss."""
     try:
-        os.rename(directory / staged, directory / final)
+        os.rename(child_path(directory, staged), child_path(directory, final))
     except FileNotFoundError:
-        if not (directory / final).exists():
+        if not child_path(directory, final).exists():
             raise ConnectorError(
                 f"pre-committed file {directory / staged} is missing and was never "
                 f"committed as {final}: its records are lost",
@@ -468,8 +468,9 @@ class StagedFileWriter:
         self._check_usable()
         self._seq += 1
         name = self._naming.inprogress(self.subtask, self._attempt, self._seq)
-        with _io("create", self.directory / name):
-            f = open(self.directory / name, "wb", buffering=self._buffer_size)  # noqa: SIM115
+        path = child_path(self.directory, name)
+        with _io("create", path):
+            f = open(path, "wb", buffering=self._buffer_size)  # noqa: SIM115
         self._open = _Txn(name, "", -1, TxnState.IN_PROGRESS)
         self._file = f
         self._opened_at = self._monotonic()
@@ -532,20 +533,21 @@ class StagedFileWriter:
 
     def _seal(self, f: IO[bytes], inprogress: str, pending: str, final: str) -> None:
         d = self.directory
-        with _io("write", d / inprogress):
+        staged = child_path(d, inprogress)
+        with _io("write", staged):
             try:
                 f.flush()
                 os.fsync(f.fileno())
             finally:
                 f.close()
-        if (d / final).exists():
+        if child_path(d, final).exists():
             raise ConnectorError(
                 f"{d / final} already exists: committed output of a checkpoint this job "
                 "did not restore from",
                 retriable=False,
             )
-        with _io("pre-commit", d / inprogress):
-            os.rename(d / inprogress, d / pending)
+        with _io("pre-commit", staged):
+            os.rename(staged, child_path(d, pending))
             fsync_dir(d)
 
     def _roll_now(self, f: IO[bytes]) -> bool:
@@ -597,7 +599,7 @@ class StagedFileWriter:
                 f.close()
                 # a file a checkpoint recorded stays: the next start commits that part of it
                 if txn is not None and self._open_mark is None:
-                    (self.directory / txn.staged).unlink(missing_ok=True)
+                    child_path(self.directory, txn.staged).unlink(missing_ok=True)
             except OSError as e:  # its records are uncommitted: recovery discards them anyway
                 log.warning("%s: discarding the open part file failed: %s", self.directory, e)
 

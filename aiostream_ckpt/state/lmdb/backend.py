@@ -61,6 +61,7 @@ from typing import Any
 import lmdb
 
 from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.durable import child_path
 from aiostream_ckpt.errors import CheckpointError, StateError, StateMigrationError
 from aiostream_ckpt.state.backend import (
     AsyncSnapshotPart,
@@ -529,16 +530,16 @@ class LmdbStateBackend:
         records: int | None = None
         if snap.full:
             assert snap.run.txn is not None
-            path = pin(out_dir / f"{stem}-full.mdb")
+            path = pin(child_path(out_dir, f"{stem}-full.mdb"))
             new = [entry(path, "full", *write_full(self._env, snap.run.txn, path))]
             if delta.records:  # what the copied view does not have yet
-                path = pin(out_dir / f"{stem}-tail.bin")
+                path = pin(child_path(out_dir, f"{stem}-tail.bin"))
                 size, digest, records = write_packed_delta(delta, path)
                 # part of this full snapshot, not a checkpoint of its own
                 new.append({**entry(path, "delta", size, digest), "tail": True})
             chain = new
         else:
-            path = pin(out_dir / f"{stem}-delta.bin")
+            path = pin(child_path(out_dir, f"{stem}-delta.bin"))
             size, digest, records = write_packed_delta(delta, path)
             new = [entry(path, "delta", size, digest)]
             chain = [*snap.base_chain, *new]
