@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -40,6 +42,24 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+class FixedThreadPool(ThreadPoolExecutor):
+    """A thread pool whose ``size`` threads all start with it and live until ``shutdown``.
+
+    ``ThreadPoolExecutor`` starts a thread only when work arrives while every
+    thread is busy, so a long-running job grew its pools at random moments
+    (a checkpoint's writes overlapping for the first time after 16 minutes),
+    each new thread a step in RSS (its stack and malloc arena). Starting them
+    all at once puts that cost in the start-up; the owner shuts the pool down.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        super().__init__(max_workers=size, thread_name_prefix=name)
+        # each thread takes one of these and waits for the others: ``size`` threads run
+        started = threading.Barrier(size)
+        for f in [self.submit(started.wait) for _ in range(size)]:
+            f.result()
 
 
 async def unless_set(aw: Awaitable[T], event: asyncio.Event) -> T | None:

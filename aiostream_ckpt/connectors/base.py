@@ -10,6 +10,7 @@ job graph, so the same job description can be run again after a failure.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -122,6 +123,9 @@ class ConnectorContext:
     max_parallelism: int = DEFAULT_MAX_PARALLELISM
     dead_letter: DeadLetterFn = _raise_dead_letter
     restore: RestoreInfo | None = None
+    #: The attempt's threads for a writer's blocking file work (fsync, rename);
+    #: ``None``: the loop's default executor.
+    executor: Executor | None = None
 
 
 class SourceReader(Protocol):

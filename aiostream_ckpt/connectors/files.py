@@ -401,4 +401,5 @@ class ExactlyOnceFileSink:
             restore=ctx.restore,
             rolling=self.rolling,
             monotonic=ctx.clock.monotonic,
+            executor=ctx.executor,
         )

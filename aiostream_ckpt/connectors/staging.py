@@ -33,6 +33,7 @@ import re
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -312,8 +313,10 @@ class StagedFileWriter:
         restore: RestoreInfo | None = None,
         rolling: RollingPolicy | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        executor: Executor | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self._executor = executor
         self._rolling = rolling or RollingPolicy()
         self._monotonic = monotonic
         self._opened_at = 0.0
@@ -338,11 +341,15 @@ class StagedFileWriter:
         #: see :class:`~aiostream_ckpt.connectors.base.RecordFunctions`
         self.record_failed: RecordErrorFn = raise_record_error
 
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run blocking file work in the job's threads (the owner's pool, never a new one)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
     # -- recovery ---------------------------------------------------------
 
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         """Commit what ``restored`` lists, abort every other transaction we own."""
-        await asyncio.to_thread(self._recover_sync, restored, checkpoint_id)
+        await self._in_thread(self._recover_sync, restored, checkpoint_id)
         self._recovered = True
 
     def _owns(self, subtask: int) -> bool:
@@ -514,7 +521,7 @@ class StagedFileWriter:
             with _io("write", self.directory / txn.staged):
                 f.flush()
                 length = f.tell()
-                await asyncio.to_thread(os.fsync, f.fileno())
+                await self._in_thread(os.fsync, f.fileno())
             self._open_mark = [txn.staged, length]
             return self.state()
         self._roll_next = False
@@ -525,7 +532,7 @@ class StagedFileWriter:
             txn.final = self._naming.final(self.subtask, checkpoint_id)
             txn.checkpoint_id = checkpoint_id
             pending = self._naming.pending(self.subtask, checkpoint_id)
-            await asyncio.to_thread(self._seal, f, txn.staged, pending, txn.final)
+            await self._in_thread(self._seal, f, txn.staged, pending, txn.final)
             txn.staged = pending
             txn.advance(TxnState.PENDING)
             self._pending.append(txn)
@@ -573,7 +580,7 @@ class StagedFileWriter:
             return
         # They stay listed in ``state()`` until renamed: a checkpoint taken meanwhile
         # must still name them, or a failed rename would turn into an abort.
-        await asyncio.to_thread(self._commit_sync, due)
+        await self._in_thread(self._commit_sync, due)
         for t in due:
             if t.state is TxnState.PENDING:  # a concurrent duplicate commit may have won
                 t.advance(TxnState.COMMITTED)
@@ -624,6 +631,7 @@ class DeadLetterWriter(StagedFileWriter):
         attempt: int = 0,
         prefix: str = "dead-letter",
         restore: RestoreInfo | None = None,
+        executor: Executor | None = None,
     ) -> None:
         super().__init__(
             directory,
@@ -632,6 +640,7 @@ class DeadLetterWriter(StagedFileWriter):
             attempt=attempt,
             prefix=prefix,
             restore=restore,
+            executor=executor,
         )
         self.count = 0
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.aio import FixedThreadPool
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.responder import TaskCoordinator
 from aiostream_ckpt.clock import Clock
@@ -47,11 +48,32 @@ class AttemptSetup:
     local_dir: Path
 
 
+class AttemptThreads:
+    """The threads of one attempt, all started with it: RSS does not step later.
+
+    ``snapshot``: state snapshot writes, checkpoint metadata and retention;
+    ``io``: the writers' fsyncs and renames (a sink's pre-commit at each
+    barrier, its commit when the checkpoint completes), kept apart so that
+    they never wait behind a large snapshot write. Four let as many subtasks'
+    file work run at once; more queue for the milliseconds each takes.
+    """
+
+    IO_THREADS = 4
+
+    def __init__(self) -> None:
+        self.snapshot = FixedThreadPool(2, "snapshot")
+        self.io = FixedThreadPool(self.IO_THREADS, "io")
+
+    def shutdown(self) -> None:
+        self.io.shutdown(wait=True, cancel_futures=True)
+        self.snapshot.shutdown(wait=True, cancel_futures=True)
+
+
 def build_tasks(
     setup: AttemptSetup,
     chains: list[Chain],
     coordinator: TaskCoordinator,
-    executor: Executor,
+    threads: AttemptThreads,
     share: ProcessShare | None = None,
 ) -> list[StreamTask]:
     """Instantiate the chains (``share``: this worker's subtasks) and their tasks."""
@@ -63,8 +85,8 @@ def build_tasks(
         attempt=setup.attempt,
         backend_factory=_backend_factory(config, setup.clock),
         local_dir=setup.local_dir,
-        dead_letter_factory=_dead_letter_factory(config, setup.restore),
-        connector_context=_connector_context(setup),
+        dead_letter_factory=_dead_letter_factory(config, setup.restore, threads.io),
+        connector_context=_connector_context(setup, threads.io),
         monotonic=setup.clock.monotonic,
         share=share,
     )
@@ -73,7 +95,7 @@ def build_tasks(
         _task_class(chain)(
             chain,
             coordinator=coordinator,
-            executor=executor,
+            executor=threads.snapshot,
             clock=setup.clock,
             batch_size=config.batch_size,
             params=params,
@@ -98,20 +120,20 @@ def _backend_factory(config: JobConfig, clock: Clock) -> LmdbStateBackendFactory
 
 
 def _dead_letter_factory(
-    config: JobConfig, restore: RestoreInfo | None
+    config: JobConfig, restore: RestoreInfo | None, io: Executor
 ) -> Callable[[str, int], DeadLetterWriter] | None:
     directory = config.dead_letter_dir()
     if directory is None:
         return None
 
     def factory(uid: str, subtask: int) -> DeadLetterWriter:
-        return DeadLetterWriter(directory / uid, subtask, restore=restore)
+        return DeadLetterWriter(directory / uid, subtask, restore=restore, executor=io)
 
     return factory
 
 
 def _connector_context(
-    setup: AttemptSetup,
+    setup: AttemptSetup, io: Executor
 ) -> Callable[[str, int, int, DeadLetterFn | None], ConnectorContext]:
     def make(
         uid: str, subtask: int, parallelism: int, dead_letter: DeadLetterFn | None
@@ -126,6 +148,7 @@ def _connector_context(
             max_concurrent_checkpoints=setup.config.checkpoint.max_concurrent,
             max_parallelism=setup.config.max_parallelism,
             restore=setup.restore,
+            executor=io,
         )
         if dead_letter is not None:
             ctx.dead_letter = dead_letter

@@ -14,7 +14,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -33,7 +32,7 @@ from aiostream_ckpt.errors import (
     UserFunctionError,
 )
 from aiostream_ckpt.jobspec.graph import JobSpec
-from aiostream_ckpt.runtime.attempt import AttemptSetup, build_tasks
+from aiostream_ckpt.runtime.attempt import AttemptSetup, AttemptThreads, build_tasks
 from aiostream_ckpt.runtime.graph import Chain, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
 from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
@@ -270,13 +269,13 @@ class JobRunner:
         self.storage.discard_incomplete()
         local = local_dirs.claim(self.local_root)
         local_dir = local.path
-        executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
+        threads = AttemptThreads()
         coordinator = CheckpointCoordinator(
             job_name=self.spec.job_name,
             config=config.checkpoint,
             storage=self.storage,
             clock=self.clock,
-            executor=executor,
+            executor=threads.snapshot,
             max_parallelism=config.max_parallelism,
             first_checkpoint_id=self._first_checkpoint_id(restored),
         )
@@ -304,7 +303,7 @@ class JobRunner:
         try:
             if config.workers > 1:
                 return await self._run_workers(setup, chains, coordinator)
-            tasks = build_tasks(setup, chains, coordinator, executor)
+            tasks = build_tasks(setup, chains, coordinator, threads)
             self.run_state.tasks = tasks
             self.run_state.coordinator = coordinator
             if self._on_started is not None:
@@ -323,7 +322,7 @@ class JobRunner:
             return await self._supervise(coordinator, [(t.task_id, t.run()) for t in tasks])
         finally:
             self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
-            executor.shutdown(wait=True, cancel_futures=True)
+            threads.shutdown()
             local.release()
 
     def _first_checkpoint_id(self, restored: CompletedCheckpoint | None) -> int:

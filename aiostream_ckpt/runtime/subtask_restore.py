@@ -100,7 +100,10 @@ class SubtaskRestore:
             survey = getattr(writer, "survey", None)
             if callable(survey):
                 state = self._writer_state(uid, key, writer)
-                out.append(await asyncio.to_thread(survey, state, self.checkpoint_id))
+                loop = asyncio.get_running_loop()
+                out.append(
+                    await loop.run_in_executor(self._executor, survey, state, self.checkpoint_id)
+                )
         return out
 
     async def recover_outputs(self) -> None:

@@ -31,7 +31,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.clock import SystemClock
 from aiostream_ckpt.errors import ChannelError, WorkerError
 from aiostream_ckpt.jobspec.graph import JobSpec
-from aiostream_ckpt.runtime.attempt import AttemptSetup, build_tasks
+from aiostream_ckpt.runtime.attempt import AttemptSetup, AttemptThreads, build_tasks
 from aiostream_ckpt.runtime.graph import Chain
 from aiostream_ckpt.runtime.placement import ProcessShare
 from aiostream_ckpt.runtime.recovery import recover_outputs, verify_and_survey
@@ -194,13 +193,13 @@ async def serve_attempt(
     coordinator = WorkerCoordinator(control, storage, index)
     codec = batch_codec()
     peers = {j: ChannelConnection(f"worker-{index}-{j}", codec) for j in peer_sockets}
-    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
+    threads = AttemptThreads()
     tasks: list[StreamTask] = []
     ran = False
     reporting: asyncio.Task[None] | None = None
     try:
         tasks = build_tasks(
-            setup, chains, coordinator, executor, ProcessShare(index, workers, peers)
+            setup, chains, coordinator, threads, ProcessShare(index, workers, peers)
         )
         reporter = MetricsReporter(control, index, tasks, setup.clock.monotonic)
         coordinator.on_ack = reporter.report_soon
@@ -233,7 +232,7 @@ async def serve_attempt(
         if not ran:
             await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in peers.values()), return_exceptions=True)
-        executor.shutdown(wait=True, cancel_futures=True)
+        threads.shutdown()
 
 
 def _roll(tasks: list[StreamTask]) -> None:

@@ -1,15 +1,18 @@
-"""A job's checkpoints leave nothing growing: no new interned names.
+"""A job's checkpoints leave nothing growing: no new interned names, no new threads.
 
 The soak (``python -m bench --soak``, bench/README.md) showed pv_count's RSS
-step after its warm-up when the interned-string table resized (pathlib
-interned every checkpoint's new file names). Here pv_count's shape (keyed
-count in LMDB, exactly-once file sink) runs checkpoint after checkpoint
-in-process, and the checks are exact, not timed.
+step twice after its warm-up: when the interned-string table resized
+(pathlib interned every checkpoint's new file names) and when the loop's
+default executor started a thread as two sink writes first overlapped. Here
+pv_count's shape (keyed count in LMDB, exactly-once file sink) runs
+checkpoint after checkpoint in-process, and the checks are exact, not timed.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
 from aiostream_ckpt.durable import child_path
 from aiostream_ckpt.jobspec.config import JobConfig
+from aiostream_ckpt.runtime.attempt import AttemptThreads
 from aiostream_ckpt.testing import Checkpoint, ScriptedSource, run_job_async
 from apps.pv_count import CountPageViews
 
@@ -27,9 +31,11 @@ CHECKPOINTS = 40
 
 
 class Probe:
-    """What the job asks to intern before and after its warm-up."""
+    """What the process holds at two points of the job: at the start, after warm-up, at the end."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.before = {t.ident for t in threading.enumerate()}
+        self.threads: dict[str, list[str]] = {}
         #: strings pathlib (or anything else) asked to intern, per phase
         self.interned: dict[str, set[str]] = {"warm-up": set(), "after": set()}
         self.phase = "warm-up"
@@ -42,12 +48,16 @@ class Probe:
         monkeypatch.setattr(sys, "intern", counting)
 
     def look(self, event: dict[str, Any]) -> dict[str, Any]:
-        if event["seq"] == WARM:
+        seq = event["seq"]
+        if seq in (0, WARM, CHECKPOINTS - 1):
+            names = [t.name for t in threading.enumerate() if t.ident not in self.before]
+            self.threads[str(seq)] = sorted(names)
+        if seq == WARM:
             self.phase = "after"
         return event
 
 
-async def test_checkpoints_after_warm_up_intern_no_new_names(
+async def test_checkpoints_after_warm_up_intern_no_new_names_and_start_no_threads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     probe = Probe(monkeypatch)
@@ -72,6 +82,12 @@ async def test_checkpoints_after_warm_up_intern_no_new_names(
     # snapshot's ...-N-...-delta.bin were interned anew at every checkpoint.
     new = probe.interned["after"] - probe.interned["warm-up"]
     assert not new, sorted(new)[:10]
+    # Before: the snapshot pool started its threads when work first overlapped and
+    # the sink's writes started the loop's default executor's, one by one.
+    pools = Counter(name.rsplit("_", 1)[0] for name in probe.threads["0"])
+    assert pools == {"snapshot": 2, "io": AttemptThreads.IO_THREADS}, probe.threads["0"]
+    assert probe.threads[str(WARM)] == probe.threads["0"]
+    assert probe.threads[str(CHECKPOINTS - 1)] == probe.threads["0"]
 
 
 def test_child_path_is_the_joined_path_of_one_component(tmp_path: Path) -> None:
