@@ -2,6 +2,7 @@
 
 ``app.left``, ``app.right`` (JSON-lines ``{"id", "k", "ts"}``, ``ts`` ascending per
 file), ``app.output``: one record ``{"k", "l", "r"}`` per pair, exactly once.
+``app.rate``: read each input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ class Pair(ProcessJoinFunction[Any, Any, Any]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
+    rate = float(p["rate"]) if "rate" in p else None
     wms = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(
         lambda e: int(e["ts"])
     )
     fields = {"id": str, "k": str, "ts": int}
     left = env.from_source(
-        JsonLinesFileSource(str(p["left"]), required=fields), uid="left", watermark_strategy=wms
+        JsonLinesFileSource(str(p["left"]), required=fields, rate=rate),
+        uid="left",
+        watermark_strategy=wms,
     )
     right = env.from_source(
-        JsonLinesFileSource(str(p["right"]), required=fields), uid="right", watermark_strategy=wms
+        JsonLinesFileSource(str(p["right"]), required=fields, rate=rate),
+        uid="right",
+        watermark_strategy=wms,
     )
     pairs = (
         left.key_by(lambda e: e["k"])

@@ -6,7 +6,7 @@ signature of what it read (values *and* their types), and writes the next
 state. :func:`step` is the whole logic, pure, so a test can compute the
 failure-free output: a value that came back from a checkpoint with another
 type (a ``str`` for a ``datetime``, a ``list`` for a ``tuple``) changes the
-signature.
+signature. ``app.rate``: read the input at most that many events per second.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ class TypedState(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
 
 def build(env: StreamEnvironment) -> None:
     p = env.params
-    events = env.from_source(JsonLinesFileSource(str(p["input"])), uid="events")
+    rate = float(p["rate"]) if "rate" in p else None
+    events = env.from_source(JsonLinesFileSource(str(p["input"]), rate=rate), uid="events")
     events.key_by(itemgetter("k")).process(TypedState(), uid="typed").sink_to(
         ExactlyOnceFileSink(str(p["output"])), uid="typed-sink"
     )

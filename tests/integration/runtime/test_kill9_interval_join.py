@@ -17,6 +17,10 @@ from tests.helpers import DaemonProcess, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
+#: Events per side, read at most RATE a second: a pass lasts >= 2 s, 40 checkpoint intervals,
+#: on any machine (150 k unpaced stood in for that); still > 10 k pairs.
+EVENTS, RATE = 80_000, 40_000
+
 
 def _write(path: Path, side: str, n: int, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
@@ -54,6 +58,7 @@ def _args(tmp: Path, p: int) -> list[str]:
         "--set", f"app.left={tmp / 'left.jsonl'}",
         "--set", f"app.right={tmp / 'right.jsonl'}",
         "--set", f"app.output={tmp / 'out'}",
+        "--set", f"app.rate={RATE}",
         "--set", "checkpoint.interval=50ms",
         "--set", f"job.parallelism={p}",
         "--set", "job.batch_size=256",
@@ -62,8 +67,8 @@ def _args(tmp: Path, p: int) -> list[str]:
 
 
 def test_interval_join_exactly_once_under_kill9(tmp_path: Path) -> None:
-    left = _write(tmp_path / "left.jsonl", "l", 150_000, seed=1)
-    right = _write(tmp_path / "right.jsonl", "r", 150_000, seed=2)
+    left = _write(tmp_path / "left.jsonl", "l", EVENTS, seed=1)
+    right = _write(tmp_path / "right.jsonl", "r", EVENTS, seed=2)
     run_app_under_kills(
         tmp_path,
         "tests.apps.interval_pairs",
@@ -71,6 +76,7 @@ def test_interval_join_exactly_once_under_kill9(tmp_path: Path) -> None:
             f"app.left={tmp_path / 'left.jsonl'}",
             f"app.right={tmp_path / 'right.jsonl'}",
             f"app.output={tmp_path / 'out'}",
+            f"app.rate={RATE}",
             "rest.enabled=false",
         ],
         kills=2,
@@ -86,8 +92,8 @@ def test_interval_join_exactly_once_under_kill9(tmp_path: Path) -> None:
 
 
 def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:
-    left = _write(tmp_path / "left.jsonl", "l", 150_000, seed=4)
-    right = _write(tmp_path / "right.jsonl", "r", 150_000, seed=5)
+    left = _write(tmp_path / "left.jsonl", "l", EVENTS, seed=4)
+    right = _write(tmp_path / "right.jsonl", "r", EVENTS, seed=5)
     with DaemonProcess(*_args(tmp_path, 2)) as first:
         first.wait_for("checkpoint 3 completed", timeout=120)
         first.proc.kill()  # SIGKILL

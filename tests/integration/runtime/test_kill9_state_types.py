@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 def test_state_types_survive_kill9(tmp_path: Path) -> None:
     rng = random.Random(7)
     events = [
-        {"k": f"k{rng.randrange(50)}", "seq": i, "ts": 1_700_000_000_000 + i} for i in range(60_000)
+        {"k": f"k{rng.randrange(50)}", "seq": i, "ts": 1_700_000_000_000 + i} for i in range(45_000)
     ]
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
@@ -34,7 +34,9 @@ def test_state_types_survive_kill9(tmp_path: Path) -> None:
     run_app_under_kills(
         tmp_path,
         "tests.apps.typed_state",
-        [f"app.input={path}", f"app.output={out}"],
+        # paced: a pass lasts >= 1.5 s, 30 checkpoint intervals, on any machine (60 k
+        # events unpaced stood in for that); 7 blocks of input for the 3 kills; no REST
+        [f"app.input={path}", f"app.output={out}", "app.rate=30000", "rest.enabled=false"],
         kills=3,
         seed=5,
         inputs=[path],
