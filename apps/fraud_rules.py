@@ -20,7 +20,8 @@ so far}``.
 
 Params: ``transactions``, ``rules`` (JSON-lines files), ``output``;
 ``service`` (lookup service URL) or ``simulate`` (seconds, default 0);
-``capacity`` (lookups in flight, default 100). ``python -m apps.fraud_rules
+``capacity`` (lookups in flight, default 100); ``rate`` (transactions read per
+second, unpaced by default). ``python -m apps.fraud_rules
 DIR [N]`` writes sample inputs (``N`` transactions) into ``DIR``.
 """
 
@@ -176,7 +177,11 @@ def build(env: StreamEnvironment) -> None:
     strategy = WatermarkStrategy.for_monotonous_timestamps().with_timestamp_assigner(_ts)
     txn_fields = {"seq": int, "account": str, "amount": int, "ts": int}
     txns = env.from_source(
-        JsonLinesFileSource(str(p["transactions"]).split(","), required=txn_fields),
+        JsonLinesFileSource(
+            str(p["transactions"]).split(","),
+            required=txn_fields,
+            rate=float(p["rate"]) if "rate" in p else None,
+        ),
         uid="transactions",
         watermark_strategy=strategy,
     )

@@ -21,6 +21,10 @@ from tests.helpers import DaemonProcess, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
+#: Transactions, read at most RATE a second: a pass lasts >= 2 s, 40 checkpoint intervals, on
+#: any machine (120 k unpaced stood in for that).
+EVENTS, RATE = 60_000, 30_000
+
 
 def _args(tmp: Path, txns: Path, rules: Path, parallelism: int) -> list[str]:
     return [
@@ -29,6 +33,7 @@ def _args(tmp: Path, txns: Path, rules: Path, parallelism: int) -> list[str]:
         "--set", f"app.transactions={txns}",
         "--set", f"app.rules={rules}",
         "--set", f"app.output={tmp / 'out'}",
+        "--set", f"app.rate={RATE}",
         "--set", "checkpoint.interval=50ms",
         "--set", f"job.parallelism={parallelism}",
         "--set", "job.batch_size=256",
@@ -48,7 +53,7 @@ def _diff(tmp: Path, txns: Path, rules: Path) -> tuple[int, int, int]:
 
 
 def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
-    txns, rules = write_inputs(tmp_path / "in", 120_000, seed=11)
+    txns, rules = write_inputs(tmp_path / "in", EVENTS, seed=11)
     run_app_under_kills(
         tmp_path,
         "apps.fraud_rules",
@@ -56,6 +61,7 @@ def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
             f"app.transactions={txns}",
             f"app.rules={rules}",
             f"app.output={tmp_path / 'out'}",
+            f"app.rate={RATE}",
             "rest.enabled=false",
         ],
         kills=2,
@@ -65,14 +71,14 @@ def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
         batch_size=256,
         max_delay_after_checkpoint=0.12,
     )
-    assert _diff(tmp_path, txns, rules) == (120_000, 0, 0)
+    assert _diff(tmp_path, txns, rules) == (EVENTS, 0, 0)
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
 def test_broadcast_state_restored_into_every_instance_at_another_parallelism(
     tmp_path: Path, before: int, after: int
 ) -> None:
-    txns, rules = write_inputs(tmp_path / "in", 120_000, seed=12)
+    txns, rules = write_inputs(tmp_path / "in", EVENTS, seed=12)
     with DaemonProcess(*_args(tmp_path, txns, rules, before)) as first:
         first.wait_for("checkpoint 3 completed", timeout=120)
         first.proc.kill()  # SIGKILL
@@ -82,4 +88,4 @@ def test_broadcast_state_restored_into_every_instance_at_another_parallelism(
     with DaemonProcess(*_args(tmp_path, txns, rules, after)) as second:
         assert second.wait(timeout=300) == 0, second.stderr[-3000:]
         assert "restoring from checkpoint" in second.stderr
-    assert _diff(tmp_path, txns, rules) == (120_000, 0, 0)
+    assert _diff(tmp_path, txns, rules) == (EVENTS, 0, 0)
