@@ -1,8 +1,9 @@
 """Per-key event-time tumbling window counts, with very late records on a side output.
 
 ``app.input``: JSON-lines file(s) of ``{"k", "ts"}``; ``app.output``: window counts
-``{"k", "start", "n"}``; ``app.late_output``: the late records. Used by the kill -9
-test that lateness is decided the same way with and without failures.
+``{"k", "start", "n"}``; ``app.late_output``: the late records; ``app.rate``: read
+each input at most that many events per second. Used by the kill -9 test that
+lateness is decided the same way with and without failures.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def build(env: StreamEnvironment) -> None:
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(MAX_DELAY_MS).with_timestamp_assigner(
         itemgetter("ts")
     )
-    source = JsonLinesFileSource([s for s in str(p["input"]).split(",") if s])
+    rate = float(p["rate"]) if "rate" in p else None
+    source = JsonLinesFileSource([s for s in str(p["input"]).split(",") if s], rate=rate)
     windows = (
         env.from_source(source, uid="events", watermark_strategy=strategy)
         .key_by(itemgetter("k"))
