@@ -129,6 +129,9 @@ def _pv_under_kills(
             f"app.output={tmp_path / 'out'}",
             "job.workers=2",
             "restart.delay=0s",
+            # a pass >= 1.3 s, 26 checkpoint intervals, on any machine: unpaced, a fast
+            # one could read both files before the first checkpoint, and no kill comes
+            "app.rate=30000",
         ],
         kills=1,
         seed=seed,
