@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -130,6 +131,12 @@ async def produce_partitions(bootstrap: str, topic: str, parts: list[list[bytes]
     finally:
         await producer.stop()
     return sum(map(len, parts))
+
+
+def load_topic(bootstrap: str, topic: str, path: str) -> int:
+    """Load ``path`` into ``topic`` by key group (run in a child process)."""
+    parts = split_by_key_group(Path(path), PARTITIONS)
+    return asyncio.run(produce_partitions(bootstrap, topic, parts))
 
 
 def merge(parts: list[Measured], events: int) -> Measured:
@@ -289,8 +296,10 @@ def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Me
         topic = f"pv-in-kg-n{src.events}-k{src.keys}-s{src.seed}-{uuid.uuid4().hex[:6]}"
         create_topic(bootstrap, topic, PARTITIONS)
         t0 = time.monotonic()
-        parts = split_by_key_group(src.paths[0], PARTITIONS)
-        loaded = asyncio.run(produce_partitions(bootstrap, topic, parts))
+        # in a child: a parent that held the 1 M lines would pass its peak RSS on to
+        # every run it forks (wait4's ru_maxrss of a child starts at the parent's)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            loaded = pool.apply(load_topic, (bootstrap, topic, str(src.paths[0])))
         wl = KafkaWorkload(bootstrap, topic, PARTITIONS, src, time.monotonic() - t0)
         say(f"scaling: loaded {loaded:,} events into {topic} by key group of app_id")
 
