@@ -2,7 +2,8 @@
 
 ``app.input`` (JSON-lines files, read by the one source subtask), ``app.output``.
 At ``job.workers`` > 1 the ends run in worker 0 beside its share of the count,
-whose other subtasks send their updates across to the one sink.
+whose other subtasks send their updates across to the one sink. ``app.rate``: read
+at most that many events per second.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from apps.pv_count import CountPageViews, app_id
 def build(env: StreamEnvironment) -> None:
     p = env.params
     files = [s for s in str(p["input"]).split(",") if s]
-    source = JsonLinesFileSource(files, required={"app_id": str})
+    rate = float(p["rate"]) if "rate" in p else None
+    source = JsonLinesFileSource(files, required={"app_id": str}, rate=rate)
     events = env.from_source(source, uid="events", parallelism=1)
     counts = events.key_by(app_id).process(CountPageViews(), uid="pv-count")
     counts.sink_to(ExactlyOnceFileSink(str(p["output"])), uid="pv-sink", parallelism=1)

@@ -56,6 +56,9 @@ def test_a_kill_in_every_window_keeps_pv_count_exact(tmp_path: Path, parallelism
         f"job.parallelism={parallelism}",
         "checkpoint.interval=30ms",
         "job.batch_size=256",
+        # paced: a pass >= 1.3 s, 44 checkpoint intervals, on any machine; an idle one
+        # read the 80 k events unpaced before the plan's kills came due
+        "app.rate=30000",
     ]
     cmd = cli_cmd(
         "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]
@@ -139,6 +142,9 @@ def test_at_two_workers_a_task_window_kills_a_worker_then_the_main_process(
         "restart.delay=0s",
         "checkpoint.interval=30ms",
         "job.batch_size=256",
+        # paced: a pass >= 1.3 s, 44 checkpoint intervals, on any machine; an idle one
+        # read the 80 k events unpaced before the plan's kills came due
+        "app.rate=30000",
     ]
     cmd = cli_cmd(
         "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]

@@ -190,7 +190,11 @@ def test_parallelism_1_operators_are_placed_in_worker_0(tmp_path: Path, parallel
     Their worker is killed at its sink's 2nd commit: the restart is exact too.
     """
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 10_000, seed=70 + i) for i in range(2)]
-    args = pv_args(tmp_path, inputs, 2, "--set", f"job.parallelism={parallelism}")
+    # paced: >= 1.3 s, 26 checkpoint intervals, on any machine; unpaced, an idle one
+    # read all 20 k events before its 2nd checkpoint: no 2nd commit, no kill
+    args = pv_args(
+        tmp_path, inputs, 2, "--set", f"job.parallelism={parallelism}", "--set", "app.rate=15000"
+    )
     args[1] = "tests.apps.global_sink_count"
     result = cli(*args, env={ENV_VAR: "sink_commit=kill@2"})
     assert result.returncode == 0, result.stderr[-4000:]
