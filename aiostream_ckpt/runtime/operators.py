@@ -135,6 +135,19 @@ class StreamOperator(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; called on success and on failure."""
 
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:  # noqa: B027 - hook
+        """Write what the operator holds outside keyed state into it, before a snapshot.
+
+        Flink's ``prepareSnapshotPreBarrier``. Called for every checkpoint and
+        savepoint ``checkpoint_id``, in the synchronous part, before any
+        operator's :attr:`backend` snapshot or :meth:`snapshot_state` and before
+        the barrier is forwarded: what it writes is in the snapshot, which thus
+        holds the state as of the barrier. Why: an operator may keep hot state
+        in plain Python between barriers (open windows) and pay the keyed-state
+        writes once per checkpoint, not per batch. It must not emit records and
+        must leave what later records compute unchanged (it only moves state).
+        """
+
     def snapshot_state(self) -> dict[str, Any] | None:
         """JSON-able operator state for the checkpoint (keyed state goes through ``backend``)."""
         return None

@@ -7,10 +7,11 @@ coordinator triggered n, an input task when its barrier handler decided (see
 1. Snapshot targets: ask the responder where each keyed operator writes n. A
    storage that cannot take them (full, gone) declines n here, as a failed
    write does, and the job goes on within ``checkpoint.tolerable_failures``.
-2. Synchronous snapshot, under the lock commits take too: the source's
-   position, the dead letters' pre-commit, each keyed backend's synchronous
-   part, operator state, the sink's pre-commit (closing a rolling file at the
-   end of input or for a savepoint).
+2. Synchronous snapshot, under the lock commits take too: each operator's
+   pre-barrier flush (``prepare_snapshot_pre_barrier``: state it holds outside
+   keyed state goes in), the source's position, the dead letters' pre-commit,
+   each keyed backend's synchronous part, operator state, the sink's
+   pre-commit (closing a rolling file at the end of input or for a savepoint).
 3. Forward barrier n to every output, declined or not: downstream snapshots
    while this task still writes, and a sink's transaction rolls over.
 4. Asynchronous part, in the background: each backend prepares on the loop
@@ -122,6 +123,8 @@ class SubtaskCheckpointCoordinator:
         async with self._lock:
             targets = self._snapshot_targets(cid)  # 1. where keyed state goes (or decline)
             # 2. the synchronous snapshot
+            for op in spec.operators:
+                op.prepare_snapshot_pre_barrier(cid)  # before any backend freezes its writes
             op_state: dict[str, Any] = {}
             if spec.reader is not None and spec.head_uid is not None:
                 op_state["positions"] = spec.reader.snapshot_position()

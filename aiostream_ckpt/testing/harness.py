@@ -305,6 +305,7 @@ class KeyedFunctionHarness(Generic[IN, OUT]):
         files = tempfile.TemporaryDirectory(prefix="aiostream-harness-snapshot-")
         root = Path(files.name)
         sid = next(self._snapshot_ids)
+        self._operator.prepare_snapshot_pre_barrier(sid)
         part = self._backend.snapshot(
             SnapshotTarget(sid, root, root / f"savepoint-{sid}", root, is_savepoint=True)
         )
