@@ -97,6 +97,12 @@ class SessionWindowOperator(WindowOperator):
             for s in state.value() or ():
                 yield key, s[1] - 1
 
+    def _drop_fired(self, first_timer: int) -> None:
+        sessions = self._sessions.value() or []
+        keep = [s for s in sessions if s[1] - 1 >= first_timer]
+        if len(keep) != len(sessions):
+            self._sessions.update(keep or None)
+
     def open_sessions(self, key: Any) -> list[tuple[int, int]]:
         """``key``'s open sessions as ``(start, end)``, oldest first (tests, inspection)."""
         self._kc.key = key

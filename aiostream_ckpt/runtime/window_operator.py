@@ -10,7 +10,10 @@ is. So a key's timers follow its live windows, whatever its history. With
 allowed lateness they are the operator's :class:`InternalTimerService`
 (keyed state too); without, the windows in state are exactly the unfired
 ones, so the timers are kept in memory and derived from them when the
-operator opens (:meth:`WindowOperator._derive_timers`).
+operator opens (:meth:`WindowOperator._derive_timers`). A restore with
+another allowed lateness (savepoint) fires no window twice: a window that
+fired and waits for its cleanup is cleaned up at its end plus the new
+lateness (at once without lateness), re-emitted only on a late record.
 
 Lateness follows Flink: a window is late once ``max_timestamp +
 allowed_lateness <= watermark``; a record whose windows are all late goes to
@@ -120,34 +123,71 @@ class WindowOperator(StreamOperator):
         windows are the timers: registered again here after a restore, not
         stored. Why: a stored timer cost a map put when set, a remove when it
         fired and their LMDB records at the checkpoint, per window (and per
-        growing session, ~0.4 per click). Timers a checkpoint of the stored
-        layout holds are cleared: the windows give them back. With allowed
-        lateness a fired window stays until its cleanup, and whether its end
-        has fired is known only from its timers: those stay in keyed state.
+        growing session, ~0.4 per click). A checkpoint taken with allowed
+        lateness stores its timers: they are cleared, and its windows that
+        fired and waited for their cleanup are dropped (due now, not fired
+        again: :meth:`_first_stored_timers`). With allowed lateness a fired
+        window stays until its cleanup, and whether its end has fired is known
+        only from its timers: those stay in keyed state.
         """
         assert self.backend is not None
         backend, kc = self.backend, self._kc
         stored = backend.create_state(MapStateDescriptor(EVENT_TIMERS))
-        for key in list(backend.keys(EVENT_TIMERS)):
+        for key, first in self._first_stored_timers(stored).items():
             kc.key = key
             stored.clear()
+            self._drop_fired(first)
         timers = self._timers = DerivedEventTimers(backend)
         for _key, max_ts in self._window_ends():
             timers.register_event_time_timer(max_ts)
         kc.key = None
 
-    def _arm_stored_windows(self) -> None:
-        """With allowed lateness, give stored windows without a stored timer their timers.
+    def _first_stored_timers(self, stored: Any) -> dict[Any, int]:
+        """Each key's earliest stored timer: its windows ending before it have fired.
 
-        A checkpoint taken without allowed lateness stores no timers (see
-        :meth:`_derive_timers`); a window that has neither its end's nor its
-        cleanup's timer has not fired, so it gets both.
+        Timers are stored only with allowed lateness, where a window keeps one
+        until its cleanup. A checkpoint is taken between elements, when every
+        timer at or before the watermark has fired: a window that fired ends
+        at or before the watermark, each stored timer is after it, and a window
+        that has not fired holds a timer at its end (a session, at its own or
+        an earlier part's). So a window fired iff it ends before its key's
+        first stored timer, whatever the watermark the restore resumes at (a
+        rescaled one is the old subtasks' minimum).
         """
+        assert self.backend is not None
+        first: dict[Any, int] = {}
+        for key in list(self.backend.keys(EVENT_TIMERS)):
+            self._kc.key = key
+            first[key] = min(map(int, stored.keys()))
+        return first
+
+    def _drop_fired(self, first_timer: int) -> None:
+        """Drop the current key's windows that end before ``first_timer`` (they fired)."""
+        contents = self._contents
+        for window in list(contents.keys()):
+            if window[1] - 1 < first_timer:
+                contents.remove(window)
+
+    def _arm_stored_windows(self) -> None:
+        """With allowed lateness, give each stored window its timers for this lateness.
+
+        A window that has not fired gets its end's and cleanup's timers (a
+        checkpoint taken without allowed lateness stores none, see
+        :meth:`_derive_timers`); one that fired and waits for its cleanup gets
+        the cleanup's at its end plus *this* lateness (a savepoint taken with
+        another lateness has its timer elsewhere: it fires, and cleans nothing).
+        Timers already set are not set twice.
+        """
+        assert self.backend is not None
         timers = self._timers
         assert timers is not None
-        lateness, has = self._lateness, timers.has_event_time_timer
-        for _key, max_ts in self._window_ends():
-            if not (has(max_ts) or has(max_ts + lateness)):
+        lateness = self._lateness
+        stored = self.backend.create_state(MapStateDescriptor(EVENT_TIMERS))
+        first = self._first_stored_timers(stored)
+        for key, max_ts in self._window_ends():
+            if key in first and max_ts < first[key]:  # fired (see _first_stored_timers)
+                timers.register_event_time_timer(max_ts + lateness)
+            else:
                 self._set_timers(max_ts)
         self._kc.key = None
 

@@ -1,0 +1,155 @@
+"""A savepoint restored with another allowed lateness: windows fire once and are cleaned up.
+
+With allowed lateness the window timers are keyed state; without it they are
+derived from the stored windows when the operator opens. A window that fired
+but waits for its cleanup is still in a savepoint taken with lateness. As in
+Flink, it is not emitted again unless a late record arrives for it (and with
+the new lateness that record may be late); every window is cleaned up at its
+end plus the *new* lateness, and a window that had not fired still fires once.
+Each test takes a real savepoint of the backend and restores it into a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.jobspec.functions import OutputTag
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
+from aiostream_ckpt.runtime.session_windows import SESSIONS
+from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
+from aiostream_ckpt.state.backend import SnapshotTarget
+from aiostream_ckpt.state.lmdb import LmdbStateBackend
+from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows, TumblingEventTimeWindows
+from aiostream_ckpt.time.timers import EVENT_TIMERS
+from tests.unit.time.support import open_window_operator, window_backend
+
+LATE: OutputTag[Any] = OutputTag("late")
+WINDOWS = {"tumbling": WINDOW_CONTENTS, "session": SESSIONS}
+
+
+def _open(backend: LmdbStateBackend, kind: str, lateness: int, assigner: Any = None) -> Any:
+    if assigner is None:
+        assigner = (
+            TumblingEventTimeWindows.of(1_000)
+            if kind == "tumbling"
+            else EventTimeSessionWindows.with_gap(1_000)
+        )
+    spec = WindowSpec(
+        assigner=assigner,
+        kind=WindowKind.AGGREGATE,
+        timestamp_assigner=lambda e: e["ts"],
+        function=CountAggregate(),
+        allowed_lateness=lateness,
+        late_tag=LATE,
+    )
+    op = open_window_operator(spec, lambda e: e["k"], backend)
+    op.side_output = []
+    return op
+
+
+def _savepoint(backend: LmdbStateBackend, tmp: Path) -> LmdbStateBackend:
+    """Take a savepoint of ``backend`` and restore it into a new backend (closing the old)."""
+    root = tmp / "savepoints"
+    root.mkdir()
+    target = SnapshotTarget(
+        checkpoint_id=1,
+        root=root,
+        exclusive_dir=root / "savepoint-1",
+        shared_dir=root / "shared",
+        is_savepoint=True,
+    )
+    part = backend.snapshot(target)
+    asyncio.run(part.prepare())
+    handle = part.write()
+    asyncio.run(part.settle())
+    backend.close()
+    restored = window_backend(tmp / "restored", backend.operator_uid)
+    restored.restore(root, [handle])
+    return restored
+
+
+def _before(tmp: Path, kind: str, lateness: int) -> tuple[LmdbStateBackend, list[Any]]:
+    """u and v each have a window that fired at watermark 1_200; u has one that has not.
+
+    Tumbling: u's [0, 1000) holds 2, v's 1, u's [1000, 2000) 1. Sessions: u's
+    [0, 1200) holds 2 and [3000, 4000) 1 (it has not fired), v's [100, 1100) 1.
+    """
+    backend = window_backend(tmp / "before", "w")
+    op = _open(backend, kind, lateness)
+    second = 1_500 if kind == "tumbling" else 3_000
+    records = [{"k": "u", "ts": 100}, {"k": "u", "ts": 200}, {"k": "v", "ts": 100}]
+    out = op.process_batch([*records, {"k": "u", "ts": second}])
+    out += op.process_watermark(1_200)
+    return backend, out
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+@pytest.mark.parametrize("watermark_restored", [True, False])
+def test_lateness_to_none_fired_windows_do_not_fire_again(
+    tmp_path: Path, kind: str, watermark_restored: bool
+) -> None:
+    # before: the derived timers gave every stored window its end's timer, fired ones too:
+    # each fired again at the first watermark after the restore (duplicate output)
+    backend, out = _before(tmp_path, kind, lateness=60_000)
+    assert sorted(out) == [1, 2]
+    backend = _savepoint(backend, tmp_path)
+    op = _open(backend, kind, lateness=0)
+    if watermark_restored:  # a rescaled restore may resume at a lower watermark
+        op.restore_watermark(1_200)
+    assert op.process_watermark(1_300) == []
+    # their cleanup is due (end + 0 <= the watermark): dropped at open, not fired
+    assert list(backend.keys(WINDOWS[kind])) == ["u"]
+    assert list(backend.keys(EVENT_TIMERS)) == []
+    assert op.process_batch([{"k": "v", "ts": 300}]) == []  # late now
+    assert op.side_output == [(LATE, {"k": "v", "ts": 300})]
+    assert op.process_watermark(100_000) == [1]  # u's unfired window, once
+    assert list(backend.keys(WINDOWS[kind])) == []
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+def test_no_lateness_to_lateness_keeps_every_window(tmp_path: Path, kind: str) -> None:
+    backend, out = _before(tmp_path, kind, lateness=0)
+    assert sorted(out) == [1, 2]
+    backend = _savepoint(backend, tmp_path)
+    op = _open(backend, kind, lateness=60_000)
+    op.restore_watermark(1_200)
+    assert op.process_watermark(1_300) == []
+    # a record for a window cleaned up before the savepoint: not late now, a new window
+    assert op.process_batch([{"k": "v", "ts": 300}]) == [1]
+    assert op.process_watermark(10_000) == [1]  # u's unfired window, once
+    assert op.process_watermark(100_000) == []
+    assert list(backend.keys(WINDOWS[kind])) == []
+    assert list(backend.keys(EVENT_TIMERS)) == []
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+@pytest.mark.parametrize("after", [2_000, 90_000])
+def test_changed_lateness_cleans_up_at_the_new_lateness(
+    tmp_path: Path, kind: str, after: int
+) -> None:
+    # before: cleanup matched only the old lateness's timer (a window never cleaned up);
+    # sessions re-fired their fired sessions (the new cleanup time had no timer)
+    backend, out = _before(tmp_path, kind, lateness=60_000)
+    assert sorted(out) == [1, 2]
+    backend = _savepoint(backend, tmp_path)
+    op = _open(backend, kind, lateness=after)
+    op.restore_watermark(1_200)
+    assert op.process_watermark(1_300) == []
+    # u's fired window, not late under either lateness: fires again with the record
+    out = op.process_batch([{"k": "u", "ts": 150}])
+    assert out == [3]
+    out += op.process_watermark(998 + after)  # before any window's end plus the new lateness
+    assert sorted(backend.keys(WINDOWS[kind])) == ["u", "v"]
+    out += op.process_watermark(3_999 + after)
+    assert list(backend.keys(WINDOWS[kind])) == []  # cleaned up at the new lateness
+    assert sorted(out) == [1, 3]  # and u's unfired window fired once
+    assert op.process_watermark(200_000) == []
+    assert list(backend.keys(WINDOWS[kind])) == []
+    assert list(backend.keys(EVENT_TIMERS)) == []
+    backend.close()
