@@ -18,7 +18,9 @@ the allowed lateness); a session that grows or merges keeps its parts'
 timers, which fire no later than its own, and the first of them that fires
 sets the session's current ones (:meth:`SessionWindowOperator._on_timer`). So
 a growing session costs no timer work per click, and a key holds about one
-timer per open session, whatever its history.
+timer per open session, whatever its history. A session that fired has no
+timer before its cleanup: a late record that grows it past the watermark
+sets its end's timers (it fires again there, as Flink's merging trigger does).
 
 Lateness, late firing and the late side output are the window operator's
 (Flink's): a record whose session is late goes to the side output; one that
@@ -141,14 +143,14 @@ class SessionWindowOperator(WindowOperator):
                     sessions = touched[key] = list(value() or ())
                 if agg is not None and len(sessions) == 1:
                     start, end, acc = sessions[0]
-                    if start <= ts + gap and ts <= end:  # touches its one session
+                    # touches its one session, not due (nothing fires, its timers stand)
+                    if start <= ts + gap and ts <= end and end - 1 > watermark:
                         if ts < start:
                             start = ts
                         if ts + gap > end:
                             end = ts + gap
-                        if end - 1 > watermark:  # not due: nothing fires
-                            sessions[0] = (start, end, agg(rec, acc))
-                            continue
+                        sessions[0] = (start, end, agg(rec, acc))
+                        continue
                 kc.key = key
                 if not add(sessions, rec, ts):
                     self._late(rec)
@@ -180,6 +182,8 @@ class SessionWindowOperator(WindowOperator):
             sessions[i] = (start, end, self._fold_owned(s[2], record))
             if end - 1 <= self.watermark:
                 self._fire_late(start, end, sessions[i][2])
+            elif s[1] - 1 <= self.watermark:  # it fired, and now ends after the watermark
+                self._set_timers(end - 1)
             return True
         max_ts = end - 1
         if not hits:
@@ -198,6 +202,8 @@ class SessionWindowOperator(WindowOperator):
         sessions.append((start, end, contents))
         if end - 1 <= self.watermark:
             self._fire_late(start, end, contents)
+        elif all(p[1] - 1 <= self.watermark for p in parts):  # no part has a timer to come
+            self._set_timers(end - 1)
         return True
 
     def _fire_late(self, start: int, end: int, contents: Any) -> None:

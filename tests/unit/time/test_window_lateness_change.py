@@ -7,6 +7,7 @@ Flink, it is not emitted again unless a late record arrives for it (and with
 the new lateness that record may be late); every window is cleaned up at its
 end plus the *new* lateness, and a window that had not fired still fires once.
 Each test takes a real savepoint of the backend and restores it into a new one.
+Last, a late record that grows a fired session past the watermark.
 """
 
 from __future__ import annotations
@@ -152,4 +153,47 @@ def test_changed_lateness_cleans_up_at_the_new_lateness(
     assert op.process_watermark(200_000) == []
     assert list(backend.keys(WINDOWS[kind])) == []
     assert list(backend.keys(EVENT_TIMERS)) == []
+    backend.close()
+
+
+class _OddLongSessions(EventTimeSessionWindows):
+    """Sessions whose records at an odd time open 5 s, others 1 s (not the inlined path)."""
+
+    def bounds(self, timestamp: int) -> list[tuple[int, int]]:
+        return [(timestamp, timestamp + (5_000 if timestamp % 2 else 1_000))]
+
+
+@pytest.mark.parametrize("path", ["inline", "general"])
+def test_a_late_record_that_grows_a_fired_session_past_the_watermark_fires_it_again(
+    tmp_path: Path, path: str
+) -> None:
+    # before: the grown session had only its old cleanup timer, after its new end:
+    # it never fired, and was dropped at the cleanup (its records lost)
+    backend = window_backend(tmp_path, "w")
+    assigner = _OddLongSessions(1_000) if path == "general" else None
+    op = _open(backend, "session", 60_000, assigner)
+    out = op.process_batch([{"k": "u", "ts": 0}, {"k": "u", "ts": 500}])
+    out += op.process_watermark(2_000)
+    assert out == [2]  # [0, 1500)
+    out += op.process_batch([{"k": "u", "ts": 1_400}])  # not late: [0, 2400), past 2000
+    assert out == [2] and op.open_sessions("u") == [(0, 2_400)]
+    out += op.process_watermark(2_399)
+    assert out == [2, 3]  # at its new end, as Flink's merging trigger does
+    out += op.process_watermark(62_399)
+    assert out == [2, 3] and op.open_sessions("u") == []
+    backend.close()
+
+
+def test_fired_sessions_merged_past_the_watermark_fire_at_the_merged_end(tmp_path: Path) -> None:
+    backend = window_backend(tmp_path, "w")
+    op = _open(backend, "session", 60_000, _OddLongSessions(1_000))
+    out = op.process_batch([{"k": "u", "ts": 0}, {"k": "u", "ts": 1_100}])
+    out += op.process_watermark(2_200)
+    assert out == [1, 1]  # [0, 1000) and [1100, 2100)
+    out += op.process_batch([{"k": "u", "ts": 999}])  # [999, 5999) bridges both
+    assert op.open_sessions("u") == [(0, 5_999)]
+    out += op.process_watermark(5_998)
+    assert out == [1, 1, 3]
+    out += op.process_watermark(65_998)
+    assert op.open_sessions("u") == []
     backend.close()
