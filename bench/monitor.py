@@ -35,6 +35,8 @@ class ProcessRecord:
     wall_s: float
     #: (seconds since spawn, bytes of input read)
     positions: list[tuple[float, float]] = field(default_factory=list)
+    #: (seconds since spawn, bytes read of each input file, in ``input_paths`` order)
+    reader_positions: list[tuple[float, tuple[float, ...]]] = field(default_factory=list)
     #: (seconds since spawn, stderr line)
     lines: list[tuple[float, str]] = field(default_factory=list)
     peak_rss_kb: int = 0
@@ -217,6 +219,10 @@ class _Progress:
             return None
         return float(sum(self.pos.values()))
 
+    def per_file(self) -> tuple[float, ...]:
+        """Bytes read of each file, in the order of the paths given (after :meth:`sample`)."""
+        return tuple(float(v) for v in self.pos.values())
+
 
 def run_monitored(
     cmd: Sequence[str],
@@ -260,6 +266,7 @@ def run_monitored(
                 pos = progress.sample(proc.pid)
                 if pos is not None:
                     rec.positions.append((now, pos))
+                    rec.reader_positions.append((now, progress.per_file()))
             if n % 2 == 0:
                 tree = process_tree(proc.pid)
                 cpu.sample(proc.pid, tree)

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.monitor import wait_for_quiet
 from bench.results import RunResult
-from bench.stats import median, spread, steady_window, summarize
+from bench.stats import SteadyWindow, median, slowest_reader, spread, steady_window, summarize
 from bench.systems import Attempt, RunSpec, System, Workload
 from bench.validation import Verdict, python_recount, spark_validate
 
@@ -106,10 +106,14 @@ def measure(
     keep_outputs: bool = True,
     label: str = "",
     check: Callable[[Path, Path], Verdict] | None = None,
+    parallel_readers: bool = False,
 ) -> Measured:
     """Run ``system`` ``repeats`` times; figures are medians over the repeats.
 
     ``check(input, output_dir)`` judges each run's output (default: the pv_count recount).
+    ``parallel_readers``: the input files are read at once, one reader each (one
+    per subtask or worker): the steady window is then that of the slowest
+    reader's progress (:func:`~bench.stats.slowest_reader`), not of the sum.
     """
     res = RunResult(
         system=system.name, path=system.path, experiment=experiment, events=workload.events
@@ -123,6 +127,9 @@ def measure(
     rates, walls, rss, attempts = [], [], [], []
     backgrounds: list[float] = []
     cpus: list[dict[str, Any]] = []
+    summed: list[float | None] = []
+    windows: list[tuple[float, int] | None] = []
+    sizes = [float(p.stat().st_size) for p in workload.paths]
     for i in range(repeats):
         run_dir = work / f"{experiment}{label}-{system.name}-{i}"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -144,8 +151,13 @@ def measure(
             )
             say(f"{system.name}: FAILED: {res.reason}")
             return m
-        win = steady_window(rec.positions, float(workload.bytes))
         bpe = workload.bytes / workload.events
+        win = steady_window(rec.positions, float(workload.bytes))
+        if parallel_readers:
+            by_sum = win
+            win = steady_window(slowest_reader(rec.reader_positions, sizes), sum(sizes))
+            summed.append(round(by_sum.rate / bpe) if by_sum else None)
+            windows.append(window_checkpoints(win, attempt.completed))
         rate = win.rate / bpe if win else workload.events / rec.wall_s
         rates.append(rate)
         walls.append(rec.wall_s)
@@ -172,6 +184,9 @@ def measure(
     res.config = {**mid_attempt.config, "workload": workload.describe(), "repeats": repeats}
     res.config["background_cores_before_runs"] = backgrounds
     res.config["cpu_s"] = cpus  # per repeat: the tree's user+sys, main and child processes
+    if parallel_readers:  # per repeat, for comparison: the window of the summed positions
+        res.config["steady_summed_events_per_s"] = summed
+        res.config["steady_windows"] = windows  # (seconds, checkpoints completed inside)
     describe_median(res, mid_attempt, backgrounds)
     bpe = workload.bytes / workload.events
     res.series = {
@@ -189,6 +204,20 @@ def measure(
         "summary": "; ".join(sorted({v.summary for v in verdicts})),
     }
     return m
+
+
+def window_checkpoints(
+    win: SteadyWindow | None, completed: list[tuple[float, int, float, int]]
+) -> tuple[float, int] | None:
+    """The window's length and how many checkpoints completed inside it.
+
+    A window shorter than a few checkpoint intervals holds none or one of the
+    pauses that checkpoints cost, by chance: its rate is then not the job's.
+    """
+    if win is None:
+        return None
+    inside = sum(1 for t, *_ in completed if win.t_start <= t <= win.t_end)
+    return round(win.t_end - win.t_start, 2), inside
 
 
 def python_recount_multi(

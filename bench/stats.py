@@ -142,6 +142,31 @@ def steady_window(
     return SteadyWindow((v1 - v0) / (t1 - t0), t0, t1, tuple(rates))
 
 
+def slowest_reader(
+    samples: Sequence[tuple[float, Sequence[float]]], sizes: Sequence[float]
+) -> list[tuple[float, float]]:
+    """Progress of readers that run in parallel, paced by the one furthest behind.
+
+    ``samples`` are ``(time, bytes read of each input)``. A job's input is done
+    when its slowest reader is, so its progress is that reader's share of its
+    input times the whole input. The summed read positions instead let the
+    readers that are ahead stand in for the one behind: with two worker
+    processes, one ending early leaves the other's lone tail past 90 % of the
+    sum, outside :func:`steady_window`'s window, which then reports the rate
+    of both running as the job's.
+
+    >>> slowest_reader([(1.0, (50.0, 20.0)), (2.0, (100.0, 60.0))], [100.0, 100.0])
+    [(1.0, 40.0), (2.0, 120.0)]
+    """
+    total = float(sum(sizes))
+    if not sizes or total <= 0:
+        return []
+    return [
+        (t, total * min(v / s if s > 0 else 1.0 for v, s in zip(vs, sizes, strict=True)))
+        for t, vs in samples
+    ]
+
+
 def step_rate(
     samples: Sequence[tuple[float, float]], total: float, *, lo: float = 0.1, hi: float = 0.9
 ) -> float | None:

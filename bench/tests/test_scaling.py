@@ -2,7 +2,7 @@
 
 from bench.results import RunResult
 from bench.runner import Measured
-from bench.scaling import cpu_per_million, merge, summary
+from bench.scaling import cpu_per_million, merge, scaling_line, summary
 
 
 def _run(rate: float, wall: float, cpu: dict, verdict: bool | None = True) -> Measured:
@@ -43,3 +43,19 @@ def test_merged_repeats_keep_every_verdict_and_the_median_rate() -> None:
     assert s["exactly_once"] and s["target_steady_ratio"] == 1.5
     # one process's CPU (2.0 s per M events) against the busier worker's (1.1)
     assert s["cpu_bound_ratio"] == round(2.0 / 1.1, 2)
+
+
+def test_summary_keeps_the_summed_positions_ratio_beside_the_slowest_readers() -> None:
+    cpu = {"total_s": 4.0, "main_s": 4.0, "children_s": []}
+    runs1 = [_run(100.0, 20.0, cpu), _run(110.0, 19.0, cpu)]
+    runs2 = [_run(180.0, 12.0, cpu), _run(190.0, 11.0, cpu)]
+    for m, summed in zip(runs1 + runs2, (105, 115, 230, 250), strict=True):
+        m.result.config["steady_summed_events_per_s"] = [summed]
+        m.result.config["steady_windows"] = [(1.5, 1)]
+    one, two = merge(runs1, 2_000_000), merge(runs2, 2_000_000)
+    assert one.result.config["steady_summed_events_per_s"] == [105, 115]
+    s = summary("file-10k-kg", one.result, two.result, 2_000_000)
+    assert s["steady_ratio"] == round(185.0 / 105.0, 2)  # medians of the repeats
+    assert s["steady_summed_ratio"] == round(240.0 / 110.0, 2)
+    assert s["workers_2"]["steady_windows"] == [(1.5, 1), (1.5, 1)]
+    assert "summed positions 2.18x" in scaling_line(s)
