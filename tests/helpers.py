@@ -89,6 +89,15 @@ def cli(
     )
 
 
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie nobody reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiostream_ckpt.daemon.cli", *args]
 

@@ -70,6 +70,13 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "core and event loop; 1 runs them all in the main process; at most the usable cores "
         "(no more start than the widest operator's parallelism: a parallelism-1 job runs in one)",
     ),
+    "job.worker_start_timeout": (
+        None,
+        "`job.workers` > 1: how long a worker process may take to say hello (import the app, "
+        "build the job) and, separately, to restore its share of the state and recover its "
+        "outputs; past it the worker is killed and the attempt fails (the restart strategy "
+        "applies). Raise it for state that takes longer to restore",
+    ),
     "job.max_parallelism": (None, "key groups: the most parallelism a restore can rescale to"),
     "job.batch_size": (None, "records per batch"),
     "job.channel_capacity": (None, "batches per channel between tasks"),

@@ -121,6 +121,8 @@ class JobConfig:
     parallelism: int = 1
     #: processes running the subtasks (``runtime.placement``); 1: all in this process
     workers: int = 1
+    #: seconds a worker process may take to say hello, and to restore its share (each)
+    worker_start_timeout: float = 120.0
     max_parallelism: int = 128
     batch_size: int = 2048
     channel_capacity: int = 8
@@ -155,6 +157,12 @@ class JobConfig:
             "job.workers",
             self.workers,
             f"1..{cores} (the cores this process may run on)",
+        )
+        _check(
+            self.worker_start_timeout > 0,
+            "job.worker_start_timeout",
+            self.worker_start_timeout,
+            "> 0",
         )
         _check(self.batch_size >= 1, "job.batch_size", self.batch_size, ">= 1")
         _check(self.channel_capacity >= 1, "job.channel_capacity", self.channel_capacity, ">= 1")

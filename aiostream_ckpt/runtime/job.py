@@ -346,6 +346,8 @@ class JobRunner:
             coordinator,
             self.storage,
             attempt=setup.attempt,
+            start_timeout=self.config.worker_start_timeout,
+            clock=self.clock,
         )
         self.run_state.coordinator = coordinator
         self.run_state.workers = group.reports

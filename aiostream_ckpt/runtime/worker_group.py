@@ -18,6 +18,9 @@ The attempt runs in the steps of ``runtime.worker_attempt``. Any worker's
 failure -- an error it reports, or its death, seen as the end of its control
 connection -- fails the attempt; :meth:`WorkerGroup.stop` then ends every
 worker, and the runner restarts them all from the latest completed checkpoint.
+A worker alive but silent fails it too: one that does not say hello, or does
+not finish its restore or its outputs' recovery, within
+``job.worker_start_timeout`` is killed (no death would end those waits).
 
 The workers' reports of their subtasks' figures are kept in
 :attr:`WorkerGroup.reports` (``runtime.worker_metrics``), marked failed when
@@ -37,6 +40,7 @@ from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.connectors.base import OutputSurvey
 from aiostream_ckpt.errors import ChannelError, CheckpointError, WorkerError
 from aiostream_ckpt.jobspec.graph import Transformation, TransformKind
@@ -92,6 +96,8 @@ class WorkerGroup:
         storage: CheckpointStorage,
         *,
         attempt: int = 0,
+        start_timeout: float = 120.0,
+        clock: Clock | None = None,
     ) -> None:
         self.launch = launch
         self.count = launch.workers
@@ -99,6 +105,9 @@ class WorkerGroup:
         self._chains = chains
         self._coordinator = coordinator
         self._storage = storage
+        self._clock = clock or SystemClock()
+        #: how long a worker may take to say hello, to restore, to recover its outputs
+        self.start_timeout = start_timeout
         # fail points kill a worker once per run of the command, as they kill the main
         # process once: the workers of a restarted attempt are not armed again
         self.workers = [
@@ -130,15 +139,19 @@ class WorkerGroup:
         for i, j in itertools.combinations(range(self.count), 2):
             ends[i][j], ends[j][i] = socket.socketpair()
         heads = [(c.head.uid, c.parallelism) for c in self._chains]
-        try:
-            await asyncio.gather(
-                *(
-                    w.start(
-                        self._fingerprint, worker_tasks(heads, w.index, self.count), ends[w.index]
-                    )
-                    for w in self.workers
-                )
+        starts = [
+            asyncio.ensure_future(
+                w.start(self._fingerprint, worker_tasks(heads, w.index, self.count), ends[w.index])
             )
+            for w in self.workers
+        ]
+        try:
+            await self._each(starts, "say hello")
+        except BaseException:  # the first failure ends the others' starts (each kills its own)
+            for t in starts:
+                t.cancel()
+            await asyncio.gather(*starts, return_exceptions=True)
+            raise
         finally:
             for pair in ends.values():
                 for sock in pair.values():
@@ -254,12 +267,13 @@ class WorkerGroup:
                 "local_dir": str(setup.local_dir),
             }
         )
-        return [s for r in await self._all("surveys") for s in surveys_of(r)]
+        replies = await self._all("surveys", within="restore its state")
+        return [s for r in replies for s in surveys_of(r)]
 
     async def recover(self) -> None:
         """Have every worker recover its outputs (the restore was accepted)."""
         self._send_all({"type": "recover"})
-        await self._all("recovered")
+        await self._all("recovered", within="recover its outputs")
 
     async def run(self) -> None:
         """Start the tasks; return once every worker's tasks ended, raise the first failure."""
@@ -281,19 +295,55 @@ class WorkerGroup:
     def _queue(self, worker: int, kind: str) -> asyncio.Queue[Message]:
         return self._replies.setdefault((worker, kind), asyncio.Queue())
 
-    async def _all(self, kind: str) -> list[Message]:
-        """Wait for a ``kind`` reply from every worker; raise the first failure instead."""
+    async def _all(self, kind: str, *, within: str | None = None) -> list[Message]:
+        """Wait for a ``kind`` reply from every worker; raise the first failure instead.
+
+        ``within``: the step the workers take, bounded by the start timeout (:meth:`_each`).
+        """
         gets = [asyncio.ensure_future(self._queue(w.index, kind).get()) for w in self.workers]
         try:
-            pending: set[asyncio.Future[Any]] = {*gets, self.failure}
-            while not all(g.done() for g in gets):
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if self.failure in done:
-                    raise self.failure.result()
-            return [g.result() for g in gets]
+            return await self._each(gets, within)
         finally:
             for g in gets:
                 g.cancel()
+
+    async def _each(self, steps: Sequence[asyncio.Future[Any]], within: str | None) -> list[Any]:
+        """Wait for each worker's step (one per worker, in order); raise the first failure.
+
+        With ``within`` (what the step is) the wait is bounded by the start
+        timeout: the workers whose step has not ended by then are alive but
+        silent (a death would have failed the group), so they are killed and
+        named. Without, only a failure ends the wait early.
+        """
+        pending: set[asyncio.Future[Any]] = {*steps, self.failure}
+        deadline = None
+        if within is not None:
+            deadline = asyncio.ensure_future(self._clock.sleep(self.start_timeout))
+            pending.add(deadline)
+        try:
+            while not all(t.done() for t in steps):
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if self.failure in done:
+                    raise self.failure.result()
+                for t in done:
+                    if t in steps:
+                        t.result()  # a step's own failure (a worker refused, say)
+                if deadline in done:
+                    silent = [w for w, t in zip(self.workers, steps, strict=True) if not t.done()]
+                    raise await self._hung(silent, f"did not {within}")
+            return [t.result() for t in steps]
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+
+    async def _hung(self, workers: list[WorkerProcess], what: str) -> WorkerError:
+        """Kill ``workers`` (alive, silent: a stop would wait for them) and say which."""
+        named = ", ".join(f"worker {w.index} (pid {w.pid})" for w in workers)
+        why = f"{what} within {self.start_timeout:g}s (job.worker_start_timeout): hung, killed"
+        error = WorkerError(f"{named} {why}", retriable=True)
+        self._fail(error)  # before the kills: their ends of connection are not the cause
+        await asyncio.gather(*(w.kill() for w in workers))
+        return error
 
     async def _pump(self, w: WorkerProcess) -> None:
         """Hand one worker's messages on; its end (death, reported failure) marks its figures."""

@@ -20,6 +20,7 @@ from aiostream_ckpt.errors import ChannelError, WorkerError
 from aiostream_ckpt.runtime.graph import plan_chains
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_tasks
 from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerProcess, WorkerState
+from tests.helpers import gone
 
 pytestmark = pytest.mark.integration
 
@@ -119,15 +120,6 @@ MAIN = textwrap.dedent(
     asyncio.run(main())
     """
 )
-
-
-def gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (a zombie nobody reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def kill_parent_and_wait_for_child(argv: list[str]) -> None:

@@ -1,0 +1,70 @@
+"""pv_count whose worker process hangs once (SIGSTOP): before its hello, or in its restore.
+
+A worker that hangs importing the app, or in a user function's ``open()``
+(connecting to something that never answers), is alive: its control
+connection stays open, so only a timeout can end the main process's wait.
+
+``app.hang``: ``hello`` (the worker stops itself while building the job) or
+``restore`` (in ``open()``, once ``app.after`` exists: a later attempt's
+restore from a checkpoint). ``app.marker``: created by the one process that
+hangs (the next attempt's workers run on). ``app.fail_at`` / ``app.after``:
+the counter raises once at that seq and creates ``after`` (the failure that
+makes the restore a restore from a checkpoint). Main never hangs: only a
+worker process (``python -m aiostream_ckpt.daemon.worker``) does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiostream_ckpt.api import StreamEnvironment
+from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
+from apps.pv_count import CountPageViews, app_id, event_source
+
+
+def _in_worker() -> bool:
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return spec is not None and spec.name == "aiostream_ckpt.daemon.worker"
+
+
+def hang_once(marker: str) -> None:
+    """SIGSTOP this worker process unless another process already hung (the marker exists)."""
+    if not _in_worker():
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    print(f"hung_worker: pid {os.getpid()} stops itself", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class HangingCount(CountPageViews):
+    def __init__(self, hang: str, marker: str, fail_at: int, after: str) -> None:
+        self.hang, self.marker, self.fail_at, self.after = hang, marker, fail_at, after
+
+    def open(self, ctx):
+        if self.hang == "restore" and Path(self.after).exists():
+            hang_once(self.marker)
+        super().open(ctx)
+
+    def process_element(self, value, ctx, out):
+        if value.get("seq") == self.fail_at and not Path(self.after).exists():
+            Path(self.after).touch()
+            raise RuntimeError(f"injected failure at seq {self.fail_at}")
+        super().process_element(value, ctx, out)
+
+
+def build(env: StreamEnvironment) -> None:
+    p = env.params
+    hang, marker = str(p["hang"]), str(p["marker"])
+    if hang == "hello":
+        hang_once(marker)
+    fn = HangingCount(hang, marker, int(p.get("fail_at", -1)), str(p.get("after", marker + ".f")))
+    events = env.from_source(event_source(p), uid="events")
+    events.key_by(app_id).process(fn, uid="pv-count").sink_to(
+        ExactlyOnceFileSink(str(p["output"])), uid="pv-sink"
+    )

@@ -1,0 +1,86 @@
+"""job.workers=2: a worker that starts but hangs (SIGSTOP) is killed, and the job restarts.
+
+A hung worker is alive: its control connection stays open, so no death is
+seen. Before job.worker_start_timeout, a worker stopped before its hello, or
+in its restore, left ``aiostream-ckpt run`` waiting forever. Now the attempt
+fails naming the worker and the step, the worker is killed (no orphan), and
+the restart strategy restarts every worker from the latest completed
+checkpoint: the committed output is exact. Real processes throughout.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import check_pv_output, cli, gone, make_pv_input, recount
+
+pytestmark = pytest.mark.integration
+
+_STOPPED = re.compile(r"hung_worker: pid (\d+) stops itself")
+
+
+def run_hanging(tmp_path: Path, hang: str, *extra: str) -> tuple[str, list[Path]]:
+    """Run tests.apps.hung_worker to its end; return its log and inputs (rc 0 asserted)."""
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 8_000, seed=70 + i) for i in range(2)]
+    args = [
+        "run", "tests.apps.hung_worker",
+        "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "--set", f"app.input={','.join(map(str, inputs))}",
+        "--set", f"app.output={tmp_path / 'out'}",
+        "--set", f"app.hang={hang}",
+        "--set", f"app.marker={tmp_path / 'hung'}",
+        "--set", f"app.after={tmp_path / 'failed'}",
+        "--set", "job.parallelism=2",
+        "--set", "job.workers=2",
+        "--set", "job.batch_size=256",
+        "--set", "job.worker_start_timeout=3s",
+        "--set", "checkpoint.interval=50ms",
+        "--set", "restart.delay=0s",
+        # a slow machine's healthy worker may also miss 3 s: that restart is harmless
+        "--set", "restart.attempts=10",
+        *extra,
+    ]  # fmt: skip
+    try:
+        result = cli(*args, timeout=150)
+    except subprocess.TimeoutExpired as exc:  # the old code: the job waits forever
+        raise AssertionError(f"the job hung: {str(exc.stderr)[-3000:]}") from None
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stderr, inputs
+
+
+def stopped_pid(log: str) -> int:
+    found = _STOPPED.findall(log)
+    assert len(found) == 1, log[-3000:]
+    return int(found[0])
+
+
+def test_a_worker_hung_before_its_hello_is_killed_and_the_job_restarts(tmp_path: Path) -> None:
+    log, inputs = run_hanging(tmp_path, "hello")
+    pid = stopped_pid(log)
+    assert re.search(
+        rf"worker \d \(pid {pid}\)[^\n]* did not say hello within 3s \(job\.worker_start_timeout",
+        log,
+    ), log[-3000:]
+    assert "restart 1" in log
+    assert gone(pid)
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_a_worker_hung_in_its_restore_is_killed_and_the_job_restarts(tmp_path: Path) -> None:
+    # paced (>= 0.5 s of input): checkpoints complete before the failure at seq 5000
+    log, inputs = run_hanging(tmp_path, "restore", "--set", "app.fail_at=5000",
+                              "--set", "app.rate=8000")  # fmt: skip
+    pid = stopped_pid(log)
+    failure, restore = log.index("injected failure at seq 5000"), log.index("restoring from")
+    assert failure < restore < log.index(f"pid {pid} stops itself"), log[-3000:]
+    said = rf"worker \d \(pid {pid}\)[^\n]* did not restore its state within 3s"
+    assert re.search(said, log), log[-3000:]
+    assert "restart 2" in log
+    assert gone(pid)
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
