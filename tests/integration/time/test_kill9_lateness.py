@@ -3,7 +3,8 @@
 A restarted task used to start at the minimum watermark, so the very late
 records of its first batches became window results (a window of one, long
 closed) instead of going to the late output. With each task's watermark in
-the checkpoint, both outputs equal a failure-free run's, however many kills.
+the checkpoint, both outputs equal a failure-free run's, however many kills,
+also with the subtasks in worker processes (``job.workers=2``).
 """
 
 from __future__ import annotations
@@ -116,4 +117,71 @@ def test_lateness_exact_when_restored_at_another_parallelism(tmp_path: Path) -> 
     resumed = subprocess.run(cmd(3), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "restoring from checkpoint" in resumed.stderr
+    _assert_exact(everything, out, late)
+
+
+#: How far input 1's event time is behind input 0's in the lagging case: source subtask 1
+#: holds every window subtask's watermark that far behind subtask 0's
+LAG_MS = 100_000
+#: How far behind the newest event a late record of the idle case is: late against a
+#: watermark that advances (a window and the bounded delay are 11 s), not against one
+#: stuck where a restart found it, for the rest of the input (>= 40 s of event time)
+IDLE_LATE_BY_MS = 60_000
+
+
+def _inputs(tmp: Path, case: str) -> tuple[list[Path], list[dict[str, Any]]]:
+    """``lagging``: 2 inputs, input 1 LAG_MS behind; ``idle``: 1 input, late by 60 s."""
+    inputs, everything = [], []
+    for i in range(2 if case == "lagging" else 1):
+        events = app.generate(40_000, seed=40 + i, late_every=64)
+        if case == "idle":  # late by 60 s, from the 10,000th event (after start-up)
+            events = [
+                {**e, "ts": e["ts"] + app.LATE_BY_MS - IDLE_LATE_BY_MS} if "late" in e else e
+                for e in events
+                if e.get("late", 10_000) >= 10_000
+            ]
+        events = [{**e, "k": f"{e['k']}-{i}", "ts": e["ts"] - LAG_MS * i} for e in events]
+        inputs.append(app.write(tmp / f"in-{i}.jsonl", events))
+        everything.extend(events)
+    return inputs, everything
+
+
+@pytest.mark.parametrize("case", ["lagging", "idle"])
+def test_lateness_per_subtask_exact_in_worker_processes_under_kill9(
+    tmp_path: Path, case: str
+) -> None:
+    """job.workers=2, parallelism 2: each subtask's restored event time is its own.
+
+    ``lagging``: source subtask 1 reads an input 100 s of event time behind
+    subtask 0's. Had a worker restored subtask 0's event time into subtask 1,
+    its records would be late after a restart (as they are with the subtasks'
+    restored time swapped; with none restored, very late records become
+    window results). ``idle``: one input file, so source subtask 1 has no
+    split and is idle the whole run. Had it come back not idle, with the
+    windows' channel from it not idle either, it would hold their watermark
+    where the restart found it, and records 60 s late would become window
+    results. Kills hit the main process or a worker; late output and windows
+    equal a failure-free run's.
+    """
+    inputs, everything = _inputs(tmp_path, case)
+    out, late = tmp_path / "out", tmp_path / "late"
+    result, log = run_app_under_kills(
+        tmp_path,
+        "tests.apps.late_windows",
+        [
+            f"app.input={','.join(map(str, inputs))}",
+            f"app.output={out}",
+            f"app.late_output={late}",
+            "app.rate=20000",  # a pass >= 2 s, 40 checkpoint intervals
+            "job.workers=2",
+            "restart.delay=0s",
+        ],
+        kills=3,
+        seed=5,
+        inputs=inputs,
+        parallelism=2,
+        batch_size=256,
+        kill_workers=True,
+    )
+    assert result.worker_kills >= 1, log.read_text()[-3000:]  # a worker, not only the main
     _assert_exact(everything, out, late)
