@@ -100,10 +100,14 @@ async def to_the_end(work: asyncio.Future[None]) -> None:
     """Await file work in an executor thread; if cancelled, still wait for it to end.
 
     A thread cannot be stopped: returning at once would let the caller's
-    cleanup race the file operations still running. Cancellation is re-raised.
+    cleanup race the file operations still running. Cancellation is re-raised;
+    an error the work ended with meanwhile is collected (the caller is gone),
+    not left for asyncio to log as never retrieved at a failover.
     """
     try:
         await asyncio.shield(work)
     except asyncio.CancelledError:
         await asyncio.wait([work])
+        if not work.cancelled():
+            work.exception()
         raise

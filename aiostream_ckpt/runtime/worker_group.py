@@ -56,12 +56,20 @@ from aiostream_ckpt.runtime.worker_messages import (
     surveys_of,
 )
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
-from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerProcess, WorkerState
+from aiostream_ckpt.runtime.workers import (
+    WorkerLaunch,
+    WorkerProcess,
+    WorkerState,
+    exit_description,
+)
 
 log = logging.getLogger(__name__)
 
 #: how long a worker asked to stop may take before it is killed
 STOP_GRACE_SECONDS = 30.0
+#: after a worker's exit, how long its last words (a failure it reported, the end of its
+#: connection) may take to be read before the exit itself fails the attempt
+EXIT_GRACE_SECONDS = 1.0
 
 
 class _RemoteSource:
@@ -159,7 +167,8 @@ class WorkerGroup:
         for w in self.workers:
             log.info("worker %d started (pid %s): %s", w.index, w.pid, ", ".join(w.hello["tasks"]))
             self.reports.started(w.index, w.pid)
-            self._bg.spawn(self._pump(w), f"worker-{w.index}-control")
+            pump = self._bg.spawn(self._pump(w), f"worker-{w.index}-control")
+            self._bg.spawn(self._watch_exit(w, pump), f"worker-{w.index}-exit")
         self._register()
 
     async def stop(self) -> None:
@@ -169,8 +178,11 @@ class WorkerGroup:
         async def one(w: WorkerProcess) -> None:
             try:
                 await asyncio.wait_for(w.stop(), STOP_GRACE_SECONDS)
-            except (TimeoutError, ChannelError):
+            except TimeoutError:
                 log.warning("worker %d did not stop in time: killing it", w.index)
+                await w.kill()
+            except ChannelError as exc:  # it failed or died: make sure it is gone
+                log.debug("worker %d: %s; killing it", w.index, exc)
                 await w.kill()
 
         await asyncio.gather(*(one(w) for w in self.workers))
@@ -344,6 +356,23 @@ class WorkerGroup:
         self._fail(error)  # before the kills: their ends of connection are not the cause
         await asyncio.gather(*(w.kill() for w in workers))
         return error
+
+    async def _watch_exit(self, w: WorkerProcess, pump: asyncio.Task[None]) -> None:
+        """Fail the attempt when ``w`` exits unasked, even if its connection stays open.
+
+        The end of its control connection usually says it first (the pump's
+        error, or the failure it reported, wins). But a process the worker
+        forked keeps the socket open after the worker died: no end of file
+        comes, and only the exit tells.
+        """
+        code = await w.exited()
+        await asyncio.wait([pump], timeout=EXIT_GRACE_SECONDS)
+        if self._stopping:
+            return
+        self.reports.failed(w.index)
+        raise WorkerError(
+            f"worker {w.index} (pid {w.pid}) {exit_description(code)}", retriable=True
+        )
 
     async def _pump(self, w: WorkerProcess) -> None:
         """Hand one worker's messages on; its end (death, reported failure) marks its figures."""

@@ -10,7 +10,9 @@ refuses a worker whose graph differs before anything runs.
 A worker never outlives the main process: it asks the kernel for SIGKILL
 when its parent dies (``PR_SET_PDEATHSIG``, Linux) and exits on the end of
 its control connection. A worker that dies is the control connection's
-failure, which the owner turns into a failed attempt.
+failure, which the owner turns into a failed attempt -- and its exit
+(:meth:`WorkerProcess.exited`), for when no end of file comes: a child the
+worker forked (``multiprocessing``'s default on Linux) holds the socket on.
 """
 
 from __future__ import annotations
@@ -81,6 +83,20 @@ class WorkerLaunch:
         for worker, fd in sorted((peer_fds or {}).items()):
             args += ["--peer", f"{worker}:{fd}"]
         return args
+
+
+def exit_description(code: int) -> str:
+    """Say how a process ended: ``exited with code 1``, ``was killed by SIGKILL``.
+
+    >>> exit_description(-9)
+    'was killed by SIGKILL'
+    """
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 class WorkerState(Enum):
@@ -188,6 +204,11 @@ class WorkerProcess:
         code = await self._proc.wait() if self._proc is not None else None
         self._transition(WorkerState.FAILED if failed or code else WorkerState.STOPPED)
         return code
+
+    async def exited(self) -> int:
+        """Return the process's exit code once it ended (negative: the signal that ended it)."""
+        assert self._proc is not None, "not started"
+        return await self._proc.wait()
 
     async def kill(self) -> None:
         """SIGKILL the process (one that does not stop when asked) and reap it."""

@@ -25,18 +25,26 @@ from aiostream_ckpt.connectors.files import ExactlyOnceFileSink
 from apps.pv_count import CountPageViews, app_id, event_source
 
 
-def _in_worker() -> bool:
+def in_worker() -> bool:
+    """Whether this is a worker process (``python -m aiostream_ckpt.daemon.worker``)."""
     spec = getattr(sys.modules["__main__"], "__spec__", None)
     return spec is not None and spec.name == "aiostream_ckpt.daemon.worker"
 
 
-def hang_once(marker: str) -> None:
-    """SIGSTOP this worker process unless another process already hung (the marker exists)."""
-    if not _in_worker():
-        return
+def first_worker(marker: str) -> bool:
+    """Whether this is a worker process, and the first of all to ask (it creates ``marker``)."""
+    if not in_worker():
+        return False
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
+        return False
+    return True
+
+
+def hang_once(marker: str) -> None:
+    """SIGSTOP this worker process unless another process already hung (the marker exists)."""
+    if not first_worker(marker):
         return
     print(f"hung_worker: pid {os.getpid()} stops itself", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)

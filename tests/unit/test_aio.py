@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from aiostream_ckpt.aio import unless_failed, unless_set
+from aiostream_ckpt.aio import to_the_end, unless_failed, unless_set
 
 
 def test_result_when_the_awaitable_finishes_first() -> None:
@@ -93,6 +93,28 @@ def test_unless_failed_collects_main_failing_in_the_step_its_caller_is_cancelled
         await asyncio.gather(*callers, return_exceptions=True)
         callers.clear()
         gc.collect()  # an exception never retrieved is reported when its task is collected
+        return unretrieved
+
+    assert asyncio.run(run()) == []
+
+
+def test_to_the_end_collects_the_work_failing_after_its_caller_was_cancelled() -> None:
+    """A retention pass failing (a worker died mid-question) while the coordinator stops."""
+
+    async def run() -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        unretrieved: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, ctx: unretrieved.append(ctx))
+        work: asyncio.Future[None] = loop.create_future()
+        caller = asyncio.create_task(to_the_end(work))
+        await asyncio.sleep(0)
+        caller.cancel()
+        await asyncio.sleep(0)
+        work.set_exception(RuntimeError("a worker did not say its pinned files"))
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        del work, caller
+        gc.collect()
         return unretrieved
 
     assert asyncio.run(run()) == []

@@ -23,11 +23,13 @@ pytestmark = pytest.mark.integration
 _STOPPED = re.compile(r"hung_worker: pid (\d+) stops itself")
 
 
-def run_hanging(tmp_path: Path, hang: str, *extra: str) -> tuple[str, list[Path]]:
-    """Run tests.apps.hung_worker to its end; return its log and inputs (rc 0 asserted)."""
+def run_hanging(
+    tmp_path: Path, hang: str, *extra: str, app: str = "tests.apps.hung_worker"
+) -> tuple[str, list[Path]]:
+    """Run ``app`` to its end; return its log and inputs (rc 0 asserted)."""
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 8_000, seed=70 + i) for i in range(2)]
     args = [
-        "run", "tests.apps.hung_worker",
+        "run", app,
         "--set", f"checkpoint.dir={tmp_path / 'ckpt'}",
         "--set", f"app.input={','.join(map(str, inputs))}",
         "--set", f"app.output={tmp_path / 'out'}",
@@ -82,5 +84,23 @@ def test_a_worker_hung_in_its_restore_is_killed_and_the_job_restarts(tmp_path: P
     assert re.search(said, log), log[-3000:]
     assert "restart 2" in log
     assert gone(pid)
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_a_worker_dead_with_its_sockets_held_open_is_seen_by_its_exit(tmp_path: Path) -> None:
+    """A child the worker forked holds its sockets: no end of file, only the exit tells.
+
+    Old code: nothing saw the death; the other worker waited for barriers from
+    the dead one, the checkpoints expired (here after 10 min) and the job hung.
+    """
+    log, inputs = run_hanging(
+        tmp_path, "none", "--set", "app.kill_after=0.5", "--set", "app.rate=4000",
+        "--set", "checkpoint.timeout=10m", app="tests.apps.forking_worker",
+    )  # fmt: skip
+    killed = re.findall(r"forking_worker: killing worker pid (\d+)", log)
+    assert len(killed) == 1, log[-3000:]
+    said = rf"worker \d \(pid {killed[0]}\) was killed by SIGKILL"
+    assert re.search(said, log) and "restart 1" in log, log[-3000:]
     check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
