@@ -34,8 +34,15 @@ from bench.kafka_recount import overall_verdict, recount_topic
 from bench.kafka_systems import KafkaSpec, KafkaSystem, KafkaWorkload, system_for
 from bench.monitor import wait_for_quiet
 from bench.results import RunResult, unavailable
-from bench.runner import Measured, describe_median, say, summarize_repeats, validate_with_spark
-from bench.stats import steady_window
+from bench.runner import (
+    Measured,
+    describe_median,
+    say,
+    summarize_repeats,
+    validate_with_spark,
+    window_checkpoints,
+)
+from bench.stats import SteadyWindow, slowest_reader, steady_window
 from bench.systems import Workload
 
 #: Every system that runs on the Kafka path, ours first.
@@ -100,12 +107,16 @@ def measure_kafka(
     sets: Sequence[str] = (),
     experiment: str = "compare",
     budget_s: float = 600.0,
+    parallel_readers: bool = False,
 ) -> Measured:
     """Run ``system`` ``repeats`` times on the loaded topic; figures are medians over repeats.
 
     A slow peer gets fewer repeats rather than hours: no repeat starts that
     would take the system's runs past ``budget_s`` (judged by the last run).
-    The repeats done are in ``config.repeats``.
+    The repeats done are in ``config.repeats``. ``parallel_readers``: each
+    worker writes its own partitions (the key-grouped scaling case): the
+    steady window is the slowest partition's, as
+    :func:`~bench.runner.measure`'s of the slowest reader.
     """
     res = RunResult(system=system.name, path="kafka", experiment=experiment, events=wl.events)
     m = Measured(res)
@@ -120,6 +131,8 @@ def measure_kafka(
     host, port = wl.host_port
     rates, walls, rss, attempts, backgrounds = [], [], [], [], []
     cpus: list[dict[str, Any]] = []
+    summed: list[float | None] = []
+    windows: list[tuple[float, int] | None] = []
     spent = 0.0
     for i in range(repeats):
         if i > 0 and spent + walls[-1] > budget_s:
@@ -161,6 +174,10 @@ def measure_kafka(
             return m
         samples = sampler.samples
         win = steady_window(samples, float(wl.events))
+        if parallel_readers:
+            summed.append(round(win.rate) if win else None)
+            win = slowest_partition_window(sampler.per_partition, wl.events)
+            windows.append(window_checkpoints(win, attempt.completed))
         rate = win.rate if win else wl.events / rec.wall_s
         verdict = recount_topic(wl.bootstrap, topic, wl.source.paths[0])
         m.python_verdicts.append(verdict)
@@ -189,6 +206,9 @@ def measure_kafka(
         "throughput_method": "output topic end offsets (high watermark) sampled every "
         f"{SAMPLE_EVERY_S:g}s, steady window 10-90% of the events",
     }
+    if parallel_readers:
+        res.config["steady_summed_events_per_s"] = summed
+        res.config["steady_windows"] = windows
     describe_median(res, mid_attempt, backgrounds)
     res.series = {
         "progress": [(round(t, 3), round(v)) for t, v in mid_samples],
@@ -205,6 +225,16 @@ def measure_kafka(
         "summary": "; ".join(sorted({v.summary for v in verdicts})),
     }
     return m
+
+
+def slowest_partition_window(
+    per_partition: list[tuple[float, tuple[float, ...]]], events: int
+) -> SteadyWindow | None:
+    """The 10-90 % window of the output paced by its slowest partition (its share of its end)."""
+    if not per_partition:
+        return None
+    finals = per_partition[-1][1]
+    return steady_window(slowest_reader(per_partition, finals), float(events))
 
 
 def run_timeout_s(events: int) -> float:

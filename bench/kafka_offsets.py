@@ -32,15 +32,19 @@ class EndOffsetSampler:
         self.topic = topic
         self.partitions = list(range(partitions))
         self.samples: list[tuple[float, float]] = [(0.0, 0.0)]
+        #: (seconds since start, records of each partition): each worker's progress
+        self.per_partition: list[tuple[float, tuple[float, ...]]] = [
+            (0.0, (0.0,) * len(self.partitions))
+        ]
         self._sock: socket.socket | None = None
         self._cid = 0
         self._last = -1.0
 
-    def read(self) -> int:
+    def read(self) -> dict[int, int]:
         if self._sock is None:
             self._sock = socket.create_connection(self.addr, timeout=2.0)
         self._cid = (self._cid + 1) & 0x7FFFFFFF
-        return sum(end_offsets(self._sock, self.topic, self.partitions, self._cid).values())
+        return end_offsets(self._sock, self.topic, self.partitions, self._cid)
 
     def __call__(self, now: float) -> None:
         if now - self._last >= SAMPLE_EVERY_S:
@@ -49,11 +53,16 @@ class EndOffsetSampler:
     def sample_at(self, now: float) -> None:
         self._last = now
         try:
-            value = float(self.read())
+            got = self.read()
         except (OSError, struct.error):
             self.close()
             return
-        self.samples.append((now, max(value, self.samples[-1][1])))
+        last = self.per_partition[-1][1]
+        parts = tuple(
+            max(float(got.get(p, 0)), was) for p, was in zip(self.partitions, last, strict=True)
+        )
+        self.per_partition.append((now, parts))
+        self.samples.append((now, max(sum(parts), self.samples[-1][1])))
 
     def close(self) -> None:
         if self._sock is not None:

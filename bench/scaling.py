@@ -328,6 +328,7 @@ def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Me
                 mode="exactly_once",
                 sets=[f"job.parallelism={PARALLELISM}", f"job.workers={w}", "app.key_grouped=1"],
                 experiment=f"workers={w} {c.name}",
+                parallel_readers=True,
             )
             m.result.config["parallelism"] = PARALLELISM
             return m

@@ -49,6 +49,7 @@ def test_sampler_sums_end_offsets_from_a_fake_broker() -> None:
     t.join(2)
     assert sampler.samples[0] == (0.0, 0.0)
     assert [v for _, v in sampler.samples[1:]] == [201.0, 401.0, 601.0]
+    assert [v for _, v in sampler.per_partition[1:]] == [(100, 101), (200, 201), (300, 301)]
     assert len(requests) == 3 and len(set(requests)) == 3
 
 

@@ -91,3 +91,18 @@ def test_progress_keeps_each_files_position(tmp_path: Path) -> None:
         b.seek(700)
         assert progress.sample(os.getpid()) == 1000.0
         assert progress.per_file() == (300.0, 700.0)
+
+
+def test_kafka_output_is_paced_by_its_slowest_partition() -> None:
+    from bench.kafka import slowest_partition_window
+
+    # worker 0 writes partitions 0, 1 at 250 records/s each, worker 1 partitions 2, 3 at
+    # 200/s: 1000 records each, worker 0 done at 4 s, worker 1 at 5 s
+    per_partition = [
+        (0.05 * i, tuple(min(1000.0, r * 0.05 * i) for r in (250.0, 250.0, 200.0, 200.0)))
+        for i in range(121)
+    ]
+    summed = [(t, sum(parts)) for t, parts in per_partition]
+    assert steady_window(summed, 4000.0).rate == pytest.approx(900.0)  # type: ignore[union-attr]
+    paced = slowest_partition_window(per_partition, 4000)
+    assert paced is not None and paced.rate == pytest.approx(800.0)  # 4000 in 5 s
