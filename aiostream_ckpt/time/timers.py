@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Coroutine
+from operator import itemgetter
 from typing import Any
 
 from aiostream_ckpt.clock import Clock
@@ -226,6 +228,11 @@ class InternalTimerService:
         return len(self._event.live), len(self._proc.live)
 
 
+#: A :class:`DerivedEventTimers` bucket holds the timers of one ``timestamp >> _BUCKET_BITS``.
+_BUCKET_BITS = 10
+_TS = itemgetter(0)
+
+
 class DerivedEventTimers:
     """Event-time timers in memory only, for an operator that derives them from its state.
 
@@ -234,22 +241,53 @@ class DerivedEventTimers:
     state when it opens (session windows: each open session's end). Why:
     timers in keyed state cost a map put and a remove per timer and their
     LMDB records at every checkpoint, for information the state already has.
+
+    A calendar queue: a timer is appended to the bucket of its ~1 s of event
+    time (:data:`_BUCKET_BITS`); a watermark sorts the buckets it reaches
+    (stably, so equal times fire in the order they were set, as from a heap
+    with a sequence number) and fires the timers at or before it in time
+    order. Why: session windows set a timer again each time one fires early
+    (its session grew since), ~5 per session, and a heap of every open
+    session's timer paid ~25 tuple comparisons per pop, ~1 us; here a timer
+    costs an append and its share of sorting a mostly sorted bucket, whatever
+    the number of timers pending. A timer set while others fire, at or before
+    the watermark, joins them at its time's place, as it would a heap.
     """
 
-    __slots__ = ("_heap", "_kc", "_live", "_seq", "watermark")
+    __slots__ = ("_buckets", "_ids", "_kc", "_live", "_pos", "_run", "_run_bucket", "watermark")
 
     def __init__(self, backend: KeyedStateBackend) -> None:
         self._kc = backend.key_context
-        self._heap: list[tuple[int, int, Any]] = []
+        self._buckets: dict[int, list[tuple[int, Any]]] = {}
+        self._ids: list[int] = []  # heap of the bucket numbers in ``_buckets``
         self._live: set[tuple[int, Any]] = set()
-        self._seq = itertools.count()
+        #: the timers firing now, by time, the bucket they came from and the one firing
+        self._run: list[tuple[int, Any]] | None = None
+        self._run_bucket = 0
+        self._pos = 0
         self.watermark = MIN_WATERMARK
 
     def register_event_time_timer(self, timestamp: int) -> None:
         entry = (timestamp, self._kc.key)
-        if entry not in self._live:
-            self._live.add(entry)
-            heapq.heappush(self._heap, (timestamp, next(self._seq), entry[1]))
+        live = self._live
+        if entry in live:
+            return
+        live.add(entry)
+        n = timestamp >> _BUCKET_BITS
+        run = self._run
+        if run is not None and n <= self._run_bucket and timestamp <= self.watermark:
+            # due in this advance, before the buckets still to come: into the firing run
+            run.insert(bisect_right(run, timestamp, lo=self._pos + 1, key=_TS), entry)
+            return
+        self._add(n, entry)
+
+    def _add(self, n: int, entry: tuple[int, Any]) -> None:
+        bucket = self._buckets.get(n)
+        if bucket is None:
+            self._buckets[n] = [entry]
+            heapq.heappush(self._ids, n)
+        else:
+            bucket.append(entry)
 
     def has_event_time_timer(self, timestamp: int) -> bool:
         return (timestamp, self._kc.key) in self._live
@@ -258,12 +296,44 @@ class DerivedEventTimers:
         """Fire every timer at or before ``watermark``, in time order (as the service does)."""
         if watermark > self.watermark:
             self.watermark = watermark
-        heap, live, kc = self._heap, self._live, self._kc
-        while heap and heap[0][0] <= watermark:
-            ts, _, key = heapq.heappop(heap)
-            live.discard((ts, key))
-            kc.key = key
-            on_timer(ts, key)
+        ids, buckets = self._ids, self._buckets
+        while ids and ids[0] << _BUCKET_BITS <= watermark:
+            n = ids[0]
+            bucket = buckets[n]
+            bucket.sort(key=_TS)
+            if ((n + 1) << _BUCKET_BITS) - 1 <= watermark:
+                cut = len(bucket)
+            else:  # the watermark is inside the bucket: its later timers stay
+                cut = bisect_right(bucket, watermark, key=_TS)
+                if not cut:
+                    return
+            if cut == len(bucket):
+                run = bucket
+                del buckets[n]
+                heapq.heappop(ids)
+            else:
+                run, buckets[n] = bucket[:cut], bucket[cut:]
+            self._fire(run, n, on_timer)
+
+    def _fire(self, run: list[tuple[int, Any]], n: int, on_timer: TimerCallback) -> None:
+        """Fire ``run`` (bucket ``n``'s due timers, by time); it grows if a timer sets one due."""
+        live, kc = self._live, self._kc
+        self._run, self._run_bucket = run, n
+        i = 0
+        try:
+            while i < len(run):
+                self._pos = i
+                entry = run[i]
+                live.discard(entry)
+                kc.key = entry[1]
+                on_timer(entry[0], entry[1])
+                i += 1
+        except BaseException:
+            for entry in run[i + 1 :]:  # not fired: pending again, as in a heap
+                self._add(entry[0] >> _BUCKET_BITS, entry)
+            raise
+        finally:
+            self._run = None
 
     def restore_watermark(self, watermark: int) -> None:
         self.watermark = max(self.watermark, watermark)

@@ -1,0 +1,72 @@
+"""In-memory event-time timers (``DerivedEventTimers``, a calendar queue) fire as a heap would."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.state.backend import KeyContext
+from aiostream_ckpt.time.timers import DerivedEventTimers
+
+
+class _Backend:
+    def __init__(self) -> None:
+        self.key_context = KeyContext()
+
+
+class _HeapTimers:
+    """The reference: a heap of ``(timestamp, sequence, key)``, as the timer service keeps."""
+
+    def __init__(self, kc: KeyContext) -> None:
+        self._kc, self._heap, self._live = kc, [], set()
+        self._seq = itertools.count()
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        entry = (timestamp, self._kc.key)
+        if entry not in self._live:
+            self._live.add(entry)
+            heapq.heappush(self._heap, (timestamp, next(self._seq), entry[1]))
+
+    def advance_watermark(self, watermark: int, on_timer: Any) -> None:
+        while self._heap and self._heap[0][0] <= watermark:
+            ts, _, key = heapq.heappop(self._heap)
+            self._live.discard((ts, key))
+            self._kc.key = key
+            on_timer(ts, key)
+
+
+def _drive(timers: Any, kc: KeyContext, seed: int) -> list[Any]:
+    """Random timers (dense, sparse, equal times, negative), some set while others fire."""
+    rng = random.Random(seed)
+    fired: list[Any] = []
+    watermark = -5_000
+
+    def on_timer(ts: int, key: Any) -> None:
+        fired.append((ts, key, kc.key))
+        if rng.random() < 0.4:  # set one more: often due in this same advance
+            kc.key = rng.choice("abcd")
+            timers.register_event_time_timer(ts + rng.choice([-3_000, 0, 1, 700, 2_000, 9_000]))
+            kc.key = key
+
+    for _ in range(300):
+        for _ in range(rng.randint(0, 12)):
+            kc.key = rng.choice("abcdefg")
+            timers.register_event_time_timer(watermark + rng.choice([1, 5, 5, 900, 1_024, 6_000]))
+        watermark += rng.choice([0, 1, 3, 500, 1_023, 1_024, 4_000])
+        timers.advance_watermark(watermark, on_timer)
+        fired.append(("watermark", watermark))
+    timers.advance_watermark(1 << 40, on_timer)
+    return fired
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fires_as_a_heap_would(seed: int) -> None:
+    backend, want_kc = _Backend(), KeyContext()
+    got = DerivedEventTimers(backend)  # type: ignore[arg-type]
+    want = _HeapTimers(want_kc)
+    assert _drive(got, backend.key_context, seed) == _drive(want, want_kc, seed)
+    assert got.pending() == (0, 0)
