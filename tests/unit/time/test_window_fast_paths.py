@@ -124,6 +124,7 @@ def _run(op: Any, steps: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
 def _state(op: Any) -> Any:
     backend = op.backend
     if isinstance(op, SessionWindowOperator):
+        op.prepare_snapshot_pre_barrier(0)  # held sessions into keyed state, as a snapshot does
         keys = sorted(backend.keys(SESSIONS))
         return [(k, op.open_sessions(k)) for k in keys], op.timer_service.pending()
     contents = op._contents

@@ -85,7 +85,14 @@ def _before(tmp: Path, kind: str, lateness: int) -> tuple[LmdbStateBackend, list
     records = [{"k": "u", "ts": 100}, {"k": "u", "ts": 200}, {"k": "v", "ts": 100}]
     out = op.process_batch([*records, {"k": "u", "ts": second}])
     out += op.process_watermark(1_200)
+    op.prepare_snapshot_pre_barrier(1)  # the savepoint's barrier: held windows into state
     return backend, out
+
+
+def _stored(op: Any, kind: str) -> list[Any]:
+    """Keys with windows in keyed state, as a snapshot now would hold them."""
+    op.prepare_snapshot_pre_barrier(2)
+    return sorted(op.backend.keys(WINDOWS[kind]))
 
 
 @pytest.mark.parametrize("kind", ["tumbling", "session"])
@@ -103,12 +110,12 @@ def test_lateness_to_none_fired_windows_do_not_fire_again(
         op.restore_watermark(1_200)
     assert op.process_watermark(1_300) == []
     # their cleanup is due (end + 0 <= the watermark): dropped at open, not fired
-    assert list(backend.keys(WINDOWS[kind])) == ["u"]
+    assert _stored(op, kind) == ["u"]
     assert list(backend.keys(EVENT_TIMERS)) == []
     assert op.process_batch([{"k": "v", "ts": 300}]) == []  # late now
     assert op.side_output == [(LATE, {"k": "v", "ts": 300})]
     assert op.process_watermark(100_000) == [1]  # u's unfired window, once
-    assert list(backend.keys(WINDOWS[kind])) == []
+    assert _stored(op, kind) == []
     backend.close()
 
 
@@ -124,7 +131,7 @@ def test_no_lateness_to_lateness_keeps_every_window(tmp_path: Path, kind: str) -
     assert op.process_batch([{"k": "v", "ts": 300}]) == [1]
     assert op.process_watermark(10_000) == [1]  # u's unfired window, once
     assert op.process_watermark(100_000) == []
-    assert list(backend.keys(WINDOWS[kind])) == []
+    assert _stored(op, kind) == []
     assert list(backend.keys(EVENT_TIMERS)) == []
     backend.close()
 
@@ -146,12 +153,12 @@ def test_changed_lateness_cleans_up_at_the_new_lateness(
     out = op.process_batch([{"k": "u", "ts": 150}])
     assert out == [3]
     out += op.process_watermark(998 + after)  # before any window's end plus the new lateness
-    assert sorted(backend.keys(WINDOWS[kind])) == ["u", "v"]
+    assert _stored(op, kind) == ["u", "v"]
     out += op.process_watermark(3_999 + after)
-    assert list(backend.keys(WINDOWS[kind])) == []  # cleaned up at the new lateness
+    assert _stored(op, kind) == []  # cleaned up at the new lateness
     assert sorted(out) == [1, 3]  # and u's unfired window fired once
     assert op.process_watermark(200_000) == []
-    assert list(backend.keys(WINDOWS[kind])) == []
+    assert _stored(op, kind) == []
     assert list(backend.keys(EVENT_TIMERS)) == []
     backend.close()
 

@@ -59,6 +59,7 @@ def test_growing_sessions_keep_one_window_and_its_timers(tmp_path: Path) -> None
             out += op.process_watermark(ts - 2_000)
         assert out == [250] * 40  # 20 sessions of each user, 250 clicks each, fired once
         assert op.open_sessions("u1") == op.open_sessions("u2") == []
+        op.prepare_snapshot_pre_barrier(1)  # the held sessions go into keyed state
         assert list(backend.keys(SESSIONS)) == []
         assert backend.cached_entries("_timers.event") == 0
         assert op.timer_service.pending() == (0, 0)
@@ -83,6 +84,7 @@ def test_merged_sessions_fire_once_at_their_own_end(tmp_path: Path) -> None:
         out += op.process_watermark(20_000)
         assert out == [5, 1]
         assert op.open_sessions("u") == []
+        op.prepare_snapshot_pre_barrier(1)
         assert list(backend.keys(SESSIONS)) == []
         assert op.timer_service.pending() == (0, 0)
         backend.close()
@@ -139,6 +141,7 @@ def test_session_timers_are_derived_from_the_sessions_without_lateness(tmp_path:
     out += op.process_watermark(20_000)
     assert out == [2, 5, 1]
     assert op.timer_service.pending() == (0, 0)
+    op.prepare_snapshot_pre_barrier(1)
     assert list(backend.keys(SESSIONS)) == []
     assert list(backend.keys("_timers.event")) == []
     backend.close()
