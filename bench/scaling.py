@@ -404,17 +404,24 @@ def scaling_line(s: dict[str, Any]) -> str:
     )
 
 
+#: fewer checkpoints than this inside a steady window: its rate holds their pauses by chance
+MIN_WINDOW_CHECKPOINTS = 2
+
+
 def _summed(s: dict[str, Any]) -> str:
-    """The summed positions' ratio and the windows (seconds/checkpoints inside), file cases."""
+    """The summed positions' ratio and the windows (seconds/checkpoints inside)."""
     if s.get("steady_summed_ratio") is None:
         return ""
 
     def windows(w: dict[str, Any]) -> str:
         return " ".join(f"{x[0]:g}s/{x[1]}" for x in w.get("steady_windows") or [] if x)
 
+    wins = [x for w in (s["workers_1"], s["workers_2"]) for x in w.get("steady_windows") or []]
+    short = any(x is None or x[1] < MIN_WINDOW_CHECKPOINTS for x in wins)
     return (
         f" [summed positions {_num(s['steady_summed_ratio'], '.2f')}x; windows "
-        f"{windows(s['workers_1'])} -> {windows(s['workers_2'])}]"
+        f"{windows(s['workers_1'])} -> {windows(s['workers_2'])}"
+        f"{'; SHORT windows: not a rate to quote, give more --events' if short else ''}]"
     )
 
 

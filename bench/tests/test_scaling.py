@@ -59,3 +59,7 @@ def test_summary_keeps_the_summed_positions_ratio_beside_the_slowest_readers() -
     assert s["steady_summed_ratio"] == round(240.0 / 110.0, 2)
     assert s["workers_2"]["steady_windows"] == [(1.5, 1), (1.5, 1)]
     assert "summed positions 2.18x" in scaling_line(s)
+    assert "SHORT windows" in scaling_line(s)  # one checkpoint inside each: by chance
+    for w in (s["workers_1"], s["workers_2"]):
+        w["steady_windows"] = [(3.1, 3), (2.9, 2)]
+    assert "SHORT" not in scaling_line(s)
