@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -28,6 +29,7 @@ from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.config import CheckpointConfig
 from aiostream_ckpt.checkpoint.history import aborted_entry, completed_entry
 from aiostream_ckpt.checkpoint.metadata import (
+    METADATA_FILE,
     AbortReason,
     CheckpointStatus,
     CompletedCheckpoint,
@@ -225,6 +227,15 @@ class CheckpointCoordinator:
     # -- targets, acks, declines ----------------------------------------------------
 
     def snapshot_target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
+        """Where ``uid``'s instance ``subtask`` writes n; refused once n ended (the task declines).
+
+        A task reaches n's barrier late when n was aborted meanwhile (expired,
+        declined by another task): its files would land in a directory that
+        the abort already removed, and stay there until the next attempt.
+        """
+        pending = self._pending.get(checkpoint_id)
+        if pending is None or pending.status is not CheckpointStatus.PENDING:
+            raise CheckpointError(f"checkpoint {checkpoint_id} has ended: nothing to write")
         sp = self._pending.savepoint_dir(checkpoint_id)
         if sp is None:
             return self.storage.target(checkpoint_id, uid, subtask)
@@ -236,8 +247,11 @@ class CheckpointCoordinator:
 
     def acknowledge(self, checkpoint_id: int, ack: TaskAck) -> None:
         pending = self._pending.get(checkpoint_id)
-        if pending is None or pending.status is not CheckpointStatus.PENDING:
-            return  # late ack of an aborted checkpoint: its files are already discarded
+        if pending is None:
+            self._discard_late(checkpoint_id)
+            return
+        if pending.status is not CheckpointStatus.PENDING:
+            return
         if ack.task_id not in pending.tasks_to_ack:
             return
         pending.tasks_to_ack.discard(ack.task_id)
@@ -249,6 +263,24 @@ class CheckpointCoordinator:
         if checkpoint_id in self._pending:
             log.warning("checkpoint %d declined by %s: %s", checkpoint_id, task_id, reason)
             self._abort(checkpoint_id, AbortReason.DECLINED, detail=str(reason))
+        else:
+            self._discard_late(checkpoint_id)
+
+    def _discard_late(self, checkpoint_id: int) -> None:
+        """Remove what a task wrote for n after n ended, unless n completed.
+
+        A task that took its snapshot target before n was aborted writes its
+        files afterwards, into the directory the abort removed; its ack (or
+        decline) comes after the write, so this removal is the last. A
+        completed checkpoint or savepoint has its metadata and is kept: only
+        an incomplete chk-N, or an aborted savepoint's directory, goes.
+        """
+        if checkpoint_id >= self._next_id:
+            return  # not one of this attempt's
+        self.storage.discard_incomplete(only=checkpoint_id)
+        sp = self._pending.savepoint_dir(checkpoint_id)
+        if sp is not None and not (sp / METADATA_FILE).exists():
+            shutil.rmtree(sp, ignore_errors=True)
 
     async def _expire_at(self, checkpoint_id: int, deadline: float) -> None:
         await self._clock.sleep(deadline - self._clock.monotonic())
@@ -360,8 +392,10 @@ class CheckpointCoordinator:
         self._pending.forget(checkpoint_id)
         pending.transition(CheckpointStatus.ABORTED)
         self._slot_free.set()
-        if not pending.is_savepoint:
-            self.storage.discard(checkpoint_id)
+        # a savepoint's directory is its caller's to remove; a chk-N of its id (a
+        # worker's task that learned of the abort before the savepoint's directory)
+        # is not left behind either
+        self.storage.discard(checkpoint_id)
         self._append_history(aborted_entry(pending, reason, detail))
         for listener in self._listeners:
             listener.notify_checkpoint_aborted(checkpoint_id)

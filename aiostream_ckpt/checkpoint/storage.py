@@ -313,9 +313,12 @@ class CheckpointStorage:
         with self._pins_lock:
             return set().union(*self._pins.values())
 
-    def discard_incomplete(self) -> None:
-        """Remove directories of checkpoints that never got their metadata (crash leftovers)."""
-        for cid in self._ids_on_disk():
+    def discard_incomplete(self, only: int | None = None) -> None:
+        """Remove directories of checkpoints that never got their metadata (crash leftovers).
+
+        ``only``: just checkpoint ``only``'s, if it has none (a late write after its abort).
+        """
+        for cid in self._ids_on_disk() if only is None else [only]:
             d = self.checkpoint_dir(cid)
             if not (d / METADATA_FILE).exists():
                 shutil.rmtree(d, ignore_errors=True)

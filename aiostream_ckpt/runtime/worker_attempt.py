@@ -39,7 +39,7 @@ from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint, savepoint_target
 from aiostream_ckpt.clock import SystemClock
-from aiostream_ckpt.errors import ChannelError, WorkerError
+from aiostream_ckpt.errors import ChannelError, CheckpointError, WorkerError
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.attempt import AttemptSetup, AttemptThreads, build_tasks
 from aiostream_ckpt.runtime.graph import Chain
@@ -77,6 +77,9 @@ class WorkerCoordinator:
         self._listeners: list[CheckpointListener] = []
         self._sources: dict[str, TriggerTarget] = {}
         self._savepoint_dirs: dict[int, Path] = {}
+        #: checkpoints the main process said were aborted (and not yet passed by a
+        #: completed one): a task reaching one's barrier late writes nothing for it
+        self._aborted: set[int] = set()
         #: called after each ack: the figures go out with the checkpoint's progress
         self.on_ack: Callable[[], None] | None = None
         #: has the rolling file sinks here close their part files at the next checkpoint
@@ -100,6 +103,8 @@ class WorkerCoordinator:
         self._control.send_message({"type": "source_finished", "task": task_id})
 
     def snapshot_target(self, checkpoint_id: int, uid: str, subtask: int) -> SnapshotTarget:
+        if checkpoint_id in self._aborted:  # as the main process's coordinator refuses it
+            raise CheckpointError(f"checkpoint {checkpoint_id} has ended: nothing to write")
         sp = self._savepoint_dirs.get(checkpoint_id)
         if sp is None:  # the same directory the main process's coordinator would give
             return self._storage.target(checkpoint_id, uid, subtask)
@@ -141,6 +146,10 @@ class WorkerCoordinator:
             if final is not None and not self.finished.done():
                 self.finished.set_result(final)
             self._savepoint_dirs.pop(cid, None)
+            if message["complete"]:  # every task here passed the older barriers
+                self._aborted = {a for a in self._aborted if a > cid}
+            else:
+                self._aborted.add(cid)
             for listener in self._listeners:
                 if message["complete"]:
                     listener.notify_checkpoint_complete(cid)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_attempt import WorkerCoordinator
@@ -72,3 +73,24 @@ async def test_a_roll_reaches_the_sinks_once_its_message_arrived(
     main.send_message({"type": "roll"})
     assert await arrived(control) == "roll"
     assert rolled == [True]
+
+
+async def test_a_worker_writes_nothing_for_a_savepoint_it_was_told_aborted(
+    tmp_path: Path, link: Link
+) -> None:
+    """Told of the abort, the worker dropped the savepoint's directory: a task reaching
+    its barrier late then wrote a chk-N of the savepoint's id into the checkpoint dir."""
+    main, control, coordinator = link
+    sp = tmp_path / "savepoint-7"
+    main.send_message({"type": "checkpoint", "id": 7, "savepoint_dir": str(sp)})
+    main.send_message({"type": "notify", "complete": False, "id": 7, "final": None})
+    for _ in range(2):
+        coordinator.handle(await asyncio.wait_for(control.messages.get(), 10))
+    with pytest.raises(CheckpointError, match="checkpoint 7 has ended"):
+        coordinator.snapshot_target(7, "pv-count", 1)  # the task declines instead
+    assert not (tmp_path / "ckpt" / "chk-0000000007").exists()
+    assert not sp.exists()
+    # a later completion forgets it; the next checkpoints' targets are given as before
+    main.send_message({"type": "notify", "complete": True, "id": 8, "final": None})
+    coordinator.handle(await asyncio.wait_for(control.messages.get(), 10))
+    assert coordinator.snapshot_target(9, "pv-count", 1).exclusive_dir.is_dir()
