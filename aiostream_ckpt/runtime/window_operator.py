@@ -15,6 +15,15 @@ another allowed lateness (savepoint) fires no window twice: a window that
 fired and waits for its cleanup is cleaned up at its end plus the new
 lateness (at once without lateness), re-emitted only on a late record.
 
+Tumbling windows (a plain :class:`TumblingEventTimeWindows`) keep the
+contents changed since the last checkpoint in memory, ``(key, start) ->
+contents``, and write them to the map state just before each snapshot
+(:meth:`WindowOperator.prepare_snapshot_pre_barrier`); a window that fires
+before the next barrier never touches the state. Why: a record's window is
+mostly still open at the next batch, and a state read and put per (key,
+window) per batch cost the operator as much as the rest of its work (the
+snapshot holds the same windows either way: those open at the barrier).
+
 Lateness follows Flink: a window is late once ``max_timestamp +
 allowed_lateness <= watermark``; a record whose windows are all late goes to
 the late side output (or is dropped and counted), nowhere else. A record for a
@@ -73,6 +82,10 @@ class WindowOperator(StreamOperator):
         self._scheduler: ProcessingTimeScheduler | None = None
         self._timers: InternalTimerService | DerivedEventTimers | None = None
         self._contents: Any = None
+        #: tumbling: ``(key, start) -> contents`` of windows changed since the last flush
+        self._buffer: dict[tuple[Any, int], Any] = {}
+        #: tumbling: the ``(key, start)`` windows that are in the map state (written or restored)
+        self._stored: set[tuple[Any, int]] = set()
         self._out: Collector[Any] = Collector()
         self.watermark = MIN_WATERMARK
         #: Late records dropped because nobody reads the late side output.
@@ -98,6 +111,7 @@ class WindowOperator(StreamOperator):
             self._arm_stored_windows()
         else:
             self._derive_timers()
+        self._index_stored()
         if self.spec.window_function is not None:
             self.spec.window_function.open(ctx)
         if isinstance(self.spec.function, ProcessWindowFunction):
@@ -105,6 +119,30 @@ class WindowOperator(StreamOperator):
 
     def _open_windows(self) -> None:
         """Restore (or migrate) window state of the operator's own, before its timers."""
+
+    def _index_stored(self) -> None:
+        """Tumbling: note the windows restored in state; another size turns the fast path off.
+
+        A savepoint taken with another window size holds windows that the
+        tumbling path (which finds a window from its end) would not find:
+        they take the general path, as every window of this instance then.
+        """
+        self._buffer = {}
+        stored = self._stored = set()
+        if self._tumbling is None:
+            return
+        assert self.backend is not None
+        size = self._tumbling[0]
+        for key in list(self.backend.keys(WINDOW_CONTENTS)):
+            self._kc.key = key
+            for start, end in list(self._contents.keys()):
+                if end - start != size:
+                    self._tumbling = None
+                    stored.clear()
+                    self._kc.key = None
+                    return
+                stored.add((key, start))
+        self._kc.key = None
 
     def _window_ends(self) -> Iterator[tuple[Any, int]]:
         """``(key, max_timestamp)`` of every window in state; sets the key context to ``key``."""
@@ -275,12 +313,13 @@ class WindowOperator(StreamOperator):
         the timestamp, one ``(key, start)`` lookup and the user's ``add``; the
         first record of a (key, window) in the batch takes the checks of
         :meth:`_add_batch`, in the same order, so state, timers and output
-        are the same.
+        are the same. Contents go to the buffer (see the module), not the
+        state; the state is read only for a window written at a flush.
         """
         kc = self._kc
         ks = self._key_selector
         tsf = self._ts
-        contents = self._contents
+        contents, buffer, stored = self._contents, self._buffer, self._stored
         fold, fold_owned = self._fold, self._fold_owned
         add = self._aggregate.add if self.spec.kind is WindowKind.AGGREGATE else None
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
@@ -296,29 +335,56 @@ class WindowOperator(StreamOperator):
                 if acc is not _MISSING:  # most records: the batch holds their window
                     folded[kw] = fold_owned(acc, rec) if add is None else add(rec, acc)
                     continue
-                window = (start, start + size)
-                max_ts = window[1] - 1
+                max_ts = start + size - 1
                 if max_ts + lateness <= watermark:
                     self._late(rec)
                     continue
-                kc.key = key
+                acc = buffer.get(kw, _MISSING)
+                if acc is _MISSING and kw in stored:
+                    kc.key = key
+                    acc = contents.get((start, start + size), _MISSING)
                 if max_ts <= watermark:  # due: fires now, with this record in it
-                    contents.put(window, fold(contents.get(window, _MISSING), rec))
-                    self._after_add(window)
+                    kc.key = key
+                    buffer[kw] = acc = fold(acc, rec)
+                    self._fire_due(start, start + size, acc)
                     continue
-                acc = contents.get(window, _MISSING)
                 if acc is _MISSING:
+                    kc.key = key
                     self._set_timers(max_ts)
                     folded[kw] = fold(acc, rec)
                 else:
                     folded[kw] = fold(acc, rec) if add is None else add(rec, acc)
-        except Exception as exc:  # what the records before it folded is written back below
+        except Exception as exc:  # what the records before it folded is kept below
             raise RecordFailed(self, batch, it, out) from exc
         finally:
-            for (key, start), acc in folded.items():
-                kc.key = key
-                contents.put((start, start + size), acc)
+            buffer.update(folded)
         return out
+
+    def _fire_due(self, start: int, end: int, value: Any) -> None:
+        """Fire a due window (a record came before its cleanup); keep its cleanup timer set."""
+        self._fire(TimeWindow(start, end), value)
+        timers = self._timers
+        assert timers is not None
+        timers.register_event_time_timer(end - 1 + self._lateness)
+
+    def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
+        """Write the buffered tumbling windows to the map state: the snapshot holds them.
+
+        Called before every snapshot (see ``StreamOperator``), so the state
+        at the barrier is what writing each batch's windows made it.
+        """
+        buffer = self._buffer
+        if not buffer:
+            return
+        assert self._tumbling is not None
+        size, kc, put = self._tumbling[0], self._kc, self._contents.put
+        current = kc.key
+        for key, start in buffer:
+            kc.key = key
+            put((start, start + size), buffer[key, start])
+        self._stored.update(buffer)
+        self._buffer = {}
+        kc.key = current
 
     def _late(self, record: Any) -> None:
         side = self.side_output
@@ -355,11 +421,7 @@ class WindowOperator(StreamOperator):
         if max_ts > self.watermark:
             self._set_timers(max_ts)
             return
-        self._fire(TimeWindow(*window), self._contents.get(window))
-        if self._lateness:
-            timers = self._timers
-            assert timers is not None
-            timers.register_event_time_timer(max_ts + self._lateness)
+        self._fire_due(window[0], window[1], self._contents.get(window))
 
     def _set_timers(self, max_ts: int) -> None:
         """Set a window's timers: fire at ``max_ts``, clean up after the lateness."""
@@ -386,6 +448,9 @@ class WindowOperator(StreamOperator):
         self._timers.restore_watermark(timestamp)
 
     def _on_timer(self, timestamp: int, key: Any) -> None:
+        if self._tumbling is not None:
+            self._on_tumbling_timer(timestamp, key, self._tumbling[0])
+            return
         contents = self._contents
         lateness = self._lateness
         for raw, value in list(contents.items()):
@@ -395,6 +460,26 @@ class WindowOperator(StreamOperator):
                 self._fire(window, value)
             if max_ts + lateness == timestamp:
                 contents.remove(raw)
+
+    def _on_tumbling_timer(self, timestamp: int, key: Any, size: int) -> None:
+        """:meth:`_on_timer` for tumbling windows: the windows are found from the time.
+
+        The window ending at ``timestamp`` fires, the one ending ``allowed
+        lateness`` before it is dropped (the same window without lateness);
+        from the buffer, or the state if it was written there.
+        """
+        buffer, stored = self._buffer, self._stored
+        start = timestamp + 1 - size
+        value = buffer.get((key, start), _MISSING)
+        if value is _MISSING and (key, start) in stored:
+            value = self._contents.get((start, start + size), _MISSING)
+        if value is not _MISSING:
+            self._fire(TimeWindow(start, start + size), value)
+        start -= self._lateness
+        buffer.pop((key, start), None)
+        if (key, start) in stored:
+            stored.discard((key, start))
+            self._contents.remove((start, start + size))
 
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec

@@ -48,7 +48,9 @@ class SumOrFail(AggregateFunction[dict[str, Any], int, int]):
         return a + b
 
 
-def _operator(tmp: Path, *, session: bool, kind: WindowKind, lateness: int) -> Any:
+def _operator(
+    tmp: Path, *, session: bool, kind: WindowKind, lateness: int, backend: Any = None
+) -> Any:
     function: Any = {
         WindowKind.AGGREGATE: SumOrFail(),
         WindowKind.REDUCE: lambda a, b: {"k": a["k"], "ts": b["ts"], "v": a["v"] + b["v"]},
@@ -64,7 +66,7 @@ def _operator(tmp: Path, *, session: bool, kind: WindowKind, lateness: int) -> A
         allowed_lateness=lateness,
         late_tag=LATE,
     )
-    op = open_window_operator(spec, lambda e: e["k"], window_backend(tmp, "w"))
+    op = open_window_operator(spec, lambda e: e["k"], backend or window_backend(tmp, "w"))
     op.side_output = []
     return op
 
@@ -100,8 +102,8 @@ def _stream(seed: int) -> list[tuple[list[dict[str, Any]], int]]:
     return steps
 
 
-def _run(op: Any, steps: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
-    """Feed ``steps``; a failing record is dropped and the batch goes on after it."""
+def _run(op: Any, steps: list[tuple[list[dict[str, Any]], int]], end: bool = True) -> list[Any]:
+    """Feed ``steps``, then the end of input; a failing record is dropped, the batch goes on."""
     trace: list[Any] = []
     for batch, watermark in steps:
         rest = batch
@@ -117,7 +119,8 @@ def _run(op: Any, steps: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
         op.side_output.clear()
         trace.append(("fired", op.process_watermark(watermark)))
         trace.append(("state", _state(op)))
-    trace.append(("end", op.process_watermark(1 << 40), _state(op)))
+    if end:
+        trace.append(("end", op.process_watermark(1 << 40), _state(op)))
     return trace
 
 
@@ -127,12 +130,21 @@ def _state(op: Any) -> Any:
         op.prepare_snapshot_pre_barrier(0)  # held sessions into keyed state, as a snapshot does
         keys = sorted(backend.keys(SESSIONS))
         return [(k, op.open_sessions(k)) for k in keys], op.timer_service.pending()
-    contents = op._contents
-    out = []
-    for k in sorted(backend.keys(WINDOW_CONTENTS)):
+    return _windows(op), op.timer_service.pending()
+
+
+def _windows(op: Any) -> list[tuple[Any, list[Any]]]:
+    """Each key's open windows: the map state's, overlaid with the tumbling path's buffer."""
+    backend = op.backend
+    windows: dict[Any, dict[Any, Any]] = {}
+    for k in backend.keys(WINDOW_CONTENTS):
         backend.key_context.key = k
-        out.append((k, sorted(contents.items())))
-    return out, op.timer_service.pending()
+        windows[k] = dict(op._contents.items())
+    if op._tumbling is not None:
+        size = op._tumbling[0]
+        for (k, start), value in op._buffer.items():
+            windows.setdefault(k, {})[(start, start + size)] = value
+    return [(k, sorted(w.items())) for k, w in sorted(windows.items()) if w]
 
 
 @pytest.mark.parametrize("kind", list(WindowKind))
