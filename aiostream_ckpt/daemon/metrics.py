@@ -47,6 +47,51 @@ def backpressure_level(ratio: float) -> str:
     return "low" if ratio > _BP_LOW else "ok"
 
 
+#: a subtask's figures as its vertex lists it (the whole row is in ``tasks``)
+_SUBTASK_KEYS = ("subtask", "task", "worker", "pid", "live", "state", "records_in", "records_out")
+
+
+def vertex_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sum subtask rows (:meth:`JobStats.task_rows`) per job vertex, wherever they run.
+
+    A vertex is a chain of operators run as ``parallelism`` subtasks (Flink's
+    job vertex; its subtasks are ``<vertex>-<i>``). Flink's web UI shows a
+    vertex's records as the sum over its subtasks, then each subtask: with
+    ``job.workers`` > 1 those are spread over processes, and a reader had to
+    add them up. Backpressure is the worst subtask's, as Flink shows it.
+    """
+    vertices: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        name = row["task"].removesuffix(f"-{row['subtask']}")
+        v = vertices.get(name)
+        if v is None:
+            v = vertices[name] = {
+                "vertex": name,
+                "operators": row["operators"],
+                "parallelism": row["parallelism"],
+                "records_in": 0,
+                "records_out": 0,
+                "records_in_per_second": 0.0,
+                "records_out_per_second": 0.0,
+                "backpressure_ratio": 0.0,
+                "live_subtasks": 0,
+                "workers": [],
+                "subtasks": [],
+            }
+        for key in ("records_in", "records_out", "records_in_per_second", "records_out_per_second"):
+            v[key] += row[key]
+        v["backpressure_ratio"] = max(v["backpressure_ratio"], row["backpressure_ratio"])
+        v["live_subtasks"] += 1 if row["live"] else 0
+        if row["worker"] not in v["workers"]:
+            v["workers"].append(row["worker"])
+        v["subtasks"].append({k: row[k] for k in _SUBTASK_KEYS})
+    for v in vertices.values():
+        v["records_in_per_second"] = round(v["records_in_per_second"], 1)
+        v["records_out_per_second"] = round(v["records_out_per_second"], 1)
+        v["backpressure"] = backpressure_level(v["backpressure_ratio"])
+    return list(vertices.values())
+
+
 class JobStats:
     """Checkpoint history and counters across attempts; throughput sampler."""
 
@@ -261,7 +306,8 @@ class _Collector:
             "How far a source split is behind its end (records; bytes for files).",
             labels=["task", "split", *extra],
         )
-        for row in stats.task_rows():
+        rows = list(stats.task_rows())
+        for row in rows:
             tid, uids, sub = row["task"], row["operators"], str(row["subtask"])
             w = [_worker_label(row["worker"])] if per_worker else []
             rec_in.add_metric([tid, uids[0], sub, *w], float(row["records_in"]))
@@ -275,6 +321,7 @@ class _Collector:
             for split, value in row["source_lag"].items():
                 lag.add_metric([tid, str(split), *w], float(value))
         yield from (rec_in, rec_out, fill_in, fill_out, bp, lag)
+        yield from _vertex_families(rows)
         txn_age = GaugeMetricFamily(
             "aiostream_sink_oldest_transaction_age_seconds",
             "Age of the oldest open or pre-committed sink transaction (0: none); the broker "
@@ -339,6 +386,25 @@ class _Collector:
             if last is not None:
                 g.add_metric([], float(last[key]) * scale)
             yield g
+
+
+def _vertex_families(rows: list[dict[str, Any]]) -> Iterable[Metric]:
+    """Yield the records in and out per job vertex, summed over its subtasks in every process."""
+    labels = ["vertex", "operator"]
+    rec_in = CounterMetricFamily(
+        "aiostream_vertex_records_in",
+        "Records into a job vertex (its chain's first operator), summed over its subtasks.",
+        labels=labels,
+    )
+    rec_out = CounterMetricFamily(
+        "aiostream_vertex_records_out",
+        "Records out of a job vertex (its chain's last operator), summed over its subtasks.",
+        labels=labels,
+    )
+    for v in vertex_rows(rows):
+        rec_in.add_metric([v["vertex"], v["operators"][0]], float(v["records_in"]))
+        rec_out.add_metric([v["vertex"], v["operators"][-1]], float(v["records_out"]))
+    yield from (rec_in, rec_out)
 
 
 def _worker_label(worker: int | None) -> str:

@@ -117,6 +117,32 @@ SPEC: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "window_seconds": {"type": "number"},
+                    "vertices": {
+                        "type": "array",
+                        "description": "per job vertex (a chain, run as parallelism subtasks): "
+                        "records and rates summed over its subtasks in every process, the "
+                        "worst subtask's backpressure, then each subtask",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "vertex": {"type": "string"},
+                                "operators": {"type": "array", "items": {"type": "string"}},
+                                "parallelism": {"type": "integer"},
+                                "records_in": {"type": "integer"},
+                                "records_out": {"type": "integer"},
+                                "records_in_per_second": {"type": "number"},
+                                "records_out_per_second": {"type": "number"},
+                                "backpressure_ratio": {"type": "number"},
+                                "backpressure": {"type": "string", "enum": ["ok", "low", "high"]},
+                                "live_subtasks": {"type": "integer"},
+                                "workers": {
+                                    "type": "array",
+                                    "items": {"type": "integer", "nullable": True},
+                                },
+                                "subtasks": {"type": "array", "items": {"type": "object"}},
+                            },
+                        },
+                    },
                     "tasks": {
                         "type": "array",
                         "items": {
@@ -230,7 +256,8 @@ SPEC: dict[str, Any] = {
         },
         "/operators": {
             "get": {
-                "summary": "Per subtask, its worker: records in/out, rates, queues, backpressure",
+                "summary": "Per vertex (summed over subtasks) and per subtask with its worker: "
+                "records in/out, rates, queues, backpressure",
                 "responses": {"200": _ok("Tasks", "Operators"), "401": _UNAUTHORIZED},
             }
         },

@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.daemon import address
-from aiostream_ckpt.daemon.metrics import JobStats
+from aiostream_ckpt.daemon.metrics import JobStats, vertex_rows
 from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.jobspec.graph import JobSpec
@@ -172,7 +172,8 @@ class JobDaemon:
         }
 
     def operators_view(self) -> dict[str, Any]:
-        return {"window_seconds": self.stats.window, "tasks": list(self.stats.task_rows())}
+        tasks = list(self.stats.task_rows())
+        return {"window_seconds": self.stats.window, "vertices": vertex_rows(tasks), "tasks": tasks}
 
     def transactions_view(self) -> dict[str, Any]:
         return {"transactions": list(self.stats.transaction_rows())}

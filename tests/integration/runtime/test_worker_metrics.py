@@ -120,6 +120,17 @@ async def test_rest_and_metrics_show_every_subtask_of_both_workers(tmp_path: Pat
         assert sum(r["records_in"] for r in counts) == EVENTS
         assert sum(r["records_out"] for r in counts) == EVENTS
         assert [r["last_checkpoint_acked"] for r in rows.values()] == [result.last_checkpoint] * 4
+        # per vertex, as Flink's web UI: the sum over its subtasks in both workers, then each
+        vertices = {v["vertex"]: v for v in operators["vertices"]}
+        assert set(vertices) == {"events", "pv-count"}
+        for name, v in vertices.items():
+            subs = [r for r in rows.values() if r["task"].startswith(f"{name}-")]
+            assert v["records_in"] == sum(r["records_in"] for r in subs), name
+            assert v["records_out"] == sum(r["records_out"] for r in subs), name
+            assert sorted(v["workers"]) == [0, 1] and v["parallelism"] == 2, name
+            assert sorted(s["subtask"] for s in v["subtasks"]) == [0, 1], name
+        assert vertices["events"]["records_in"] == EVENTS
+        assert vertices["pv-count"]["records_in"] == vertices["pv-count"]["records_out"] == EVENTS
 
         job = await get(client, "/job")
         tasks = {t["id"]: t for t in job["graph"]["tasks"]}
@@ -135,6 +146,16 @@ async def test_rest_and_metrics_show_every_subtask_of_both_workers(tmp_path: Pat
             )
             assert rec_in[labels] == r["records_in"], labels
         assert sum(v for k, v in rec_in.items() if 'operator="events"' in k) == EVENTS
+        assert samples(text, "aiostream_vertex_records_in_total") == {
+            'operator="events",vertex="events"': EVENTS,
+            'operator="pv-count",vertex="pv-count"': EVENTS,
+        }
+        assert (
+            samples(text, "aiostream_vertex_records_out_total")[
+                'operator="pv-sink",vertex="pv-count"'
+            ]
+            == EVENTS
+        )
         # the job ended: the workers stopped, and say so
         assert samples(text, "aiostream_worker_up") == {'worker="0"': 0.0, 'worker="1"': 0.0}
 
