@@ -119,8 +119,9 @@ def run_app_under_kills(
 ) -> tuple[ChaosResult, Path]:
     """Run ``aiostream-ckpt run APP`` to the end under ``kills`` kill -9; return it and its log.
 
-    Checkpoints every 50 ms in ``tmp_path/ckpt``; ``settings`` are ``KEY=VALUE``
-    (``--set``) lines: the app's own, or one of these defaults overridden.
+    Checkpoints every 50 ms in ``tmp_path/ckpt``, with no REST server (nothing
+    queries it, and each start would pay ~0.45 s of CPU for it); ``settings`` are
+    ``KEY=VALUE`` (``--set``) lines: the app's own, or one of these defaults overridden.
     With ``inputs`` the kills fall at fractions of them, else after
     checkpoints. Asserts the worker finished and was killed ``kills`` times,
     or ``at_least`` times where a kill may find the job done.
@@ -130,6 +131,7 @@ def run_app_under_kills(
         "checkpoint.interval": "50ms",
         "job.parallelism": str(parallelism),
         "job.batch_size": str(batch_size),
+        "rest.enabled": "false",
     }
     for line in settings:
         key, _, value = line.partition("=")

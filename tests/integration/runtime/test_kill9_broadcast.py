@@ -62,7 +62,6 @@ def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
             f"app.rules={rules}",
             f"app.output={tmp_path / 'out'}",
             f"app.rate={RATE}",
-            "rest.enabled=false",
         ],
         kills=2,
         seed=5,

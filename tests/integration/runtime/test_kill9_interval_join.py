@@ -77,7 +77,6 @@ def test_interval_join_exactly_once_under_kill9(tmp_path: Path) -> None:
             f"app.right={tmp_path / 'right.jsonl'}",
             f"app.output={tmp_path / 'out'}",
             f"app.rate={RATE}",
-            "rest.enabled=false",
         ],
         kills=2,
         seed=3,

@@ -46,9 +46,8 @@ def test_enum_and_date_keys_survive_kill9(tmp_path: Path) -> None:
     run_app_under_kills(
         tmp_path,
         "tests.apps.typed_keys",
-        # paced: a pass lasts >= 1.5 s, 30 checkpoint intervals, on any machine; no REST
-        # server: 0.45 s less CPU for each of the 4 starts, most of what the test cost
-        [f"app.input={path}", f"app.output={out}", "app.rate=20000", "rest.enabled=false"],
+        # paced: a pass lasts >= 1.5 s, 30 checkpoint intervals, on any machine
+        [f"app.input={path}", f"app.output={out}", "app.rate=20000"],
         kills=3,
         seed=11,
         inputs=[path],

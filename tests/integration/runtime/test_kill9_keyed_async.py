@@ -48,7 +48,7 @@ def _killed_twice(tmp_path: Path, app: str, inp: Path, seed: int, rate: int) -> 
     run_app_under_kills(
         tmp_path,
         app,
-        [f"app.input={inp}", f"app.output={out}", f"app.rate={rate}", "rest.enabled=false"],
+        [f"app.input={inp}", f"app.output={out}", f"app.rate={rate}"],
         kills=2,
         seed=seed,
         inputs=[inp],

@@ -35,8 +35,8 @@ def test_state_types_survive_kill9(tmp_path: Path) -> None:
         tmp_path,
         "tests.apps.typed_state",
         # paced: a pass lasts >= 1.5 s, 30 checkpoint intervals, on any machine (60 k
-        # events unpaced stood in for that); 7 blocks of input for the 3 kills; no REST
-        [f"app.input={path}", f"app.output={out}", "app.rate=30000", "rest.enabled=false"],
+        # events unpaced stood in for that); 7 blocks of input for the 3 kills
+        [f"app.input={path}", f"app.output={out}", "app.rate=30000"],
         kills=3,
         seed=5,
         inputs=[path],
