@@ -12,6 +12,9 @@ from tests.helpers import DaemonProcess, check_pv_output, cli, make_pv_input, re
 
 pytestmark = pytest.mark.integration
 
+#: Events in the input, read at most RATE a second: a run lasts >= 2 s, 40 checkpoints.
+EVENTS, RATE = 200_000, 100_000
+
 
 def _args(tmp_path: Path, inp: Path, local: Path) -> list[str]:
     return [
@@ -23,11 +26,14 @@ def _args(tmp_path: Path, inp: Path, local: Path) -> list[str]:
         "--set", "checkpoint.interval=50ms",
         "--set", "job.batch_size=256",
         "--set", "rest.enabled=false",
+        # paced: the first run is still reading when it is killed, on any machine
+        # (2 M events unpaced stood in for that: ~25 s of CPU, mostly the restart's)
+        "--set", f"app.rate={RATE}",
     ]  # fmt: skip
 
 
 def test_restart_after_kill9_removes_the_dead_workers_state(tmp_path: Path) -> None:
-    inp = make_pv_input(tmp_path / "in.jsonl", 2_000_000, keys=20_000)
+    inp = make_pv_input(tmp_path / "in.jsonl", EVENTS, keys=20_000)
     local = tmp_path / "local"
     with DaemonProcess(*_args(tmp_path, inp, local)) as d:
         d.wait_for("checkpoint 2 completed", timeout=120)
