@@ -28,8 +28,9 @@ from typing import Any
 import orjson
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.connectors.kafka.addresses import check_bootstrap_servers
 from aiostream_ckpt.connectors.kafka.committer import PendingTxn
-from aiostream_ckpt.connectors.kafka.common import bootstrap_client, check_bootstrap_servers
+from aiostream_ckpt.connectors.kafka.common import bootstrap_client
 from aiostream_ckpt.connectors.kafka.transactions import EndTxnOutcome, end_prepared_transaction
 from aiostream_ckpt.connectors.kafka.txn_admin import (
     TransactionInfo,

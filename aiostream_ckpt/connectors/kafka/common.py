@@ -1,4 +1,4 @@
-"""What the Kafka source and sink share: config checks, bounded connects, error mapping.
+"""What the Kafka readers and writers share: bounded connects, error mapping.
 
 A job that can't reach its broker must fail at start with one line that names
 the cause, not hang in a client's retry loop. aiokafka retries some things
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -19,35 +18,17 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.client import AIOKafkaClient
 
-from aiostream_ckpt.errors import ConfigError, ConnectorError
+from aiostream_ckpt.errors import ConnectorError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
 _CLIENT_KEYS = frozenset(inspect.signature(AIOKafkaClient.__init__).parameters) - {
     "self",
     "loop",
     "bootstrap_servers",
 }
-
-
-def check_bootstrap_servers(value: str) -> str:
-    """Return ``value`` if it is ``host:port[,host:port...]``; else raise ``ConfigError``.
-
-    aiokafka would raise a bare ``ValueError`` from deep in its client (or try
-    port 9092 on an empty host); a config error is reported once, not retried.
-    """
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"invalid Kafka bootstrap servers {value!r}: expected host:port")
-    for part in value.split(","):
-        m = _HOST_PORT.match(part.strip())
-        if m is None or not 0 < int(m.group(1)) < 65536:
-            raise ConfigError(
-                f"invalid Kafka bootstrap servers {value!r}: {part.strip()!r} is not host:port"
-            )
-    return value
 
 
 def client_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:

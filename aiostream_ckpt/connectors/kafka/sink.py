@@ -69,21 +69,32 @@ barrier; a replay after a failure may repeat records, never lose them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from aiostream_ckpt.connectors.base import ConnectorContext
-from aiostream_ckpt.connectors.kafka.common import check_bootstrap_servers
-from aiostream_ckpt.connectors.kafka.encoder import HeadersFn, KeyFn, Serializer
-from aiostream_ckpt.connectors.kafka.writer import (
-    AtLeastOnceKafkaWriter,
-    TransactionalKafkaWriter,
-)
+from aiostream_ckpt.connectors.kafka.addresses import check_bootstrap_servers
 from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
 from aiostream_ckpt.errors import ConfigError
 
+if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.encoder import HeadersFn, KeyFn, Serializer
+    from aiostream_ckpt.connectors.kafka.writer import (
+        AtLeastOnceKafkaWriter,
+        TransactionalKafkaWriter,
+    )
+
 __all__ = ["AtLeastOnceKafkaWriter", "KafkaSink", "TransactionalKafkaWriter"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the writers on first use: they need aiokafka (see :meth:`KafkaSink.create_writer`)."""
+    if name in ("AtLeastOnceKafkaWriter", "TransactionalKafkaWriter"):
+        from aiostream_ckpt.connectors.kafka import writer
+
+        return getattr(writer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class KafkaSink:
@@ -156,6 +167,13 @@ class KafkaSink:
     def create_writer(
         self, ctx: ConnectorContext
     ) -> TransactionalKafkaWriter | AtLeastOnceKafkaWriter:
+        # here, not at the top: the writers need aiokafka (~0.25 s of CPU to import), which
+        # a process that only builds the job (the main one, job.workers > 1) never runs
+        from aiostream_ckpt.connectors.kafka.writer import (
+            AtLeastOnceKafkaWriter,
+            TransactionalKafkaWriter,
+        )
+
         if self.semantic == "exactly_once":
             return TransactionalKafkaWriter(self, ctx)
         return AtLeastOnceKafkaWriter(self, ctx)

@@ -1,0 +1,308 @@
+"""The reader of a :class:`~.source.KafkaSource`: one subtask's partitions and offsets.
+
+Apart from the source so that declaring a job's Kafka source (what the main
+process does with ``job.workers`` > 1, to plan the job it coordinates) does
+not import aiokafka: only the processes that read import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import errors as kafka_errors
+
+from aiostream_ckpt.connectors.base import ConnectorContext
+from aiostream_ckpt.connectors.kafka.common import (
+    bootstrap_client,
+    connector_error,
+    require_topics,
+    split_id,
+    start_with_deadline,
+)
+from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, partition_key_groups
+from aiostream_ckpt.connectors.required import required_problem, required_violations
+from aiostream_ckpt.errors import ConnectorError
+from aiostream_ckpt.keygroups import KeyGroupRange
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.source import KafkaSource
+
+log = logging.getLogger(__name__)
+
+#: Snapshots kept for offset commits to Kafka; more only when checkpoints abort.
+_MAX_SNAPSHOTS = 32
+
+
+class KafkaSourceReader:
+    """One subtask's partitions; positions are the next offset to emit per partition."""
+
+    def __init__(self, source: KafkaSource, ctx: ConnectorContext) -> None:
+        self._src = source
+        self._ctx = ctx
+        self._consumer: Any = None
+        self._own: list[Any] = []
+        self._positions: dict[Any, int] = {}
+        self._end: dict[Any, int] = {}
+        self._active: list[Any] = []
+        self._snapshots: deque[dict[Any, int]] = deque()
+        self._closed = False
+
+    @property
+    def partitions(self) -> list[tuple[str, int]]:
+        """The partitions this reader owns, as ``(topic, partition)``."""
+        return [(tp.topic, tp.partition) for tp in self._own]
+
+    # -- start ------------------------------------------------------------------
+
+    async def start(self, restored: dict[str, Any] | None) -> None:
+        src, ctx = self._src, self._ctx
+        group = None
+        if src.commit_offsets_to_kafka:
+            group = src.group_id or f"{ctx.job_name}-{ctx.operator_uid}"
+        config: dict[str, Any] = {
+            "isolation_level": src.isolation_level,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            **src.consumer_config,
+            "group_id": group,
+        }
+
+        async def start(c: Any) -> None:
+            await c.start()
+
+        async def stop(c: Any) -> None:
+            await c.stop()
+
+        self._consumer = await start_with_deadline(
+            lambda: AIOKafkaConsumer(bootstrap_servers=src.bootstrap_servers, **config),
+            start,
+            stop,
+            bootstrap_servers=src.bootstrap_servers,
+            timeout_s=src.connect_timeout_s,
+            what="consumer start",
+        )
+        try:
+            await asyncio.wait_for(self._assign(restored or {}), src.connect_timeout_s)
+        except TimeoutError as exc:
+            raise ConnectorError(
+                f"Kafka source {src.name}: no offsets from {src.bootstrap_servers} within "
+                f"{src.connect_timeout_s:g}s",
+                retriable=True,
+            ) from exc
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"Kafka source {src.name}: cannot seek", exc) from exc
+        log.info(
+            "%s[%d]: reading %s from %s",
+            src.name,
+            ctx.subtask_index,
+            ", ".join(f"{tp.topic}:{tp.partition}@{self._positions[tp]}" for tp in self._own)
+            or "no partitions",
+            "restored offsets" if restored else f"{src.starting} (fresh start)",
+        )
+
+    async def _assign(self, restored: dict[str, Any]) -> None:
+        src, ctx, consumer = self._src, self._ctx, self._consumer
+        client = await bootstrap_client(
+            src.bootstrap_servers,
+            src.consumer_config,
+            timeout_s=src.connect_timeout_s,
+            what="source metadata",
+        )
+        try:
+            topics = await require_topics(
+                client, src.topics, bootstrap_servers=src.bootstrap_servers
+            )
+        finally:
+            await client.close()
+        every = [TopicPartition(t, p) for t in sorted(topics) for p in topics[t]]
+        if src.key_grouped:
+            self._own = self._key_grouped(every, topics)
+        else:
+            self._own = every[ctx.subtask_index :: ctx.parallelism]
+        consumer.assign(self._own)
+        if not self._own:
+            return
+        fresh = [tp for tp in self._own if split_id(tp.topic, tp.partition) not in restored]
+        for tp in self._own:
+            if tp not in fresh:
+                self._positions[tp] = int(restored[split_id(tp.topic, tp.partition)])
+        if fresh:
+            self._positions.update(await self._starting_offsets(fresh))
+        for tp, offset in self._positions.items():
+            consumer.seek(tp, offset)
+        if src.bounded:
+            self._end = {tp: int(o) for tp, o in (await consumer.end_offsets(self._own)).items()}
+            self._active = [tp for tp in self._own if self._positions[tp] < self._end[tp]]
+            done = [tp for tp in self._own if tp not in self._active]
+            if done:
+                consumer.pause(*done)
+        else:
+            self._active = list(self._own)
+
+    def _key_grouped(self, every: list[Any], topics: dict[str, list[int]]) -> list[Any]:
+        """Return the partitions whose key groups this subtask owns (``key_grouped=True``)."""
+        ctx, what = self._ctx, f"Kafka source {self._src.name!r}"
+        maxp = ctx.max_parallelism
+        ranges: dict[str, KeyGroupRange] = {}
+        for topic, partitions in topics.items():
+            layout = partition_key_groups(len(partitions), maxp, source=f"{what} topic {topic}")
+            for j, p in enumerate(sorted(partitions)):
+                ranges[split_id(topic, p)] = layout[j]
+        own = set(assign_key_grouped(ranges, maxp, ctx, source=what))
+        return [tp for tp in every if split_id(tp.topic, tp.partition) in own]
+
+    async def _starting_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        consumer, starting = self._consumer, self._src.starting
+        if starting == "earliest":
+            return {tp: int(o) for tp, o in (await consumer.beginning_offsets(tps)).items()}
+        end = {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
+        if starting == "latest":
+            return end
+        assert isinstance(starting, dict)
+        found = await consumer.offsets_for_times(dict.fromkeys(tps, starting["timestamp"]))
+        return {tp: int(found[tp].offset) if found.get(tp) else end[tp] for tp in tps}
+
+    # -- reading ----------------------------------------------------------------
+
+    async def read_batch(self, max_records: int) -> list[Any] | None:
+        parts = await self._fetch(max_records)
+        if parts is None:
+            return None
+        if len(parts) == 1:
+            return parts[0][1]
+        return [event for _, events in parts for event in events]
+
+    async def read_split_batches(self, max_records: int) -> list[tuple[str, list[Any]]] | None:
+        """Event time: the same fetch, grouped by partition for per-partition watermarks."""
+        parts = await self._fetch(max_records)
+        if parts is None:
+            return None
+        return [(split_id(tp.topic, tp.partition), events) for tp, events in parts]
+
+    def active_splits(self) -> list[str]:
+        """Return the partitions still being read (finished ones release the watermark)."""
+        return [split_id(tp.topic, tp.partition) for tp in self._active]
+
+    async def _fetch(self, max_records: int) -> list[tuple[Any, list[Any]]] | None:
+        src = self._src
+        if not self._active:
+            if src.bounded:
+                return None
+            await asyncio.sleep(src.poll_timeout_ms / 1000)
+            return []
+        try:
+            data = await self._consumer.getmany(
+                *self._active, timeout_ms=src.poll_timeout_ms, max_records=max_records
+            )
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"Kafka source {src.name}: fetch failed", exc) from exc
+        parts: list[tuple[Any, list[Any]]] = []
+        for tp, records in data.items():
+            if src.bounded and records[-1].offset >= self._end[tp]:
+                # Everything before the end offset has been returned now.
+                records = [r for r in records if r.offset < self._end[tp]]
+                self._positions[tp] = self._end[tp]
+            else:
+                self._positions[tp] = records[-1].offset + 1
+            if records:
+                out: list[Any] = []
+                self._emit(tp, records, out)
+                parts.append((tp, out))
+        if src.bounded:
+            await self._retire_finished(data)
+        return parts
+
+    def _emit(self, tp: Any, records: list[Any], out: list[Any]) -> None:
+        loads, key_loads = self._src.deserializer, self._src.key_deserializer
+        required = self._src.required
+        try:
+            values = [loads(r.value) for r in records]
+        except Exception:  # some record is bad: take them one by one
+            pass
+        else:
+            if not required or not required_violations(values, required):
+                if key_loads is None:
+                    out.extend(values)
+                else:
+                    keys = [None if r.key is None else key_loads(r.key) for r in records]
+                    out.extend(zip(keys, values, strict=True))
+                return
+        dead_letter = self._ctx.dead_letter
+        for r in records:
+            raw = r.value if r.value is not None else b""
+            origin = {"topic": tp.topic, "partition": tp.partition, "offset": r.offset}
+            try:
+                value = loads(r.value)
+                event = (
+                    value
+                    if key_loads is None
+                    else (None if r.key is None else key_loads(r.key), value)
+                )
+            except Exception as exc:  # any deserializer error is the record's, not ours
+                dead_letter(raw, f"cannot deserialize: {type(exc).__name__}: {exc}", origin)
+                continue
+            problem = required_problem(value, required) if required else None
+            if problem is not None:
+                dead_letter(raw, problem, origin)
+                continue
+            out.append(event)
+
+    async def _retire_finished(self, data: dict[Any, list[Any]]) -> None:
+        """Drop partitions that reached their end offset from the active set.
+
+        A partition with no records left may still be short of its end offset:
+        the rest are transaction markers or aborted records, which the
+        consumer skips. Its consumer position tells.
+        """
+        consumer = self._consumer
+        finished = []
+        for tp in self._active:
+            end = self._end[tp]
+            if self._positions[tp] < end and tp not in data:
+                pos = await consumer.position(tp)
+                if pos >= end:
+                    self._positions[tp] = end
+            if self._positions[tp] >= end:
+                finished.append(tp)
+        if finished:
+            consumer.pause(*finished)
+            self._active = [tp for tp in self._active if tp not in finished]
+
+    # -- checkpoints ------------------------------------------------------------
+
+    def snapshot_position(self) -> dict[str, int]:
+        positions = dict(self._positions)
+        if self._src.commit_offsets_to_kafka and len(self._snapshots) < _MAX_SNAPSHOTS:
+            self._snapshots.append(positions)
+        return {split_id(tp.topic, tp.partition): o for tp, o in positions.items()}
+
+    async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Commit offsets to Kafka (monitoring only) once a checkpoint covers them.
+
+        The reader isn't told which checkpoint a snapshot belongs to, so it
+        commits its oldest outstanding snapshot. Snapshots and completions come
+        in checkpoint order, so that snapshot is never newer than the completed
+        checkpoint: committed offsets may trail the job, never run ahead of it.
+        """
+        if not self._snapshots or self._consumer is None:
+            return
+        positions = self._snapshots.popleft()
+        try:
+            await asyncio.wait_for(self._consumer.commit(positions), 10.0)
+        except (kafka_errors.KafkaError, TimeoutError) as exc:
+            log.warning("%s: offset commit failed (monitoring only): %r", self._src.name, exc)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await asyncio.wait_for(consumer.stop(), 10.0)
+            except (kafka_errors.KafkaError, TimeoutError) as exc:
+                log.warning("%s: error while closing the consumer: %r", self._src.name, exc)
