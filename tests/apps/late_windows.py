@@ -2,8 +2,11 @@
 
 ``app.input``: JSON-lines file(s) of ``{"k", "ts"}``; ``app.output``: window counts
 ``{"k", "start", "n"}``; ``app.late_output``: the late records; ``app.rate``: read
-each input at most that many events per second. Used by the kill -9 test that
-lateness is decided the same way with and without failures.
+each input at most that many events per second; ``app.lateness``: the allowed
+lateness in ms (0; the input has no record for a fired window but the very
+late ones, so the output does not depend on it). Used by the kill -9 test that
+lateness is decided the same way with and without failures, and by the one of
+a savepoint restored with another allowed lateness.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def build(env: StreamEnvironment) -> None:
         env.from_source(source, uid="events", watermark_strategy=strategy)
         .key_by(itemgetter("k"))
         .window(TumblingEventTimeWindows.of(WINDOW_MS))
+        .allowed_lateness(int(p.get("lateness", 0)))
         .side_output_late_data(late)
         .aggregate(CountAggregate(), Describe(), uid="counts")
     )
