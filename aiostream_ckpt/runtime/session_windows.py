@@ -168,17 +168,20 @@ class SessionWindowOperator(WindowOperator):
 
         A failing record (key selector, timestamp, aggregate) is ``RecordFailed``;
         what the records before it did stays in the held lists, as it would in
-        state. The common record, one that extends its key's one open session
-        of an aggregate, is folded inline; the rest is :meth:`_add`.
+        state. The common records of an aggregate, one that extends its key's
+        one open session and one that opens a key's only session, are folded
+        inline (as :meth:`_add` would); the rest is :meth:`_add`.
         """
         out: list[Any] = []
         self._out.collect = out.append
         kc, ks, tsf = self._kc, self._key_selector, self._ts
         held = self._held
         value = self._sessions.value
-        add, gap = self._add, self._gap
-        agg = self._aggregate.add if self.spec.kind is WindowKind.AGGREGATE and gap else None
-        watermark = self.watermark  # no timer fires in a batch
+        add, gap, set_timers = self._add, self._gap, self._set_timers
+        agg = create = None
+        if self.spec.kind is WindowKind.AGGREGATE and gap:
+            agg, create = self._aggregate.add, self._aggregate.create_accumulator
+        after = self.watermark + 1  # a session ending after it is not due (no timer fires)
         it = iter(batch)
         try:
             for rec in it:
@@ -188,15 +191,23 @@ class SessionWindowOperator(WindowOperator):
                 if sessions is None:
                     kc.key = key
                     sessions = held[key] = list(value() or ())
-                if agg is not None and len(sessions) == 1:
-                    start, end, acc = sessions[0]
-                    # touches its one session, not due (nothing fires, its timers stand)
-                    if start <= ts + gap and ts <= end and end - 1 > watermark:
-                        if ts < start:
-                            start = ts
-                        if ts + gap > end:
-                            end = ts + gap
-                        sessions[0] = (start, end, agg(rec, acc))
+                if agg is not None:
+                    n = len(sessions)
+                    if n == 1:
+                        start, end, acc = sessions[0]
+                        # touches its one session, not due (nothing fires, its timers stand)
+                        if ts <= end and end > after and start <= ts + gap:
+                            if ts < start:
+                                start = ts
+                            if ts + gap > end:
+                                end = ts + gap
+                            sessions[0] = (start, end, agg(rec, acc))
+                            continue
+                    elif not n and ts + gap > after:  # a new session, not due: _add's way
+                        assert create is not None
+                        sessions.append((ts, ts + gap, agg(rec, create())))
+                        kc.key = key
+                        set_timers(ts + gap - 1)
                         continue
                 kc.key = key
                 if not add(sessions, rec, ts):

@@ -275,11 +275,16 @@ class DerivedEventTimers:
         live.add(entry)
         n = timestamp >> _BUCKET_BITS
         run = self._run
-        if run is not None and n <= self._run_bucket and timestamp <= self.watermark:
+        if run is not None and timestamp <= self.watermark and n <= self._run_bucket:
             # due in this advance, before the buckets still to come: into the firing run
             run.insert(bisect_right(run, timestamp, lo=self._pos + 1, key=_TS), entry)
             return
-        self._add(n, entry)
+        bucket = self._buckets.get(n)  # _add, inlined: a timer set again per session's click
+        if bucket is None:
+            self._buckets[n] = [entry]
+            heapq.heappush(self._ids, n)
+        else:
+            bucket.append(entry)
 
     def _add(self, n: int, entry: tuple[int, Any]) -> None:
         bucket = self._buckets.get(n)
@@ -316,18 +321,20 @@ class DerivedEventTimers:
             self._fire(run, n, on_timer)
 
     def _fire(self, run: list[tuple[int, Any]], n: int, on_timer: TimerCallback) -> None:
-        """Fire ``run`` (bucket ``n``'s due timers, by time); it grows if a timer sets one due."""
+        """Fire ``run`` (bucket ``n``'s due timers, by time); it grows if a timer sets one due.
+
+        The loop sees what is inserted after the firing timer (a list iterator
+        goes by index); ``_pos`` tells ``register_event_time_timer`` where that is.
+        """
         live, kc = self._live, self._kc
         self._run, self._run_bucket = run, n
-        i = 0
+        i = -1
         try:
-            while i < len(run):
+            for i, (ts, key) in enumerate(run):
                 self._pos = i
-                entry = run[i]
-                live.discard(entry)
-                kc.key = entry[1]
-                on_timer(entry[0], entry[1])
-                i += 1
+                live.discard((ts, key))
+                kc.key = key
+                on_timer(ts, key)
         except BaseException:
             for entry in run[i + 1 :]:  # not fired: pending again, as in a heap
                 self._add(entry[0] >> _BUCKET_BITS, entry)

@@ -166,3 +166,22 @@ def test_inlined_path_gives_the_general_paths_results(
         assert any(t[0] == "late" and t[1] for t in want)  # the stream has late records
         fast.backend.close()
         general.backend.close()
+
+
+@pytest.mark.parametrize("lateness", [0, 700])
+def test_sessions_at_the_watermark_boundary_take_the_general_paths_way(
+    tmp_path: Path, lateness: int
+) -> None:
+    # a session ending exactly at the watermark (max_timestamp == watermark) is due: a new
+    # one fires at once (late firing) or is late; one a tick later waits for its timer
+    steps: list[tuple[list[dict[str, Any]], int]] = [([{"k": "old", "ts": 0, "v": 1}], 10_000)]
+    for i, lag in enumerate((300, 299, 298, 1_000, 999, 998)):
+        steps.append(([{"k": f"k{i}", "ts": 10_000 - lag, "v": 1}], 10_000))  # gap 300
+        steps.append(([{"k": f"k{i}", "ts": 10_000 - lag + 1, "v": 1}], 10_000))
+    steps.append(([], 20_000))
+    fast = _operator(tmp_path / "f", session=True, kind=WindowKind.AGGREGATE, lateness=lateness)
+    general = _operator(tmp_path / "g", session=True, kind=WindowKind.AGGREGATE, lateness=lateness)
+    general._gap = 0
+    assert _run(fast, steps) == _run(general, steps)
+    fast.backend.close()
+    general.backend.close()
