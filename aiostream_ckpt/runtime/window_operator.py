@@ -171,7 +171,7 @@ class WindowOperator(StreamOperator):
         assert self.backend is not None
         backend, kc = self.backend, self._kc
         stored = backend.create_state(MapStateDescriptor(EVENT_TIMERS))
-        for key, first in self._first_stored_timers(stored).items():
+        for key, first in self._first_stored_timers().items():
             kc.key = key
             stored.clear()
             self._drop_fired(first)
@@ -180,7 +180,7 @@ class WindowOperator(StreamOperator):
             timers.register_event_time_timer(max_ts)
         kc.key = None
 
-    def _first_stored_timers(self, stored: Any) -> dict[Any, int]:
+    def _first_stored_timers(self) -> dict[Any, int]:
         """Each key's earliest stored timer: its windows ending before it have fired.
 
         Timers are stored only with allowed lateness, where a window keeps one
@@ -190,14 +190,13 @@ class WindowOperator(StreamOperator):
         that has not fired holds a timer at its end (a session, at its own or
         an earlier part's). So a window fired iff it ends before its key's
         first stored timer, whatever the watermark the restore resumes at (a
-        rescaled one is the old subtasks' minimum).
+        rescaled one is the old subtasks' minimum). From the timer service's
+        queue, restored at open: reading the timers' state again doubled the
+        operator's open (100 k keys: 2.0 -> 4.2 s of CPU).
         """
-        assert self.backend is not None
-        first: dict[Any, int] = {}
-        for key in list(self.backend.keys(EVENT_TIMERS)):
-            self._kc.key = key
-            first[key] = min(map(int, stored.keys()))
-        return first
+        service = self._timers
+        assert isinstance(service, InternalTimerService)
+        return service.first_event_timers()
 
     def _drop_fired(self, first_timer: int) -> None:
         """Drop the current key's windows that end before ``first_timer`` (they fired)."""
@@ -219,10 +218,11 @@ class WindowOperator(StreamOperator):
         assert self.backend is not None
         timers = self._timers
         assert timers is not None
-        lateness = self._lateness
-        stored = self.backend.create_state(MapStateDescriptor(EVENT_TIMERS))
-        first = self._first_stored_timers(stored)
+        lateness, has = self._lateness, timers.has_event_time_timer
+        first = self._first_stored_timers()
         for key, max_ts in self._window_ends():
+            if has(max_ts + lateness):  # the same lateness: its timers are set
+                continue
             if key in first and max_ts < first[key]:  # fired (see _first_stored_timers)
                 timers.register_event_time_timer(max_ts + lateness)
             else:

@@ -166,6 +166,14 @@ class InternalTimerService:
         """Whether the current key has an event-time timer set at ``timestamp``."""
         return (timestamp, self._kc.key) in self._event.live
 
+    def first_event_timers(self) -> dict[Any, int]:
+        """Each key's earliest event-time timer, from memory (a restore's window bookkeeping)."""
+        first: dict[Any, int] = {}
+        for ts, key in self._event.live:
+            if key not in first or ts < first[key]:
+                first[key] = ts
+        return first
+
     def delete_event_time_timer(self, timestamp: int) -> None:
         self._delete(self._event, timestamp)
 
