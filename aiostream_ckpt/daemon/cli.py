@@ -140,13 +140,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from aiostream_ckpt.api.environment import StreamEnvironment
-    from aiostream_ckpt.daemon.app_loader import app_name, build_app
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
-    from aiostream_ckpt.daemon.service import JobDaemon
-    from aiostream_ckpt.runtime.job import JobStatus
-    from aiostream_ckpt.runtime.workers import WorkerLaunch
+    from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
 
     failpoints.arm_from_env()  # before anything can fail: a bad spec is a usage error
     sets = list(args.sets)
@@ -162,15 +158,33 @@ def _run(args: argparse.Namespace) -> int:
         sets.append(f"log.format={args.log_format}")
     loaded = load_config(args.config, env=os.environ, sets=sets)
     setup_logging(loaded.log_format, loaded.log_level)
-    name = loaded.job_name or app_name(args.module)
-    env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
-    build_app(args.module, env)
-
     # job.workers > 1: each worker process builds the job from the same module and config
     launch = WorkerLaunch(args.module, args.config, tuple(sets), loaded.job.workers)
 
+    # the workers first, so that their start overlaps this process's imports and build of
+    # the job; not when the job would run fewer (job.place_workers: its widest operator)
+    first = 1 < loaded.job.validate().workers <= loaded.job.parallelism
+
     async def main() -> int:
-        daemon = JobDaemon(env.spec(), loaded.daemon, launch=launch)
+        early = EarlyWorkers(launch) if first else None
+        try:
+            if early is not None:
+                await early.spawn()
+            return await run(early)
+        finally:
+            if early is not None:
+                await early.close()  # those the job did not take (it failed to build or start)
+
+    async def run(early: EarlyWorkers | None) -> int:
+        from aiostream_ckpt.api.environment import StreamEnvironment
+        from aiostream_ckpt.daemon.app_loader import app_name, build_app
+        from aiostream_ckpt.daemon.service import JobDaemon
+        from aiostream_ckpt.runtime.job import JobStatus
+
+        name = loaded.job_name or app_name(args.module)
+        env = StreamEnvironment(name, config=loaded.job, params=loaded.params)
+        build_app(args.module, env)
+        daemon = JobDaemon(env.spec(), loaded.daemon, launch=launch, early=early)
         runner = daemon.runner
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

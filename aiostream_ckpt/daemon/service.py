@@ -23,7 +23,7 @@ from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
-from aiostream_ckpt.runtime.workers import WorkerLaunch
+from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
 
 if TYPE_CHECKING:
     from aiostream_ckpt.daemon.rest import RestServer
@@ -41,6 +41,7 @@ class JobDaemon:
         *,
         clock: Clock | None = None,
         launch: WorkerLaunch | None = None,
+        early: EarlyWorkers | None = None,
     ) -> None:
         self.settings = settings or DaemonSettings()
         clock = clock or SystemClock()
@@ -51,6 +52,7 @@ class JobDaemon:
             on_started=self.stats.attach,
             process=self.settings.process_profile(),
             launch=launch,
+            early=early,
         )
         ckpt_dir = self.runner.config.checkpoint.directory
         assert ckpt_dir is not None  # JobRunner refuses a job without one

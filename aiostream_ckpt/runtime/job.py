@@ -46,7 +46,7 @@ from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_s
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
-from aiostream_ckpt.runtime.workers import WorkerLaunch
+from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
 from aiostream_ckpt.state import local_dirs
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ class JobRunner:
         on_started: Callable[[JobRun], None] | None = None,
         process: ProcessProfile | None = None,
         launch: WorkerLaunch | None = None,
+        early: EarlyWorkers | None = None,
     ) -> None:
         self.spec = spec
         #: applied by :meth:`run`, whatever the entry point (``docs/performance.md``)
@@ -132,6 +133,8 @@ class JobRunner:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
         #: how worker processes build this job (``job.workers`` > 1): its app module
         self.launch = _check_launch(self.config.workers, launch)
+        #: the first attempt's workers, started before this job was built (``aiostream-ckpt run``)
+        self._early = early
         self.clock = clock or SystemClock()
         #: where each attempt claims its working-state directory (see :mod:`.local_dirs`)
         self.local_root = self.config.local_state_root()
@@ -339,6 +342,7 @@ class JobRunner:
     ) -> bool:
         """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
         assert self.launch is not None  # checked at construction
+        spawned = await self._early.take(self.launch) if self._early is not None else None
         group = WorkerGroup(
             self.launch,
             self.spec.transformations,
@@ -348,6 +352,7 @@ class JobRunner:
             attempt=setup.attempt,
             start_timeout=self.config.worker_start_timeout,
             clock=self.clock,
+            spawned=spawned,
         )
         self.run_state.coordinator = coordinator
         self.run_state.workers = group.reports

@@ -30,9 +30,7 @@ a worker dies and stopped with the attempt.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +59,7 @@ from aiostream_ckpt.runtime.workers import (
     WorkerProcess,
     WorkerState,
     exit_description,
+    spawn_all,
 )
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,9 @@ class WorkerGroup:
         attempt: int = 0,
         start_timeout: float = 120.0,
         clock: Clock | None = None,
+        spawned: list[WorkerProcess] | None = None,
     ) -> None:
+        """``spawned``: the workers, started early for ``launch`` (:class:`.EarlyWorkers`)."""
         self.launch = launch
         self.count = launch.workers
         self._fingerprint = graph_fingerprint(transformations)
@@ -118,7 +119,7 @@ class WorkerGroup:
         self.start_timeout = start_timeout
         # fail points kill a worker once per run of the command, as they kill the main
         # process once: the workers of a restarted attempt are not armed again
-        self.workers = [
+        self.workers = spawned or [
             WorkerProcess(i, launch, arm_failpoints=attempt == 0) for i in range(self.count)
         ]
         loop = asyncio.get_running_loop()
@@ -142,14 +143,13 @@ class WorkerGroup:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every worker with a socket pair to each other one; wait for their hellos."""
-        ends: dict[int, dict[int, socket.socket]] = {i: {} for i in range(self.count)}
-        for i, j in itertools.combinations(range(self.count), 2):
-            ends[i][j], ends[j][i] = socket.socketpair()
+        """Start every worker (unless started early), then wait for their hellos."""
+        if any(w.pid is None for w in self.workers):
+            await spawn_all(self.workers)
         heads = [(c.head.uid, c.parallelism) for c in self._chains]
         starts = [
             asyncio.ensure_future(
-                w.start(self._fingerprint, worker_tasks(heads, w.index, self.count), ends[w.index])
+                w.start(self._fingerprint, worker_tasks(heads, w.index, self.count))
             )
             for w in self.workers
         ]
@@ -160,10 +160,6 @@ class WorkerGroup:
                 t.cancel()
             await asyncio.gather(*starts, return_exceptions=True)
             raise
-        finally:
-            for pair in ends.values():
-                for sock in pair.values():
-                    sock.close()  # the workers hold their own copies
         for w in self.workers:
             log.info("worker %d started (pid %s): %s", w.index, w.pid, ", ".join(w.hello["tasks"]))
             self.reports.started(w.index, w.pid)

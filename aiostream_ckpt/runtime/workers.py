@@ -18,11 +18,14 @@ worker forked (``multiprocessing``'s default on Linux) holds the socket on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
+import itertools
 import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -150,31 +153,14 @@ class WorkerProcess:
         tasks: list[str],
         peers: dict[int, socket.socket] | None = None,
     ) -> None:
-        """Start the process and wait for its hello; refuse a different graph or share.
+        """Start the process (unless :meth:`spawn` did) and wait for its hello.
 
-        ``peers``: this worker's end of a socket pair to each other worker (its
-        channels to their subtasks); the caller closes its copies afterwards.
+        Refuse a different graph or share. ``peers``: as :meth:`spawn`'s.
         """
         if self.state is not WorkerState.CREATED:
             return
-        ours, theirs = socket.socketpair()
-        peer_fds = {j: s.fileno() for j, s in (peers or {}).items()}
-        env = None
-        if not self.arm_failpoints:
-            env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *self.launch.argv(self.index, theirs.fileno(), peer_fds),
-                pass_fds=(theirs.fileno(), *peer_fds.values()),
-                env=env,
-                # a terminal's Ctrl-C is the main process's to handle (a graceful stop),
-                # not every worker's; they still die with it (PR_SET_PDEATHSIG)
-                start_new_session=True,
-            )
-        finally:
-            theirs.close()
-        try:
-            await self.control.start(ours)
+            await self.spawn(peers)
             hello = await self.control.receive_message()
         except BaseException:
             await self._kill()
@@ -192,6 +178,37 @@ class WorkerProcess:
                 "but its module and config"
             )
         self._transition(WorkerState.READY)
+
+    async def spawn(self, peers: dict[int, socket.socket] | None = None) -> None:
+        """Start the process, without waiting for it; its hello is :meth:`start`'s to check.
+
+        Apart so that the workers can start while the main process still builds
+        the job (see :class:`~.worker_group.EarlyWorkers`). ``peers``: this
+        worker's end of a socket pair to each other worker (its channels to
+        their subtasks); the caller closes its copies afterwards.
+        """
+        if self._proc is not None:
+            return
+        ours, theirs = socket.socketpair()
+        peer_fds = {j: s.fileno() for j, s in (peers or {}).items()}
+        env = None
+        if not self.arm_failpoints:
+            env = {k: v for k, v in os.environ.items() if k != failpoints.ENV_VAR}
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *self.launch.argv(self.index, theirs.fileno(), peer_fds),
+                pass_fds=(theirs.fileno(), *peer_fds.values()),
+                env=env,
+                # a terminal's Ctrl-C is the main process's to handle (a graceful stop),
+                # not every worker's; they still die with it (PR_SET_PDEATHSIG)
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        await self.control.start(ours)
 
     async def stop(self) -> int | None:
         """Ask the worker to exit, close the connection, reap it; idempotent. Its exit code."""
@@ -229,3 +246,66 @@ class WorkerProcess:
             await self._kill()
         else:
             await self.stop()
+
+
+async def spawn_all(workers: Sequence[WorkerProcess]) -> None:
+    """Start every worker with a socket pair to each other one; wait for no hello.
+
+    The pairs are their channels to each other's subtasks. A failure kills
+    those already started.
+    """
+    ends: dict[int, dict[int, socket.socket]] = {w.index: {} for w in workers}
+    for i, j in itertools.combinations(sorted(ends), 2):
+        ends[i][j], ends[j][i] = socket.socketpair()
+    try:
+        for w in workers:
+            await w.spawn(ends[w.index])
+    except BaseException:
+        await asyncio.gather(*(w.kill() for w in workers), return_exceptions=True)
+        raise
+    finally:
+        for pair in ends.values():
+            for sock in pair.values():
+                sock.close()  # the workers hold their own copies
+
+
+class EarlyWorkers:
+    """The first attempt's workers, started before the main process builds the job.
+
+    A worker's start (interpreter, imports, building the job) takes as long
+    as the main process's, which needs nothing from it before its hello:
+    started first, the two overlap instead of running one after the other.
+    The first attempt takes them (:meth:`take`) if it runs as many as were
+    started (``job.place_workers`` may run fewer); :meth:`close` kills any
+    nobody took (the job was refused, or failed to build).
+    """
+
+    def __init__(self, launch: WorkerLaunch) -> None:
+        self.launch = launch
+        self._workers: list[WorkerProcess] = []
+
+    async def spawn(self) -> None:
+        workers = [WorkerProcess(i, self.launch) for i in range(self.launch.workers)]
+        await spawn_all(workers)
+        self._workers = workers
+
+    async def take(self, launch: WorkerLaunch) -> list[WorkerProcess] | None:
+        """Hand the workers over once, if started for ``launch``; else kill them."""
+        if self._workers and launch == self.launch:
+            workers, self._workers = self._workers, []
+            return workers
+        await self.close()
+        return None
+
+    async def close(self) -> None:
+        """Kill the workers nobody took, then end their connections.
+
+        In that order: a worker that saw the end first would say so on the
+        stderr it shares with this process, after the line naming the cause.
+        """
+        workers, self._workers = self._workers, []
+        for w in workers:
+            if w.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGKILL)
+        await asyncio.gather(*(w.kill() for w in workers))
