@@ -5,6 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SRC    := aiostream_ckpt aiostream_ckpt_dev apps tests bench
 
+# `make test` runs the tests in PYTEST_WORKERS pytest-xdist workers (2: the machine's
+# cores; 0: one process), a test file on one worker and all of Spark's tests on one
+# (tests/conftest.py). Recursive (=): the venv exists only once `setup` ran.
+PYTEST_WORKERS ?= 2
+XDIST = $(shell $(BIN)/python -c 'import xdist' 2>/dev/null && printf -- '-n %s --dist loadfile' $(PYTEST_WORKERS))
+
 .PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka bench-quick clean
 
 $(STAMP): pyproject.toml
@@ -26,13 +32,14 @@ format: setup
 	$(BIN)/ruff check --fix $(SRC)
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(if $(XDIST),,@echo "pytest-xdist not importable: the tests run in one process")
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration"
 
 test-integration: setup
-	$(BIN)/python -m pytest -q -m integration
+	$(BIN)/python -m pytest -q -m integration $(XDIST)
 
 # >= 100 kill -9 across the checkpoint windows, proven by a recount (minutes; not in `test`)
 chaos: setup
