@@ -8,7 +8,13 @@ from pathlib import Path
 import orjson
 
 from bench.soak import fd_count, file_count, rates, slope_pct_per_10min
-from bench.windowed import SESSION_GAP_MS, TUMBLING_MS, check_windows, expected_windows
+from bench.windowed import (
+    SESSION_GAP_MS,
+    TUMBLING_MS,
+    check_windows,
+    expected_windows,
+    first_last_rates,
+)
 
 
 def test_slope_is_growth_in_percent_of_the_mean_per_10_minutes() -> None:
@@ -18,6 +24,14 @@ def test_slope_is_growth_in_percent_of_the_mean_per_10_minutes() -> None:
     growing = [(t / 10, 100.0 + t / 10) for t in range(201)]
     assert slope_pct_per_10min(growing) == round(100 * 10 / 110, 3)
     assert slope_pct_per_10min(growing[:2]) is None
+
+
+def test_the_last_10_percent_ends_when_the_input_is_read() -> None:
+    # 1000 events/s throughout, then 5 s of end-of-input drain at the total (the final
+    # firing, checkpoint and exit): before, the last 10 % ran to the last sample (167/s)
+    read = [(t / 10, 100.0 * t) for t in range(101)]
+    drain = [(10.0 + t / 10, 10_000.0) for t in range(1, 51)]
+    assert first_last_rates(read + drain, 10_000.0) == (1000.0, 1000.0)
 
 
 def test_rates_between_samples() -> None:
