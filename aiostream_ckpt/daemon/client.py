@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,6 +43,11 @@ def request(
     timeout: float = 300.0,
 ) -> tuple[int, Any]:
     """(HTTP status, decoded JSON or text); raises ``OSError`` when nothing answers."""
+    # here, not at the top: ``run`` declares these commands' options (this module) and
+    # would pay for urllib's imports (~0.03 s of CPU, http and email) on every start
+    import urllib.error
+    import urllib.request
+
     data = orjson.dumps(body) if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
