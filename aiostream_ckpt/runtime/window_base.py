@@ -1,0 +1,265 @@
+"""The window operator's core: keyed window contents, their timers, firing and lateness.
+
+Per key, one map state holds every open window of that key, ``(start, end) ->
+contents`` (an accumulator, a reduced value, or the list of elements); session
+windows keep theirs apart (:mod:`~aiostream_ckpt.runtime.session_windows`).
+Timers: one at ``window.max_timestamp`` to fire, one at ``max_timestamp +
+allowed_lateness`` to drop the contents. A timer carries no window, only a
+time; on a timer the operator fires/cleans the key's windows whose time it
+is. So a key's timers follow its live windows, whatever its history.
+
+Lateness follows Flink: a window is late once ``max_timestamp +
+allowed_lateness <= watermark``; a record whose windows are all late goes to
+the late side output (or is dropped and counted), nowhere else. A record for a
+window whose time has passed but that is not late yet fires it again at once,
+with the updated result.
+
+Why a module of its own: this is what every window operator shares (the
+general record path, firing, timers and lateness). The tumbling windows'
+buffer and fast path (:mod:`~aiostream_ckpt.runtime.tumbling_windows`) and the
+restore of the timers at open (:mod:`~aiostream_ckpt.runtime.window_operator`)
+build on it, each in its own module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+from aiostream_ckpt.jobspec.functions import Collector
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
+from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
+from aiostream_ckpt.jobspec.window_functions import (
+    AggregateFunction,
+    ProcessWindowFunction,
+    WindowContext,
+)
+from aiostream_ckpt.jobspec.windows import TimeWindow
+from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
+from aiostream_ckpt.state.backend import KeyContext
+from aiostream_ckpt.time.timers import (
+    DerivedEventTimers,
+    InternalTimerService,
+    ProcessingTimeScheduler,
+)
+
+#: The map state of each key's open windows, ``(start, end) -> contents``.
+WINDOW_CONTENTS = "window-contents"
+#: The contents of a window that has none yet (a new window).
+MISSING = object()
+
+
+class WindowOperatorBase(StreamOperator):
+    """Fixed windows' contents, timers and firing, with the general record path.
+
+    :class:`~aiostream_ckpt.runtime.window_operator.WindowOperator` is the one
+    the runtime builds: this class opens nothing (the key context, the map
+    state and the timers are set by its ``open``).
+    """
+
+    keyed = True
+    #: the backend's key context, set at ``open``
+    _kc: KeyContext
+
+    def __init__(self, uid: str, spec: WindowSpec, key_selector: Callable[[Any], Any]) -> None:
+        super().__init__(uid)
+        self.spec = spec
+        self._key_selector = key_selector
+        self._ts = spec.timestamp_assigner
+        self._lateness = spec.allowed_lateness
+        # The function as ``spec.kind`` reads it, bound once: the record path pays no narrowing.
+        self._aggregate = cast("AggregateFunction[Any, Any, Any]", spec.function)
+        self._reduce = cast("Callable[[Any, Any], Any]", spec.function)
+        self._process = cast("ProcessWindowFunction[Any, Any, Any]", spec.function)
+        self._scheduler: ProcessingTimeScheduler | None = None
+        self._timers: InternalTimerService | DerivedEventTimers | None = None
+        self._contents: Any = None
+        self._out: Collector[Any] = Collector()
+        self.watermark = MIN_WATERMARK
+        #: Late records dropped because nobody reads the late side output.
+        self.late_dropped = 0
+
+    def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
+        self._scheduler = scheduler
+
+    def close(self) -> None:
+        for fn in (self.spec.window_function, self.spec.function):
+            if isinstance(fn, ProcessWindowFunction):
+                fn.close()
+
+    # -- records ------------------------------------------------------------------------
+
+    def process_batch(self, batch: list[Any]) -> list[Any]:
+        """Add each record to its windows (see :meth:`_add_batch`).
+
+        The key selector, timestamp assigner and aggregate/reduce function run
+        here (a failure is ``RecordFailed``, as in every record loop), and a
+        late firing's window function, which handles its own: :meth:`_fire`.
+        """
+        out: list[Any] = []
+        self._out.collect = out.append
+        return self._add_batch(batch, out)
+
+    def _add_batch(self, batch: list[Any], out: list[Any]) -> list[Any]:
+        """Fold a batch into fixed windows: one state read and write per (key, window).
+
+        Why: a record's window is mostly one that other records of the batch
+        share (a busy key's current window), and a state read and put cost more
+        than the fold itself. The watermark does not move within a batch, so
+        whether a window is due is fixed for the batch: a due window (late
+        firing: it fires again per record) takes the per-record path, every
+        other window is folded here and written back once, at the end.
+        """
+        kc = self._kc
+        ks = self._key_selector
+        tsf = self._ts
+        bounds = self.spec.assigner.bounds
+        contents = self._contents
+        fold, fold_owned = self._fold, self._fold_owned
+        lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
+        folded: dict[tuple[Any, tuple[int, int]], Any] = {}
+        it = iter(batch)
+        try:
+            for rec in it:
+                key = ks(rec)
+                skipped = True
+                for window in bounds(tsf(rec)):
+                    max_ts = window[1] - 1
+                    if max_ts + lateness <= watermark:
+                        continue
+                    skipped = False
+                    if max_ts <= watermark:  # due: fires now, with this record in it
+                        kc.key = key
+                        contents.put(window, fold(contents.get(window, MISSING), rec))
+                        self._after_add(window)
+                        continue
+                    kw = (key, window)
+                    acc = folded.get(kw, MISSING)
+                    if acc is MISSING:
+                        kc.key = key
+                        acc = contents.get(window, MISSING)
+                        if acc is MISSING:
+                            self._set_timers(max_ts)
+                        folded[kw] = fold(acc, rec)
+                    else:
+                        folded[kw] = fold_owned(acc, rec)
+                if skipped:
+                    self._late(rec)
+        except Exception as exc:  # what the records before it folded is written back below
+            raise RecordFailed(self, batch, it, out) from exc
+        finally:
+            for (key, window), acc in folded.items():
+                kc.key = key
+                contents.put(window, acc)
+        return out
+
+    def _fire_due(self, start: int, end: int, value: Any) -> None:
+        """Fire a due window (a record came before its cleanup); keep its cleanup timer set."""
+        self._fire(TimeWindow(start, end), value)
+        timers = self._timers
+        assert timers is not None
+        timers.register_event_time_timer(end - 1 + self._lateness)
+
+    def _late(self, record: Any) -> None:
+        side = self.side_output
+        if side is not None and self.spec.late_tag is not None:
+            side.append((self.spec.late_tag, record))
+        else:
+            self.late_dropped += 1
+
+    def _fold(self, current: Any, record: Any) -> Any:
+        """Return a window's contents with ``record`` added (``MISSING``: a new window)."""
+        kind = self.spec.kind
+        if kind is WindowKind.AGGREGATE:
+            fn = self._aggregate
+            return fn.add(record, fn.create_accumulator() if current is MISSING else current)
+        if kind is WindowKind.REDUCE:
+            return record if current is MISSING else self._reduce(current, record)
+        # A new list each time: the state may still hold the old one for a snapshot.
+        return [record] if current is MISSING else [*current, record]
+
+    def _first(self, record: Any) -> Any:
+        """Return the contents of a new window holding ``record``."""
+        return self._fold(MISSING, record)
+
+    def _fold_owned(self, current: Any, record: Any) -> Any:
+        """Like :meth:`_fold`, for contents the batch owns: a list ``_fold`` made grows in place."""
+        if self.spec.kind is WindowKind.PROCESS:
+            current.append(record)
+            return current
+        return self._fold(current, record)
+
+    def _after_add(self, window: tuple[int, int]) -> None:
+        """Set the window's timers, or fire it now if its time has passed (late firing)."""
+        max_ts = window[1] - 1
+        if max_ts > self.watermark:
+            self._set_timers(max_ts)
+            return
+        self._fire_due(window[0], window[1], self._contents.get(window))
+
+    def _set_timers(self, max_ts: int) -> None:
+        """Set a window's timers: fire at ``max_ts``, clean up after the lateness."""
+        timers = self._timers
+        assert timers is not None
+        timers.register_event_time_timer(max_ts)
+        if self._lateness:
+            timers.register_event_time_timer(max_ts + self._lateness)
+
+    # -- time ---------------------------------------------------------------------------
+
+    def process_watermark(self, timestamp: int) -> list[Any]:
+        assert self._timers is not None
+        if timestamp > self.watermark:
+            self.watermark = timestamp
+        out: list[Any] = []
+        self._out.collect = out.append
+        self._timers.advance_watermark(timestamp, self._on_timer)
+        return out
+
+    def restore_watermark(self, timestamp: int) -> None:
+        assert self._timers is not None
+        self.watermark = max(self.watermark, timestamp)
+        self._timers.restore_watermark(timestamp)
+
+    def _on_timer(self, timestamp: int, key: Any) -> None:
+        contents = self._contents
+        lateness = self._lateness
+        for raw, value in list(contents.items()):
+            window = TimeWindow(*raw)
+            max_ts = window.end - 1
+            if max_ts == timestamp:
+                self._fire(window, value)
+            if max_ts + lateness == timestamp:
+                contents.remove(raw)
+
+    def _fire(self, window: TimeWindow, value: Any) -> None:
+        spec = self.spec
+        kind = spec.kind
+        fn: object = spec.function
+        step = "get_result"
+        try:
+            if kind is WindowKind.AGGREGATE:
+                result = self._aggregate.get_result(value)
+            elif kind is WindowKind.REDUCE:
+                result = value
+            else:
+                step = "process"
+                context = WindowContext(window, self.watermark)
+                self._process.process(self._kc.key, context, value, self._out)
+                return
+            window_fn = spec.window_function
+            if window_fn is None:
+                self._out.collect(result)
+            else:
+                fn, step = window_fn, "process"
+                window_fn.process(
+                    self._kc.key, WindowContext(window, self.watermark), [result], self._out
+                )
+        except Exception as exc:
+            # dead-lettered (the contents stay until the window's cleanup), or the job fails
+            fired = {"key": self._kc.key, "window": [window.start, window.end], "contents": value}
+            self.user_function_failed(f"{type(fn).__name__}.{step}", "window", fired, exc)
+
+    @property
+    def timer_service(self) -> InternalTimerService | DerivedEventTimers | None:
+        return self._timers
