@@ -132,6 +132,7 @@ class SessionWindowOperator(WindowOperator):
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:
         """Write the held sessions into keyed state: the snapshot holds them as of the barrier."""
+        super().prepare_snapshot_pre_barrier(checkpoint_id)  # the layers below: nothing held
         self._flush()
 
     def end_batch(self) -> None:
@@ -151,6 +152,7 @@ class SessionWindowOperator(WindowOperator):
             return
         self._held = {}
         kc, state = self._kc, self._sessions
+        current = kc.key
         for key, sessions in held.items():
             kc.key = key
             if not sessions:
@@ -159,7 +161,7 @@ class SessionWindowOperator(WindowOperator):
                 state.update_unchanged(sessions)
             else:
                 state.update(sessions)
-        kc.key = None
+        kc.key = current
 
     # -- records ------------------------------------------------------------------------
 

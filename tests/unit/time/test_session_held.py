@@ -174,3 +174,14 @@ def test_more_held_keys_than_the_bound_are_flushed_after_their_batch(tmp_path: P
     assert len(list(backend.keys("session-windows"))) == 11
     assert op.open_sessions("k3") == [(3, 1_003)]
     backend.close()
+
+
+def test_the_flush_leaves_the_key_context_as_it_found_it(tmp_path: Path) -> None:
+    backend = window_backend(tmp_path, "sessions")
+    op = _operator(backend, WindowKind.AGGREGATE)
+    op.process_batch(_clicks(("a", 0), ("b", 0)))
+    backend.key_context.key = "z"
+    op.prepare_snapshot_pre_barrier(1)
+    assert backend.key_context.key == "z"
+    assert op.held_keys() == 0
+    backend.close()
