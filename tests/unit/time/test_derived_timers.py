@@ -70,3 +70,27 @@ def test_fires_as_a_heap_would(seed: int) -> None:
     want = _HeapTimers(want_kc)
     assert _drive(got, backend.key_context, seed) == _drive(want, want_kc, seed)
     assert got.pending() == (0, 0)
+
+
+def test_timers_after_one_that_raised_stay_pending() -> None:
+    backend = _Backend()
+    timers = DerivedEventTimers(backend)  # type: ignore[arg-type]
+    kc = backend.key_context
+    for key, ts in (("a", 10), ("b", 20), ("c", 30), ("d", 5_000)):
+        kc.key = key
+        timers.register_event_time_timer(ts)
+    fired: list[Any] = []
+
+    def on_timer(ts: int, key: Any) -> None:
+        if key == "b" and not fired.count((ts, key)):
+            fired.append((ts, key))
+            raise RuntimeError("boom")
+        fired.append((ts, key))
+
+    with pytest.raises(RuntimeError):
+        timers.advance_watermark(100, on_timer)
+    assert fired == [(10, "a"), (20, "b")]
+    assert timers.pending() == (2, 0)  # b fired (as a heap pops it first); c and d wait
+    timers.advance_watermark(10_000, on_timer)
+    assert fired == [(10, "a"), (20, "b"), (30, "c"), (5_000, "d")]
+    assert timers.pending() == (0, 0)
