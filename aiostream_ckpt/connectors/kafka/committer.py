@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import errors as kafka_errors
 
-from aiostream_ckpt.connectors.kafka.common import client_kwargs
+from aiostream_ckpt.connectors.kafka.common import bootstrap_to_end, client_kwargs, run_to_end
 from aiostream_ckpt.connectors.kafka.transactions import (
     EndTxnOutcome,
     PreparedTransaction,
@@ -207,20 +207,22 @@ class Committer:
         )
 
     def _consumer(self) -> Any:
-        return AIOKafkaConsumer(
-            bootstrap_servers=self._sink.bootstrap_servers,
-            isolation_level="read_committed",
-            enable_auto_commit=False,
-            auto_offset_reset="none",
-            **client_kwargs(self._sink.producer_config),
+        return bootstrap_to_end(
+            AIOKafkaConsumer(
+                bootstrap_servers=self._sink.bootstrap_servers,
+                isolation_level="read_committed",
+                enable_auto_commit=False,
+                auto_offset_reset="none",
+                **client_kwargs(self._sink.producer_config),
+            )
         )
 
     async def _visible(self, entry: PendingTxn) -> bool:
         """Whether the first record of ``entry`` can be read with ``read_committed``."""
         assert entry.ranges is not None
         consumer = self._consumer()
-        await consumer.start()
         try:
+            await consumer.start()
             partition, (first, last) = min(entry.ranges.items())
             tp = TopicPartition(self._sink.topic, partition)
             consumer.assign([tp])
@@ -246,20 +248,20 @@ class Committer:
                 f"{entry.checkpoint_id}",
                 tp,
             )
-        finally:
-            await consumer.stop()
+        finally:  # also after a failed start; to its end even if cancelled
+            await run_to_end(consumer.stop(), timeout_s=None)
 
     async def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         """Return the log end offset (high watermark) of each of the topic's ``partitions``."""
         consumer = self._consumer()
-        await consumer.start()
         try:
+            await consumer.start()
             tps = [TopicPartition(self._sink.topic, p) for p in partitions]
             consumer.assign(tps)
             await consumer.seek_to_end(*tps)
             return {tp.partition: await consumer.position(tp) for tp in tps}
-        finally:
-            await consumer.stop()
+        finally:  # also after a failed start; to its end even if cancelled
+            await run_to_end(consumer.stop(), timeout_s=None)
 
     async def committed_after(self, ends: Mapping[int, int]) -> dict[int, int]:
         """Partition -> first offset at or after ``ends[p]`` that ``read_committed`` can read.
@@ -270,8 +272,8 @@ class Committer:
         aborted records are skipped by the consumer.
         """
         consumer = self._consumer()
-        await consumer.start()
         try:
+            await consumer.start()
             tps = {TopicPartition(self._sink.topic, p): end for p, end in ends.items()}
             consumer.assign(list(tps))
             for tp, end in tps.items():
@@ -299,8 +301,8 @@ class Committer:
                     if high is not None and await consumer.position(tp) >= high:
                         del todo[tp]
             return found
-        finally:
-            await consumer.stop()
+        finally:  # also after a failed start; to its end even if cancelled
+            await run_to_end(consumer.stop(), timeout_s=None)
 
     def _held_back(self, what: str, *tps: TopicPartition) -> ConnectorError:
         where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in tps)

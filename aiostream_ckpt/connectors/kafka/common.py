@@ -63,7 +63,7 @@ async def start_with_deadline(
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
     while True:
-        client = make()
+        client = bootstrap_to_end(make())
         remaining = deadline - time.monotonic()
         try:
             await asyncio.wait_for(start(client), max(remaining, 0.01))
@@ -137,6 +137,25 @@ async def run_to_end(aw: Awaitable[T], *, timeout_s: float | None) -> T:
             log.warning("Kafka client cleanup failed while cancelled: %r", task.exception())
         raise asyncio.CancelledError
     return task.result()
+
+
+def bootstrap_to_end(client: T) -> T:
+    """Make the bootstrap of ``client`` (a producer, consumer or bare client) run to its end.
+
+    Why: ``AIOKafkaClient.bootstrap()`` holds its bootstrap connection in a
+    local while it waits for the metadata answer. A cancel there (a start past
+    its deadline on a loaded machine, a producer replacement cancelled by
+    ``close()``) leaves a socket that neither the client nor ``stop()`` knows,
+    and asyncio logs ``Unclosed AIOKafkaConnection``. The bootstrap is bounded
+    by ``request_timeout_ms`` per broker; the cancel is re-raised after it, so
+    ``start_with_deadline`` may overrun its deadline by that much.
+    """
+    inner: Any = client
+    if not isinstance(client, AIOKafkaClient):  # AIOKafkaProducer.client, AIOKafkaConsumer._client
+        inner = getattr(client, "client", None) or client._client  # type: ignore[attr-defined]
+    bootstrap = inner.bootstrap
+    inner.bootstrap = lambda: run_to_end(bootstrap(), timeout_s=None)
+    return client
 
 
 async def _quiet_stop(stop: Callable[[T], Awaitable[None]], client: T) -> None:

@@ -20,6 +20,7 @@ from aiostream_ckpt.connectors.kafka.common import (
     bootstrap_client,
     connector_error,
     require_topics,
+    run_to_end,
     split_id,
     start_with_deadline,
 )
@@ -117,7 +118,7 @@ class KafkaSourceReader:
                 client, src.topics, bootstrap_servers=src.bootstrap_servers
             )
         finally:
-            await client.close()
+            await run_to_end(client.close(), timeout_s=None)
         every = [TopicPartition(t, p) for t in sorted(topics) for p in topics[t]]
         if src.key_grouped:
             self._own = self._key_grouped(every, topics)
@@ -303,6 +304,6 @@ class KafkaSourceReader:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             try:
-                await asyncio.wait_for(consumer.stop(), 10.0)
+                await run_to_end(consumer.stop(), timeout_s=10.0)
             except (kafka_errors.KafkaError, TimeoutError) as exc:
                 log.warning("%s: error while closing the consumer: %r", self._src.name, exc)

@@ -57,6 +57,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.client import AIOKafkaClient, ConnectionGroup, CoordinationType
 from aiokafka.protocol.transaction import EndTxnRequest
 
+from aiostream_ckpt.connectors.kafka.common import bootstrap_to_end, run_to_end
 from aiostream_ckpt.errors import ConnectorError
 
 
@@ -225,7 +226,9 @@ async def _with_client(
     timeout_s: float,
     client_kwargs: dict[str, Any] | None,
 ) -> EndTxnOutcome:
-    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, **(client_kwargs or {}))
+    client = bootstrap_to_end(
+        AIOKafkaClient(bootstrap_servers=bootstrap_servers, **(client_kwargs or {}))
+    )
     try:
         try:
             await asyncio.wait_for(client.bootstrap(), timeout_s)
@@ -235,4 +238,4 @@ async def _with_client(
             ) from exc
         return await end_prepared_transaction(client, txn, commit=commit, timeout_s=timeout_s)
     finally:
-        await client.close()
+        await run_to_end(client.close(), timeout_s=None)

@@ -297,3 +297,54 @@ async def test_a_close_cancelled_midway_still_closes_every_connection(new_topic,
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert open_connections() - before == set()
+
+
+@pytest.mark.parametrize("kind", ["producer", "consumer", "client"])
+async def test_a_start_cancelled_while_bootstrapping_closes_its_connection(
+    kind, kafka_broker, monkeypatch
+):
+    """A client start is cancelled while aiokafka's bootstrap asks for metadata.
+
+    ``AIOKafkaClient.bootstrap()`` keeps that connection in a local until the
+    answer comes: a cancel there (a start past its deadline on a loaded machine,
+    a producer replacement cancelled by ``close()``) left a socket that no
+    ``stop()`` knows, logged as ``Unclosed AIOKafkaConnection`` (#15 item 5,
+    the recovered run of test_crash_after_checkpoint_durable_before_commit).
+    """
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.conn import AIOKafkaConnection
+
+    from aiostream_ckpt.connectors.kafka.common import start_with_deadline
+
+    asking = asyncio.Event()
+    send = AIOKafkaConnection.send
+
+    def spy(conn: AIOKafkaConnection, request: object, *args: object, **kw: object) -> object:
+        if type(request).__name__.startswith("MetadataRequest"):
+            asking.set()
+        return send(conn, request, *args, **kw)
+
+    monkeypatch.setattr(AIOKafkaConnection, "send", spy)
+    servers = kafka_broker.bootstrap_servers
+    make, start, stop = {
+        "producer": (lambda: AIOKafkaProducer(bootstrap_servers=servers), "start", "stop"),
+        "consumer": (lambda: AIOKafkaConsumer(bootstrap_servers=servers), "start", "stop"),
+        "client": (lambda: AIOKafkaClient(bootstrap_servers=servers), "bootstrap", "close"),
+    }[kind]
+    before = open_connections()
+    starting = asyncio.ensure_future(
+        start_with_deadline(
+            make,
+            lambda c: getattr(c, start)(),
+            lambda c: getattr(c, stop)(),
+            bootstrap_servers=servers,
+            timeout_s=30,
+            what=kind,
+        )
+    )
+    await asking.wait()  # the bootstrap connection waits for its metadata
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert open_connections() - before == set()
