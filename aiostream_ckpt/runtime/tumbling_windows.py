@@ -163,11 +163,11 @@ class TumblingWindowBuffer(WindowOperatorBase):
 
     # -- time ---------------------------------------------------------------------------
 
-    def _on_timer(self, timestamp: int, key: Any) -> None:
+    def _on_timer(self, timestamp: int, key: Any) -> int | None:
         if self._tumbling is None:
-            super()._on_timer(timestamp, key)
-            return
+            return super()._on_timer(timestamp, key)
         self._on_tumbling_timer(timestamp, key, self._tumbling[0])
+        return None
 
     def _on_tumbling_timer(self, timestamp: int, key: Any, size: int) -> None:
         """:meth:`_on_timer` for tumbling windows: the windows are found from the time.

@@ -221,7 +221,8 @@ class WindowOperatorBase(StreamOperator):
         self.watermark = max(self.watermark, timestamp)
         self._timers.restore_watermark(timestamp)
 
-    def _on_timer(self, timestamp: int, key: Any) -> None:
+    def _on_timer(self, timestamp: int, key: Any) -> int | None:
+        """Fire the windows due at ``timestamp``; a time returned re-arms ``key``'s timer there."""
         contents = self._contents
         lateness = self._lateness
         for raw, value in list(contents.items()):
@@ -231,6 +232,7 @@ class WindowOperatorBase(StreamOperator):
                 self._fire(window, value)
             if max_ts + lateness == timestamp:
                 contents.remove(raw)
+        return None
 
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec

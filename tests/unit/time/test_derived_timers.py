@@ -5,12 +5,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aiostream_ckpt.state.backend import KeyContext
-from aiostream_ckpt.time.timers import DerivedEventTimers
+from aiostream_ckpt.time.timers import DerivedEventTimers, InternalTimerService
+from tests.unit.time.support import window_backend
 
 
 class _Backend:
@@ -36,21 +38,26 @@ class _HeapTimers:
             ts, _, key = heapq.heappop(self._heap)
             self._live.discard((ts, key))
             self._kc.key = key
-            on_timer(ts, key)
+            later = on_timer(ts, key)
+            if later is not None:  # the callback's re-arm: a timer set for its key
+                self.register_event_time_timer(later)
 
 
 def _drive(timers: Any, kc: KeyContext, seed: int) -> list[Any]:
-    """Random timers (dense, sparse, equal times, negative), some set while others fire."""
+    """Random timers (dense, sparse, equal times, negative), some set or re-armed as others fire."""
     rng = random.Random(seed)
     fired: list[Any] = []
     watermark = -5_000
 
-    def on_timer(ts: int, key: Any) -> None:
+    def on_timer(ts: int, key: Any) -> int | None:
         fired.append((ts, key, kc.key))
         if rng.random() < 0.4:  # set one more: often due in this same advance
             kc.key = rng.choice("abcd")
             timers.register_event_time_timer(ts + rng.choice([-3_000, 0, 1, 700, 2_000, 9_000]))
             kc.key = key
+        if rng.random() < 0.3:  # re-arm its own key's timer by returning the time
+            return int(ts + rng.choice([-3_000, 0, 1, 700, 2_000, 9_000]))
+        return None
 
     for _ in range(300):
         for _ in range(rng.randint(0, 12)):
@@ -94,3 +101,25 @@ def test_timers_after_one_that_raised_stay_pending() -> None:
     timers.advance_watermark(10_000, on_timer)
     assert fired == [(10, "a"), (20, "b"), (30, "c"), (5_000, "d")]
     assert timers.pending() == (0, 0)
+
+
+def test_the_keyed_state_service_re_arms_from_the_return_too(tmp_path: Path) -> None:
+    # the same callback contract for the stored timers (windows with allowed lateness)
+    backend = window_backend(tmp_path, "timers")
+    timers = InternalTimerService(backend)
+    timers.open()
+    backend.key_context.key = "a"
+    timers.register_event_time_timer(10)
+    fired: list[Any] = []
+
+    def on_timer(ts: int, key: Any) -> int | None:
+        fired.append((ts, key))
+        return 50 if ts == 10 else None
+
+    timers.advance_watermark(20, on_timer)
+    assert fired == [(10, "a")]
+    assert timers.pending() == (1, 0)
+    timers.advance_watermark(100, on_timer)
+    assert fired == [(10, "a"), (50, "a")]
+    assert timers.pending() == (0, 0)
+    backend.close()

@@ -19,6 +19,7 @@ from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
 from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
+from aiostream_ckpt.time.timers import DerivedEventTimers
 from tests.unit.time.support import open_window_operator, window_backend
 
 
@@ -184,4 +185,34 @@ def test_the_flush_leaves_the_key_context_as_it_found_it(tmp_path: Path) -> None
     op.prepare_snapshot_pre_barrier(1)
     assert backend.key_context.key == "z"
     assert op.held_keys() == 0
+    backend.close()
+
+
+def test_a_growing_session_registers_one_timer_not_one_per_early_fire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One user clicks every 300 ms for 30 s (gap 1 s): the session's timer fires early
+    # about 30 times (the watermark passes its end, the session has grown since). Before:
+    # each early fire registered the timer again (31 registrations); now the timer loop
+    # re-arms it from the callback's return, and the session registers one.
+    registered: list[int] = []
+    register = DerivedEventTimers.register_event_time_timer
+
+    def counting(self: DerivedEventTimers, timestamp: int) -> None:
+        registered.append(timestamp)
+        register(self, timestamp)
+
+    monkeypatch.setattr(DerivedEventTimers, "register_event_time_timer", counting)
+    backend = window_backend(tmp_path, "sessions")
+    op = _operator(backend, WindowKind.AGGREGATE)
+    out: list[Any] = []
+    for ts in range(0, 30_000, 300):
+        out += op.process_batch(_clicks(("a", ts)))
+        out += op.process_watermark(ts - 100)
+    out += op.process_watermark(30_000)  # the last early fire: re-armed at 30 699
+    out += op.process_watermark(1 << 40)
+    assert out == [100]  # one session, every click in it
+    assert op.open_sessions("a") == []
+    assert registered == [999]  # its first click's end; the ~30 early fires re-armed
+    assert op.timer_service.pending() == (0, 0)
     backend.close()
