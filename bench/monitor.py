@@ -68,15 +68,26 @@ def process_tree(pid: int) -> list[int]:
     return seen
 
 
-def _rss_kb(pid: int) -> int:
+def _rss_kb(pid: int) -> tuple[int, int]:
+    """``(VmRSS, VmHWM)`` of ``pid`` in kB: its resident set now and its own peak.
+
+    VmHWM belongs to the process's address space, which ``exec`` makes anew, so
+    unlike ``wait4``'s ``ru_maxrss`` it does not start at the RSS of the parent
+    that spawned it (Linux carries the pre-exec peak into ``ru_maxrss``: a run
+    started by a bench holding a big input in memory reported the bench's size).
+    """
+    rss = hwm = 0
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+                if line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                    break  # VmRSS follows VmHWM
     except OSError:
         pass
-    return 0
+    return rss, hwm
 
 
 def _stat_cpu(pid: int) -> tuple[float, float] | None:
@@ -255,7 +266,8 @@ def run_monitored(
                 rec.exit_code = os.waitstatus_to_exitcode(status)
                 proc.returncode = rec.exit_code
                 rec.wall_s = now
-                rec.peak_rss_kb = max(int(usage.ru_maxrss), sampled_peak)
+                # not usage.ru_maxrss: it starts at the bench's own RSS (see _rss_kb)
+                rec.peak_rss_kb = sampled_peak
                 rec.cpu = cpu.split(usage.ru_utime + usage.ru_stime)
                 break
             if now > timeout:
@@ -267,11 +279,17 @@ def run_monitored(
                 if pos is not None:
                     rec.positions.append((now, pos))
                     rec.reader_positions.append((now, progress.per_file()))
+            # the root's own peak at every sample (it has run up to now); the tree's
+            # summed RSS now and then (children peak at different times)
+            sampled_peak = max(sampled_peak, _rss_kb(proc.pid)[1])
             if n % 2 == 0:
                 tree = process_tree(proc.pid)
                 cpu.sample(proc.pid, tree)
                 if n % 4 == 0:
-                    sampled_peak = max(sampled_peak, sum(_rss_kb(p) for p in tree))
+                    sizes = [_rss_kb(p) for p in tree]
+                    sampled_peak = max(
+                        sampled_peak, sum(r for r, _ in sizes), max(h for _, h in sizes)
+                    )
             if on_sample is not None:
                 on_sample(now)
             n += 1

@@ -241,7 +241,7 @@ def run_soak(
                     (time.monotonic() - t0) / 60, 4
                 )  # when the count came: a busy worker is late
                 tree = process_tree(w.proc.pid)
-                rss = sum(_rss_kb(p) for p in tree) / 1024
+                rss = sum(_rss_kb(p)[0] for p in tree) / 1024
                 w.samples.append((at, rss, disk_mb(w.state_dir), disk_mb(w.ckpt_dir), n))
                 w.counts.append(
                     (at, fd_count(tree), file_count(w.ckpt_dir), file_count(w.state_dir))
