@@ -21,10 +21,11 @@ Recovery, in this order (each step's reason is in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -206,7 +207,21 @@ class Committer:
             "and the broker's transaction.max.timeout.ms, which caps it"
         )
 
-    def _consumer(self) -> Any:
+    @contextlib.asynccontextmanager
+    async def _consumer(self) -> AsyncIterator[Any]:
+        """Start a ``read_committed`` consumer for the block, stop it on the way out.
+
+        Stopped also after a failed start, and to its end even if cancelled
+        (aiokafka's second ``stop()`` returns at once, leaving sockets open).
+        """
+        consumer = self._new_consumer()
+        try:
+            await consumer.start()
+            yield consumer
+        finally:
+            await run_to_end(consumer.stop(), timeout_s=None)
+
+    def _new_consumer(self) -> Any:
         return bootstrap_to_end(
             AIOKafkaConsumer(
                 bootstrap_servers=self._sink.bootstrap_servers,
@@ -220,9 +235,7 @@ class Committer:
     async def _visible(self, entry: PendingTxn) -> bool:
         """Whether the first record of ``entry`` can be read with ``read_committed``."""
         assert entry.ranges is not None
-        consumer = self._consumer()
-        try:
-            await consumer.start()
+        async with self._consumer() as consumer:
             partition, (first, last) = min(entry.ranges.items())
             tp = TopicPartition(self._sink.topic, partition)
             consumer.assign([tp])
@@ -248,20 +261,14 @@ class Committer:
                 f"{entry.checkpoint_id}",
                 tp,
             )
-        finally:  # also after a failed start; to its end even if cancelled
-            await run_to_end(consumer.stop(), timeout_s=None)
 
     async def end_offsets(self, partitions: Iterable[int]) -> dict[int, int]:
         """Return the log end offset (high watermark) of each of the topic's ``partitions``."""
-        consumer = self._consumer()
-        try:
-            await consumer.start()
+        async with self._consumer() as consumer:
             tps = [TopicPartition(self._sink.topic, p) for p in partitions]
             consumer.assign(tps)
             await consumer.seek_to_end(*tps)
             return {tp.partition: await consumer.position(tp) for tp in tps}
-        finally:  # also after a failed start; to its end even if cancelled
-            await run_to_end(consumer.stop(), timeout_s=None)
 
     async def committed_after(self, ends: Mapping[int, int]) -> dict[int, int]:
         """Partition -> first offset at or after ``ends[p]`` that ``read_committed`` can read.
@@ -271,9 +278,7 @@ class Committer:
         aborted, so the read reaches the partitions' end; control records and
         aborted records are skipped by the consumer.
         """
-        consumer = self._consumer()
-        try:
-            await consumer.start()
+        async with self._consumer() as consumer:
             tps = {TopicPartition(self._sink.topic, p): end for p, end in ends.items()}
             consumer.assign(list(tps))
             for tp, end in tps.items():
@@ -301,8 +306,6 @@ class Committer:
                     if high is not None and await consumer.position(tp) >= high:
                         del todo[tp]
             return found
-        finally:  # also after a failed start; to its end even if cancelled
-            await run_to_end(consumer.stop(), timeout_s=None)
 
     def _held_back(self, what: str, *tps: TopicPartition) -> ConnectorError:
         where = ", ".join(f"{tp.topic}[{tp.partition}]" for tp in tps)
