@@ -10,7 +10,10 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Protocol
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -85,3 +88,26 @@ class ManualClock:
     def sleepers(self) -> int:
         """How many coroutines are waiting on this clock."""
         return sum(1 for _, _, f in self._sleepers if not f.done())
+
+
+async def wait_within(aw: Awaitable[T], seconds: float, clock: Clock) -> T:
+    """``asyncio.wait_for`` on ``clock``'s time: ``aw``'s result, or TimeoutError past ``seconds``.
+
+    ``aw`` is cancelled (and awaited) when the time is up or the caller is
+    cancelled. On the injected clock, a grace or a timeout is a test's to move
+    past, not a real wait.
+    """
+    work = asyncio.ensure_future(aw)
+    deadline = asyncio.ensure_future(clock.sleep(seconds))
+    timed_out = True
+    try:
+        await asyncio.wait({work, deadline}, return_when=asyncio.FIRST_COMPLETED)
+        timed_out = not work.done()
+    finally:
+        deadline.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if timed_out:
+        raise TimeoutError(f"not done within {seconds:g}s")
+    return work.result()

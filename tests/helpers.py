@@ -8,19 +8,42 @@ import struct
 import subprocess
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from aiostream_ckpt.checkpoint.config import CheckpointConfig
+from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
+from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
 from aiostream_ckpt_dev.recount import recount_inputs
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def job_coordinator(
+    storage: CheckpointStorage,
+    clock: Clock,
+    executor: Executor,
+    config: CheckpointConfig | None = None,
+) -> CheckpointCoordinator:
+    """A coordinator with no task yet: what a ``WorkerGroup`` registers its workers' tasks with."""
+    return CheckpointCoordinator(
+        job_name="pv_count",
+        config=config or CheckpointConfig(),
+        storage=storage,
+        clock=clock,
+        executor=executor,
+        max_parallelism=128,
+        first_checkpoint_id=1,
+    )
 
 
 def make_pv_input(

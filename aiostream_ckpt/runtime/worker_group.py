@@ -30,6 +30,7 @@ a worker dies and stopped with the attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,7 @@ from aiostream_ckpt.aio import BackgroundTasks
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
-from aiostream_ckpt.clock import Clock, SystemClock
+from aiostream_ckpt.clock import Clock, SystemClock, wait_within
 from aiostream_ckpt.connectors.base import OutputSurvey
 from aiostream_ckpt.errors import ChannelError, CheckpointError, WorkerError
 from aiostream_ckpt.jobspec.graph import Transformation, TransformKind
@@ -64,10 +65,10 @@ from aiostream_ckpt.runtime.workers import (
 
 log = logging.getLogger(__name__)
 
-#: how long a worker asked to stop may take before it is killed
+#: how long a worker asked to stop may take before it is killed (on the injected clock)
 STOP_GRACE_SECONDS = 30.0
 #: after a worker's exit, how long its last words (a failure it reported, the end of its
-#: connection) may take to be read before the exit itself fails the attempt
+#: connection) may take to be read before the exit itself fails the attempt (injected clock)
 EXIT_GRACE_SECONDS = 1.0
 
 
@@ -173,7 +174,7 @@ class WorkerGroup:
 
         async def one(w: WorkerProcess) -> None:
             try:
-                await asyncio.wait_for(w.stop(), STOP_GRACE_SECONDS)
+                await wait_within(w.stop(), STOP_GRACE_SECONDS, self._clock)
             except TimeoutError:
                 log.warning("worker %d did not stop in time: killing it", w.index)
                 await w.kill()
@@ -253,7 +254,7 @@ class WorkerGroup:
         async with self._pins_lock:
             self._send_all({"type": "pins?"})
             try:
-                replies = await asyncio.wait_for(self._all("pins"), timeout)
+                replies = await wait_within(self._all("pins"), timeout, self._clock)
             except TimeoutError:
                 why = f"a worker did not say its pinned files within {timeout:g}s: hung"
                 self._fail(ChannelError(why))  # no pass after this one reads a late reply
@@ -362,7 +363,8 @@ class WorkerGroup:
         comes, and only the exit tells.
         """
         code = await w.exited()
-        await asyncio.wait([pump], timeout=EXIT_GRACE_SECONDS)
+        with contextlib.suppress(TimeoutError):  # the pump's own end (or error) is not ours
+            await wait_within(asyncio.wait([pump]), EXIT_GRACE_SECONDS, self._clock)
         if self._stopping:
             return
         self.reports.failed(w.index)

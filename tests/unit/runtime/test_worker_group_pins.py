@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from aiostream_ckpt.checkpoint.config import CheckpointConfig
-from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import SystemClock
 from aiostream_ckpt.errors import ChannelError, CheckpointError
@@ -28,20 +27,13 @@ from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
 from aiostream_ckpt.runtime.workers import WorkerLaunch
+from tests.helpers import job_coordinator
 
 
 async def test_a_worker_that_never_says_its_pins_fails_the_attempt(tmp_path: Path) -> None:
     storage = CheckpointStorage(tmp_path / "ckpt")
     executor = ThreadPoolExecutor(max_workers=1)
-    coordinator = CheckpointCoordinator(
-        job_name="pv_count",
-        config=CheckpointConfig(timeout=0.2),
-        storage=storage,
-        clock=SystemClock(),
-        executor=executor,
-        max_parallelism=128,
-        first_checkpoint_id=1,
-    )
+    coordinator = job_coordinator(storage, SystemClock(), executor, CheckpointConfig(timeout=0.2))
     launch = WorkerLaunch("apps.pv_count", None, (), 2)
     group = WorkerGroup(launch, [], [], coordinator, storage)
     hung: list[ChannelConnection] = []  # the workers' ends: alive, never reading

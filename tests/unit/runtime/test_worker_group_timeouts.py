@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.checkpoint.config import CheckpointConfig
-from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.errors import WorkerError
@@ -29,6 +27,7 @@ from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
 from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerState
+from tests.helpers import job_coordinator
 
 TIMEOUT = 30.0
 
@@ -63,15 +62,7 @@ async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
     storage = CheckpointStorage(tmp_path / "ckpt")
     clock = ManualClock()
     with ThreadPoolExecutor(max_workers=1) as executor:
-        coordinator = CheckpointCoordinator(
-            job_name="pv_count",
-            config=CheckpointConfig(),
-            storage=storage,
-            clock=clock,
-            executor=executor,
-            max_parallelism=128,
-            first_checkpoint_id=1,
-        )
+        coordinator = job_coordinator(storage, clock, executor)
         launch = WorkerLaunch("apps.pv_count", None, (), 2)
         group = WorkerGroup(
             launch, [], [], coordinator, storage, start_timeout=TIMEOUT, clock=clock
