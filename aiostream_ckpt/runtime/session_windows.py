@@ -116,6 +116,12 @@ class SessionWindowOperator(WindowOperator):
         if len(keep) != len(sessions):
             self._sessions.update(keep or None)
 
+    def _drop_window(self, key: Any, max_ts: int) -> None:
+        sessions = self._held.get(key)
+        if sessions is None:
+            sessions = self._sessions.value() or []
+        self._held[key] = [s for s in sessions if s[1] - 1 != max_ts]
+
     def open_sessions(self, key: Any) -> list[tuple[int, int]]:
         """``key``'s open sessions as ``(start, end)``, oldest first (tests, inspection)."""
         self._kc.key = key
@@ -309,12 +315,15 @@ class SessionWindowOperator(WindowOperator):
         timers = self._timers
         assert timers is not None
         keep: list[Session] = []
+        fired = self._restored_fired
         for s in sessions:
             max_ts = s[1] - 1
-            if max_ts == timestamp:
+            if max_ts == timestamp and not (fired and (key, max_ts) in fired):
                 self._fire(TimeWindow(s[0], s[1]), s[2])
             if max_ts + lateness != timestamp:
                 keep.append(s)
+            elif fired:
+                fired.discard((key, max_ts))
         for s in keep:
             max_ts = s[1] - 1
             for t in (max_ts, max_ts + lateness) if lateness else (max_ts,):

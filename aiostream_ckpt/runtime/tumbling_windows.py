@@ -176,15 +176,16 @@ class TumblingWindowBuffer(WindowOperatorBase):
         lateness`` before it is dropped (the same window without lateness);
         from the buffer, or the state if it was written there.
         """
-        buffer, stored = self._buffer, self._stored
+        buffer, stored, fired = self._buffer, self._stored, self._restored_fired
         start = timestamp + 1 - size
         value = buffer.get((key, start), MISSING)
         if value is MISSING and (key, start) in stored:
             value = self._contents.get((start, start + size), MISSING)
-        if value is not MISSING:
+        if value is not MISSING and not (fired and (key, timestamp) in fired):
             self._fire(TimeWindow(start, start + size), value)
         start -= self._lateness
         buffer.pop((key, start), None)
         if (key, start) in stored:
             stored.discard((key, start))
             self._contents.remove((start, start + size))
+            fired.discard((key, start + size - 1))

@@ -78,6 +78,9 @@ class WindowOperatorBase(StreamOperator):
         self.watermark = MIN_WATERMARK
         #: Late records dropped because nobody reads the late side output.
         self.late_dropped = 0
+        #: ``(key, max_timestamp)`` of restored windows that fired and wait for their
+        #: cleanup: a timer at their end fires them no more (see ``WindowOperator``).
+        self._restored_fired: set[tuple[Any, int]] = set()
 
     def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
         self._scheduler = scheduler
@@ -220,18 +223,24 @@ class WindowOperatorBase(StreamOperator):
         assert self._timers is not None
         self.watermark = max(self.watermark, timestamp)
         self._timers.restore_watermark(timestamp)
+        if self._restored_fired:
+            self._clean_up_restored()
+
+    def _clean_up_restored(self) -> None:
+        """Restored windows that fired and whose cleanup the watermark passed (hook)."""
 
     def _on_timer(self, timestamp: int, key: Any) -> int | None:
         """Fire the windows due at ``timestamp``; a time returned re-arms ``key``'s timer there."""
         contents = self._contents
-        lateness = self._lateness
+        lateness, fired = self._lateness, self._restored_fired
         for raw, value in list(contents.items()):
             window = TimeWindow(*raw)
             max_ts = window.end - 1
-            if max_ts == timestamp:
+            if max_ts == timestamp and not (fired and (key, max_ts) in fired):
                 self._fire(window, value)
             if max_ts + lateness == timestamp:
                 contents.remove(raw)
+                fired.discard((key, max_ts))
         return None
 
     def _fire(self, window: TimeWindow, value: Any) -> None:

@@ -14,7 +14,9 @@ state are exactly the unfired ones, so the timers are kept in memory and
 derived from them when the operator opens (:meth:`WindowOperator._derive_timers`).
 A restore with another allowed lateness (savepoint) fires no window twice: a
 window that fired and waits for its cleanup is cleaned up at its end plus the
-new lateness (at once without lateness), re-emitted only on a late record.
+new lateness (at once without lateness, or when that is at or before the
+restored watermark), re-emitted only on a late record, never by a timer at
+its end (a lowered lateness may put another window's cleanup there).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class WindowOperator(TumblingWindowBuffer):
                 WINDOW_CONTENTS, None, self.spec.state_type, serializer=self.spec.serializer
             )
         )
+        self._restored_fired = set()
         timers = self._timers = InternalTimerService(self.backend)
         if self._scheduler is not None:
             timers.bind(self._scheduler)
@@ -141,11 +144,41 @@ class WindowOperator(TumblingWindowBuffer):
         assert timers is not None
         lateness, has = self._lateness, timers.has_event_time_timer
         first = self._first_stored_timers()
+        fired = self._restored_fired
         for key, max_ts in self._window_ends():
-            if has(max_ts + lateness):  # the same lateness: its timers are set
-                continue
             if key in first and max_ts < first[key]:  # fired (see _first_stored_timers)
-                timers.register_event_time_timer(max_ts + lateness)
-            else:
+                fired.add((key, max_ts))
+                timers.register_event_time_timer(max_ts + lateness)  # unless set
+            elif not has(max_ts + lateness):  # the same lateness: its timers are set
                 self._set_timers(max_ts)
         self._kc.key = None
+
+    def _clean_up_restored(self) -> None:
+        """Clean up now the restored fired windows whose cleanup the restored watermark passed.
+
+        Their cleanup timers (a lowered lateness) are at or before the
+        watermark: without this a record touching such a session merged into
+        it and fired it again until the next watermark, where it is late (it
+        was cleaned up in the run that lowered nothing); and a timer at or
+        before the watermark stayed in the next checkpoint, against the rule
+        of :meth:`_first_stored_timers`.
+        """
+        timers = self._timers
+        assert isinstance(timers, InternalTimerService)
+        kc, lateness, watermark = self._kc, self._lateness, self.watermark
+        current = kc.key
+        for key, max_ts in [e for e in self._restored_fired if e[1] + lateness <= watermark]:
+            kc.key = key
+            self._drop_window(key, max_ts)
+            timers.delete_event_time_timer(max_ts + lateness)
+            self._restored_fired.discard((key, max_ts))
+        kc.key = current
+
+    def _drop_window(self, key: Any, max_ts: int) -> None:
+        """Drop ``key``'s window ending at ``max_ts`` (the key context is set to ``key``)."""
+        contents = self._contents
+        for window in list(contents.keys()):
+            if window[1] - 1 == max_ts:
+                contents.remove(window)
+                self._buffer.pop((key, window[0]), None)
+                self._stored.discard((key, window[0]))

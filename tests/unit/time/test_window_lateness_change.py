@@ -204,3 +204,57 @@ def test_fired_sessions_merged_past_the_watermark_fire_at_the_merged_end(tmp_pat
     out += op.process_watermark(65_998)
     assert op.open_sessions("u") == []
     backend.close()
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+@pytest.mark.parametrize("watermark", [5_000, 2_600])
+def test_a_lowered_lateness_cleanup_at_another_fired_windows_end_fires_nothing(
+    tmp_path: Path, kind: str, watermark: int
+) -> None:
+    # u's two windows fired before the savepoint: tumbling [0, 1000) and [1000, 2000),
+    # sessions [100, 1100) and [1500, 2500). Restored with a lateness that puts the
+    # first one's cleanup at the second one's end (999 + 1000, 1099 + 1400), before the
+    # watermark. Before: that cleanup's timer fired the second window again.
+    backend = window_backend(tmp_path / "before", "w")
+    op = _open(backend, kind, lateness=60_000)
+    second = 1_000 if kind == "tumbling" else 1_500
+    out = op.process_batch([{"k": "u", "ts": 100}, {"k": "u", "ts": second}])
+    out += op.process_watermark(watermark)
+    assert out == [1, 1]
+    op.prepare_snapshot_pre_barrier(1)
+    backend = _savepoint(backend, tmp_path)
+    op = _open(backend, kind, lateness=1_000 if kind == "tumbling" else 1_400)
+    op.restore_watermark(watermark)
+    assert op.process_watermark(watermark + 1) == []
+    assert op.process_watermark(200_000) == []
+    assert _stored(op, kind) == []
+    assert list(backend.keys(EVENT_TIMERS)) == []
+    backend.close()
+
+
+@pytest.mark.parametrize("kind", ["tumbling", "session"])
+def test_a_record_for_a_window_whose_lowered_cleanup_passed_is_late_at_once(
+    tmp_path: Path, kind: str
+) -> None:
+    # u's [0, 1000) (the session [100, 1100)) fired before the savepoint at watermark
+    # 2500; restored with lateness 1000 its cleanup is due before any watermark moves.
+    # Before: a record touching the session merged into it and fired it again (late in
+    # a run that lowered nothing), and the cleanup's timer stayed at or before the
+    # watermark, in the next checkpoint too.
+    backend = window_backend(tmp_path / "before", "w")
+    op = _open(backend, kind, lateness=60_000)
+    out = op.process_batch([{"k": "u", "ts": 100}, {"k": "u", "ts": 3_500}])
+    out += op.process_watermark(2_500)
+    assert out == [1]
+    op.prepare_snapshot_pre_barrier(1)
+    backend = _savepoint(backend, tmp_path)
+    op = _open(backend, kind, lateness=1_000)
+    op.restore_watermark(2_500)
+    first = op.timer_service.first_event_timers()
+    assert first == {"u": 3_999 if kind == "tumbling" else 4_499}  # the cleanup is done
+    assert op.process_batch([{"k": "u", "ts": 400}]) == []
+    assert op.side_output == [(LATE, {"k": "u", "ts": 400})]
+    assert op.process_watermark(100_000) == [1]  # u's unfired window, once
+    assert _stored(op, kind) == []
+    assert list(backend.keys(EVENT_TIMERS)) == []
+    backend.close()
