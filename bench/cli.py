@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 mode=plan.mode,
                 sets=plan.app_sets,
                 work=plan.work / "run-current",
-                spark=plan.validator == "spark" or (plan.validator == "auto" and full),
+                spark=plan.spark,
             )
         )
     else:
@@ -249,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
 
         scaling_runs, scaling = run_scaling(
             ScalingPlan(
-                plan.events, min(plan.repeats, 3), list(CASES), plan.work, plan.interval, plan.seed
+                plan.events,
+                min(plan.repeats, 3),
+                list(CASES),
+                plan.work,
+                plan.interval,
+                plan.seed,
+                spark=plan.spark,
             )
         )
         runs += scaling_runs
@@ -263,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     validate_document(doc)
     print(table(runs))
     if scaling:
-        from bench.scaling import scaling_line
+        from bench.scaling_report import section_text
 
-        print("\n".join(scaling_line(s) for s in scaling))
+        print(section_text(scaling))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=2, default=str))

@@ -41,6 +41,11 @@ class Plan:
     windows: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def spark(self) -> bool:
+        """Whether outputs go to the Spark validator too: ``--validator spark``, or auto in full."""
+        return self.validator == "spark" or (self.validator == "auto" and self.full)
+
     def describe(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["work"] = str(self.work)
@@ -149,8 +154,7 @@ def run_plan(plan: Plan) -> tuple[list[RunResult], list[float]]:
     if plan.latency:
         r, latencies = latency_run(plan, work, measured)
         extra.append(r)
-    use_spark = plan.validator == "spark" or (plan.validator == "auto" and plan.full)
-    if use_spark:
+    if plan.spark:
         targets = [
             m
             for m in measured

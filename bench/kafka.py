@@ -300,7 +300,7 @@ def run_kafka_path(plan: KafkaPlan) -> list[RunResult]:
                         m.result.config["version"] = ver
             measured.append(m)
         if plan.spark:
-            _spark_check(measured, src.paths[0], bootstrap)
+            spark_check(measured, src.paths[0], bootstrap)
         return [m.result for m in measured]
     finally:
         stop_broker(broker, plan.work, "kafka")
@@ -330,7 +330,7 @@ def stop_broker(broker: Any, work: Path, who: str) -> None:
     shutil.rmtree(work / "kafka-broker", ignore_errors=True)
 
 
-def _spark_check(measured: list[Measured], input_path: Path, bootstrap: str) -> None:
+def spark_check(measured: list[Measured], input_path: Path, bootstrap: str) -> None:
     targets = [m for m in measured if m.result.status == "ok" and m.outputs]
     jobs = [
         {

@@ -39,6 +39,14 @@ def plot_spec(doc: dict[str, Any], latencies_ms: list[float]) -> dict[str, Any]:
             for r in runs
             if r["experiment"] != "compare" and r.get("events_per_s")
         ],
+        "workers_scaling": [
+            {
+                "case": s["case"],
+                "target": s["target_steady_ratio"],
+                **{k: s.get(k) for k in ("steady_ratio", "wall_ratio", "cpu_bound_ratio")},
+            }
+            for s in doc.get("workers_scaling", [])
+        ],
     }
 
 

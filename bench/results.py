@@ -13,6 +13,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.scaling_report import row_note
 from bench.stats import ratio
 
 SYSTEMS = (
@@ -250,6 +251,8 @@ def table(runs: list[RunResult]) -> str:
                 note += "; sessions proven under kill -9: " + (
                     "PASS" if win["proof"]["passed"] else "FAIL"
                 )
+        if r.status == "ok" and r.config.get("workers_scaling"):
+            note = row_note(r.config["workers_scaling"])
         if r.status != "ok":
             note = f"{r.status.upper()}: {note}"
         rows.append(

@@ -51,7 +51,8 @@ from bench import runner
 from bench.kafka import PARTITIONS, create_topic, measure_kafka, start_broker, stop_broker
 from bench.kafka_systems import KafkaWorkload, OursKafka
 from bench.results import RunResult, apply_refusal, table
-from bench.runner import Measured, measure, say, summarize_repeats
+from bench.runner import Measured, measure, say, summarize_repeats, validate_with_spark
+from bench.scaling_report import scaling_line, section_text, target_met
 from bench.systems import Ours, Workload
 from bench.validation import expected_counts
 
@@ -208,12 +209,14 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
 
     cpu1 = cpu_per_million(one.config.get("cpu_s", []), events)
     cpu2 = cpu_per_million(two.config.get("cpu_s", []), events)
+    steady = ratio(two.events_per_s, one.events_per_s)
     return {
         "case": name,
         "events": events,
         "parallelism": PARALLELISM,
         "target_steady_ratio": TARGETS.get(name),
-        "steady_ratio": ratio(two.events_per_s, one.events_per_s),
+        "steady_ratio": steady,
+        "target_met": target_met(steady, TARGETS.get(name)),
         "wall_ratio": ratio(two.events_per_s_wall, one.events_per_s_wall),
         # the old figure, for comparison: the window of the summed read positions,
         # which leaves out the tail the slower worker reads alone (bench/README.md)
@@ -222,6 +225,8 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
         # the busier worker's (the load on a shared machine skews the rate ratios)
         "cpu_bound_ratio": ratio(cpu1.get("total"), max(cpu2.get("workers") or [0.0])),
         "exactly_once": one.exactly_once_verified is True and two.exactly_once_verified is True,
+        # who checked: "python" (the recount), "spark" (Spark and the recount, --full)
+        "validators": sorted({r.validator for r in (one, two) if r.validator}),
         "load_avg": [round(x, 1) for x in os.getloadavg()],
         **{
             f"workers_{w}": {
@@ -260,6 +265,8 @@ class ScalingPlan:
     work: Path
     interval_s: float = 1.0
     seed: int = 1
+    #: also check every output with the Spark validator (``--full``), as the compare rows
+    spark: bool = False
 
 
 def _expected(wl: Workload) -> dict[str, int]:
@@ -270,12 +277,18 @@ def _expected(wl: Workload) -> dict[str, int]:
     return counts
 
 
+def single_input(c: Case, plan: ScalingPlan) -> Workload:
+    """The case's events as one file: the split and key-grouped inputs hold the same lines."""
+    from bench.experiments import workload
+
+    return workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
+
+
 def run_file_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Measured]:
     from bench.experiments import workload
 
     if c.key_grouped:
-        single = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
-        wl = key_grouped_files(single, PARALLELISM)
+        wl = key_grouped_files(single_input(c, plan), PARALLELISM)
     else:
         wl = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0, files=PARALLELISM)
     expected = _expected(wl)
@@ -291,7 +304,7 @@ def run_file_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Mea
             repeats=1,
             spec_args={"parallelism": PARALLELISM, "interval_s": plan.interval_s, "sets": sets},
             expected=expected,
-            keep_outputs=False,
+            keep_outputs=plan.spark,
             parallel_readers=True,
         )
 
@@ -299,9 +312,9 @@ def run_file_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Mea
 
 
 def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Measured]:
-    from bench.experiments import workload
+    from bench.kafka import spark_check
 
-    src = workload(plan.work, plan.events, c.keys, plan.seed, 0.0, 0)
+    src = single_input(c, plan)
     broker, why = start_broker(work, "scaling")
     if broker is None:
         failed = Measured(RunResult("aiostream-ckpt", "kafka", status="unavailable", reason=why))
@@ -333,7 +346,10 @@ def run_kafka_case(c: Case, plan: ScalingPlan, work: Path) -> tuple[Measured, Me
             m.result.config["parallelism"] = PARALLELISM
             return m
 
-        return _alternate(one, plan.repeats, wl.events)
+        runs = _alternate(one, plan.repeats, wl.events)
+        if plan.spark:  # the output topics live as long as the broker
+            spark_check(list(runs), src.paths[0], bootstrap)
+        return runs
     finally:
         stop_broker(broker, work, "scaling")
 
@@ -360,8 +376,7 @@ def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]
     saved = {k: os.environ.get(k) for k in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
     os.environ["PYTHONPYCACHEPREFIX"] = str(plan.work / "pycache")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    runs: list[RunResult] = []
-    summaries: list[dict[str, Any]] = []
+    done: list[tuple[str, Measured, Measured]] = []
     try:
         _warm_up(plan, work)
         for name in plan.cases:
@@ -370,63 +385,58 @@ def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]
             one, two = (run_kafka_case if c.kafka else run_file_case)(c, plan, work)
             for m in (one, two):
                 apply_refusal(m.result)
-            runs += [one.result, two.result]
-            summaries.append(summary(name, one.result, two.result, plan.events))
-            say(f"  {scaling_line(summaries[-1])}")
+            done.append((name, one, two))
+            say(f"  {scaling_line(summary(name, one.result, two.result, plan.events))}")
+        if plan.spark:
+            _spark_check_files(plan, [d for d in done if not case(d[0]).kafka])
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    runs: list[RunResult] = []
+    summaries: list[dict[str, Any]] = []
+    for name, one, two in done:
+        for m in (one, two):
+            apply_refusal(m.result)  # again: Spark may have found what the recount did not
+        summaries.append(summary(name, one.result, two.result, plan.events))
+        annotate(one.result, two.result, summaries[-1])
+        runs += [one.result, two.result]
     return runs, summaries
 
 
-def scaling_line(s: dict[str, Any]) -> str:
-    one, two = s["workers_1"], s["workers_2"]
-
-    def cpu(c: dict[str, Any]) -> str:
-        if not c:
-            return "-"
-        parts = [f"main {c['main']:.2f}"] + [
-            f"w{i} {x:.2f}" for i, x in enumerate(c.get("workers", []))
-        ]
-        return f"{c['total']:.2f} ({', '.join(parts)})"
-
-    return (
-        f"{s['case']}: steady {_num(one['events_per_s'])} -> {_num(two['events_per_s'])} "
-        f"events/s = {_num(s['steady_ratio'], '.2f')}x (target {s['target_steady_ratio']}x)"
-        f"{_summed(s)}, wall {_num(s['wall_ratio'], '.2f')}x, "
-        f"CPU-bound {_num(s.get('cpu_bound_ratio'), '.2f')}x; "
-        f"CPU s per M events {cpu(one['cpu_s_per_m_events'])}"
-        f" -> {cpu(two['cpu_s_per_m_events'])}; exactly-once "
-        f"{'yes' if s['exactly_once'] else 'NO/unchecked'}; load {s['load_avg'][0]}"
-    )
+def _spark_check_files(plan: ScalingPlan, done: list[tuple[str, Measured, Measured]]) -> None:
+    """The file cases' outputs against their input, in one Spark session."""
+    targets = [m for _, one, two in done for m in (one, two) if m.result.status == "ok"]
+    jobs = [
+        {
+            "id": f"{id(m)}-{i}",
+            "input": str(single_input(case(name), plan).paths[0]),
+            "output": str(o),
+        }
+        for name, one, two in done
+        for m in (one, two)
+        if m.result.status == "ok"
+        for i, o in enumerate(m.outputs)
+    ]
+    validate_with_spark(targets, jobs, "workers scaling outputs", "Python recount")
 
 
-#: fewer checkpoints than this inside a steady window: its rate holds their pauses by chance
-MIN_WINDOW_CHECKPOINTS = 2
-
-
-def _summed(s: dict[str, Any]) -> str:
-    """The summed positions' ratio and the windows (seconds/checkpoints inside)."""
-    if s.get("steady_summed_ratio") is None:
-        return ""
-
-    def windows(w: dict[str, Any]) -> str:
-        return " ".join(f"{x[0]:g}s/{x[1]}" for x in w.get("steady_windows") or [] if x)
-
-    wins = [x for w in (s["workers_1"], s["workers_2"]) for x in w.get("steady_windows") or []]
-    short = any(x is None or x[1] < MIN_WINDOW_CHECKPOINTS for x in wins)
-    return (
-        f" [summed positions {_num(s['steady_summed_ratio'], '.2f')}x; windows "
-        f"{windows(s['workers_1'])} -> {windows(s['workers_2'])}"
-        f"{'; SHORT windows: not a rate to quote, give more --events' if short else ''}]"
-    )
-
-
-def _num(v: Any, spec: str = ",.0f") -> str:
-    return "-" if v is None else format(v, spec)
+def annotate(one: RunResult, two: RunResult, s: dict[str, Any]) -> None:
+    """Put the case's figures on its two rows (``config["workers_scaling"]``) for the table."""
+    one.config["workers_scaling"] = {
+        "workers": 1,
+        "cpu_s_per_m_events": s["workers_1"]["cpu_s_per_m_events"],
+    }
+    two.config["workers_scaling"] = {
+        "workers": 2,
+        **{
+            k: s[k]
+            for k in ("steady_ratio", "target_steady_ratio", "target_met", "cpu_bound_ratio")
+        },
+        "cpu_s_per_m_events": s["workers_2"]["cpu_s_per_m_events"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=BENCH_DIR / ".work")
     ap.add_argument("--quiet-wait", type=float, default=0.0, help="see python -m bench")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--spark", action="store_true", help="check outputs with Spark too (--full)")
     args = ap.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
@@ -447,11 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown case(s) {unknown}; known: {CASES}")
     runner.QUIET_WAIT[0] = args.quiet_wait
     os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(128 << 20))
-    plan = ScalingPlan(args.events, args.repeats, cases, args.work.resolve(), args.interval)
+    plan = ScalingPlan(
+        args.events, args.repeats, cases, args.work.resolve(), args.interval, spark=args.spark
+    )
     runs, summaries = run_scaling(plan)
     print(table(runs))
-    for s in summaries:
-        print(scaling_line(s))
+    print(section_text(summaries))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {"runs": [r.to_json() for r in runs], "workers_scaling": summaries}

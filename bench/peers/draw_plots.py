@@ -10,6 +10,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save(fig, path):
+    """Lay out, write and close ``fig``; its path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def soak(spec, out):
     """One panel per series of a soak, one line per app; the warm-up shaded."""
     doc = spec["soak"]
@@ -37,21 +45,11 @@ def soak(spec, out):
         f"Soak: {doc['rate_per_app']:,.0f} events/s per app, {doc['keys']:,} keys, "
         "1 s checkpoints (slopes after the shaded warm-up)"
     )
-    fig.tight_layout()
-    p = out / "soak.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return [p]
+    return [save(fig, out / "soak.png")]
 
 
-def main(spec_path, out_dir):
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(out_dir)
-    if "soak" in spec:
-        print(" ".join(str(p) for p in soak(spec, out)))
-        return
-    written = []
-
+def timeline(spec, out):
+    """Throughput over time of the compare runs, checkpoints dotted."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for s in spec["timeline"]:
         pts = s["progress"]
@@ -70,11 +68,39 @@ def main(spec_path, out_dir):
     ax.set_ylabel("events/s (embedded: input read; kafka: output written)")
     ax.set_title("Throughput over time (dotted: checkpoint completed)")
     ax.legend()
-    fig.tight_layout()
-    p = out / "throughput_timeline.png"
-    fig.savefig(p, dpi=110)
-    written.append(p)
-    plt.close(fig)
+    return save(fig, out / "throughput_timeline.png")
+
+
+def workers_scaling(cases, out):
+    """Per case, the ratios workers=2 / workers=1 beside the issue's target."""
+    kinds = [("steady_ratio", "steady"), ("wall_ratio", "wall"), ("cpu_bound_ratio", "CPU-bound")]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(kinds)
+    for k, (key, label) in enumerate(kinds):
+        xs = [i + (k - 1) * width for i in range(len(cases))]
+        values = [c[key] or 0.0 for c in cases]
+        bars = ax.bar(xs, values, width, label=label)
+        ax.bar_label(bars, labels=[f"{v:.2f}" if v else "-" for v in values], fontsize=7)
+    for i, c in enumerate(cases):
+        if c["target"]:
+            ax.hlines(c["target"], i - 0.45, i + 0.45, colors="black", linestyles="dashed")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(cases)), [c["case"] for c in cases])
+    ax.set_ylabel("workers=2 / workers=1")
+    ax.set_title("job.workers 2 vs 1 (dashed: target of the steady ratio)")
+    ax.legend(fontsize=7)
+    return save(fig, out / "workers_scaling.png")
+
+
+def main(spec_path, out_dir):
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(out_dir)
+    if "soak" in spec:
+        print(" ".join(str(p) for p in soak(spec, out)))
+        return
+    written = []
+    if any(len(s["progress"]) >= 2 for s in spec["timeline"]):
+        written.append(timeline(spec, out))
 
     if spec["checkpoint_ms"]:
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -84,11 +110,7 @@ def main(spec_path, out_dir):
         ax.set_ylabel("checkpoints")
         ax.set_title("Checkpoint duration")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out / "checkpoint_duration_hist.png"
-        fig.savefig(p, dpi=110)
-        written.append(p)
-        plt.close(fig)
+        written.append(save(fig, out / "checkpoint_duration_hist.png"))
 
     if spec["latency_ms"]:
         xs = sorted(spec["latency_ms"])
@@ -99,11 +121,7 @@ def main(spec_path, out_dir):
         ax.set_ylabel("fraction of events")
         ax.set_title("Latency CDF (aiostream-ckpt, paced input)")
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        p = out / "latency_cdf.png"
-        fig.savefig(p, dpi=110)
-        written.append(p)
-        plt.close(fig)
+        written.append(save(fig, out / "latency_cdf.png"))
 
     if spec["bars"]:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -113,11 +131,7 @@ def main(spec_path, out_dir):
         ax.bar_label(bars, labels=[f"{v / 1e3:,.0f}k" for v in values])
         ax.set_ylabel("events/s (steady window, median of repeats)")
         ax.set_title("pv_count, same input, same machine")
-        fig.tight_layout()
-        p = out / "throughput_bars.png"
-        fig.savefig(p, dpi=110)
-        written.append(p)
-        plt.close(fig)
+        written.append(save(fig, out / "throughput_bars.png"))
 
     if spec["scaling"]:
         fig, ax = plt.subplots(figsize=(9, 4))
@@ -127,11 +141,9 @@ def main(spec_path, out_dir):
         ax.set_ylabel("events/s")
         ax.set_title("aiostream-ckpt scaling")
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=7)
-        fig.tight_layout()
-        p = out / "scaling.png"
-        fig.savefig(p, dpi=110)
-        written.append(p)
-        plt.close(fig)
+        written.append(save(fig, out / "scaling.png"))
+    if spec.get("workers_scaling"):
+        written.append(workers_scaling(spec["workers_scaling"], out))
     print(" ".join(str(p) for p in written))
 
 
