@@ -15,8 +15,8 @@ state read, a write-set entry and a scan of the list per key and batch, and
 with many keys most records are their key's only one in the batch: a read
 and a write per record (the bench's 300 k clicks over 10 k users: the
 record loop took 1.8 s of CPU, now 0.9 s). A dict of more than
-:attr:`~SessionWindowOperator.max_held_keys` keys is flushed after its batch,
-so memory stays bounded between barriers.
+:attr:`~SessionWindowOperator.max_held` keys (the state cache's bound) is
+flushed after its batch, so memory stays bounded between barriers.
 
 Timers are those of :class:`~aiostream_ckpt.runtime.window_operator.WindowOperator`:
 a new session sets them at its ``max_timestamp`` (and its cleanup time after
@@ -40,7 +40,7 @@ map entry) is moved into it when the operator opens.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.windows import EventTimeSessionWindows, TimeWindow
@@ -67,9 +67,6 @@ def _unchanging(sessions: list[Session]) -> bool:
 
 class SessionWindowOperator(WindowOperator):
     """The window operator for merging (session) window assigners."""
-
-    #: Held keys above which a batch's end flushes them into keyed state (memory bound).
-    max_held_keys: ClassVar[int] = 50_000
 
     def _open_windows(self) -> None:
         assert self.backend is not None
@@ -142,7 +139,7 @@ class SessionWindowOperator(WindowOperator):
         self._flush()
 
     def end_batch(self) -> None:
-        if len(self._held) > self.max_held_keys:
+        if len(self._held) > self.max_held:
             self._flush()
         super().end_batch()
 

@@ -47,6 +47,10 @@ from aiostream_ckpt.time.timers import (
 WINDOW_CONTENTS = "window-contents"
 #: The contents of a window that has none yet (a new window).
 MISSING = object()
+#: Held windows or keys above which a batch's end writes them into keyed state, when the
+#: state cache (``state.cache_max_entries``) allows more: a flush per batch past it costs
+#: what a barrier's does, and memory stays bounded with checkpoints off.
+MAX_HELD = 50_000
 
 
 class WindowOperatorBase(StreamOperator):
@@ -76,6 +80,10 @@ class WindowOperatorBase(StreamOperator):
         self._contents: Any = None
         self._out: Collector[Any] = Collector()
         self.watermark = MIN_WATERMARK
+        #: Entries held in memory between barriers (tumbling windows, sessions' keys) above
+        #: which a batch's end writes them into keyed state: ``MAX_HELD``, or the state
+        #: cache's size if smaller (set at ``open``), so bounding the cache bounds them too.
+        self.max_held = MAX_HELD
         #: Late records dropped because nobody reads the late side output.
         self.late_dropped = 0
         #: ``(key, max_timestamp)`` of restored windows that fired and wait for their

@@ -27,7 +27,7 @@ from typing import Any
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
 from aiostream_ckpt.runtime.tumbling_windows import TumblingWindowBuffer
-from aiostream_ckpt.runtime.window_base import WINDOW_CONTENTS
+from aiostream_ckpt.runtime.window_base import MAX_HELD, WINDOW_CONTENTS
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import (
     EVENT_TIMERS,
@@ -44,6 +44,7 @@ class WindowOperator(TumblingWindowBuffer):
     def open(self, ctx: RuntimeContext) -> None:
         assert self.backend is not None
         self._kc = self.backend.key_context
+        self.max_held = min(MAX_HELD, self.backend.cache_max_entries)
         self._contents = self.backend.create_state(
             MapStateDescriptor(
                 WINDOW_CONTENTS, None, self.spec.state_type, serializer=self.spec.serializer

@@ -154,6 +154,9 @@ class KeyedStateBackend(Protocol):
 
     key_context: KeyContext
     key_group_range: KeyGroupRange
+    #: Entries the state caches may hold in all (``state.cache_max_entries``): an operator
+    #: that holds state of its own in memory between barriers bounds it by this too.
+    cache_max_entries: int
 
     def create_state(self, descriptor: StateDescriptor) -> Any:
         """Return the state object for ``descriptor`` (same object on repeated calls)."""

@@ -238,7 +238,8 @@ class LmdbStateBackend:
         #: ``key_by(..., key_type=)``: how keys are checked and read back (``keys()``, timers)
         self._stream_keys = UNTYPED_KEYS if key_type is None else StreamKeyCodec(key_type)
         self._clock: Clock = clock or SystemClock()
-        self._cache_max_entries = cache_max_entries
+        #: entries the state caches may hold in all (``state.cache_max_entries``)
+        self.cache_max_entries = cache_max_entries
         self._allow_pickle = allow_pickle
         self._token = uuid.uuid4().hex[:8]
         self._file_stem = f"{_safe(operator_uid)}-{subtask_index}"
@@ -339,7 +340,7 @@ class LmdbStateBackend:
         )
         self._states[descriptor.name] = state
         self._meta[descriptor.name] = wanted
-        limit = self._cache_max_entries // len(self._states)
+        limit = self.cache_max_entries // len(self._states)
         for s in self._states.values():
             s.set_cache_limit(limit)
         return state

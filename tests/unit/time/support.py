@@ -153,7 +153,7 @@ async def drained(run: JobRun) -> None:
     await asyncio.wait_for(run.coordinator.trigger(), 30)
 
 
-def window_backend(tmp: Path, uid: str) -> LmdbStateBackend:
+def window_backend(tmp: Path, uid: str, cache_max_entries: int = 1_000_000) -> LmdbStateBackend:
     """An LMDB backend of one instance holding every key group (window operator tests)."""
     return LmdbStateBackend(
         operator_uid=uid,
@@ -161,6 +161,7 @@ def window_backend(tmp: Path, uid: str) -> LmdbStateBackend:
         key_group_range=KeyGroupRange(0, WINDOW_MAXP - 1),
         max_parallelism=WINDOW_MAXP,
         local_dir=tmp,
+        cache_max_entries=cache_max_entries,
     )
 
 

@@ -167,7 +167,7 @@ def test_the_snapshot_holds_the_sessions_of_its_barrier_and_merges_go_on_after_r
 def test_more_held_keys_than_the_bound_are_flushed_after_their_batch(tmp_path: Path) -> None:
     backend = window_backend(tmp_path, "sessions")
     op = _operator(backend, WindowKind.AGGREGATE)
-    op.max_held_keys = 10  # type: ignore[misc]
+    op.max_held = 10
     op.process_batch(_clicks(*((f"k{i}", i) for i in range(11))))
     assert op.held_keys() == 11
     op.end_batch()
@@ -215,4 +215,18 @@ def test_a_growing_session_registers_one_timer_not_one_per_early_fire(
     assert op.open_sessions("a") == []
     assert registered == [999]  # its first click's end; the ~30 early fires re-armed
     assert op.timer_service.pending() == (0, 0)
+    backend.close()
+
+
+def test_the_held_keys_bound_follows_the_state_cache_size(tmp_path: Path) -> None:
+    # before: 50,000 held keys whatever state.cache_max_entries said; now a cache of 5
+    # entries bounds the held dict to 5 keys after a batch (the 6 are in keyed state)
+    backend = window_backend(tmp_path, "sessions", cache_max_entries=5)
+    op = _operator(backend, WindowKind.AGGREGATE)
+    assert op.max_held == 5
+    op.process_batch(_clicks(*((f"k{i}", i) for i in range(6))))
+    op.end_batch()
+    assert op.held_keys() == 0
+    assert len(list(backend.keys("session-windows"))) == 6
+    assert sorted(op.process_watermark(1 << 40)) == [1] * 6
     backend.close()
