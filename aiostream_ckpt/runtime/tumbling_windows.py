@@ -8,6 +8,10 @@ before the next barrier never touches the state. Why: a record's window is
 mostly still open at the next batch, and a state read and put per (key,
 window) per batch cost the operator as much as the rest of its work (the
 snapshot holds the same windows either way: those open at the barrier).
+A buffer of more than :attr:`~TumblingWindowBuffer.max_held` windows is
+written the same way after its batch (:meth:`TumblingWindowBuffer.end_batch`):
+with checkpoints off no barrier comes, and long windows (a process window's
+element lists) would otherwise all stay in memory until they fire.
 
 A record's window is found from its timestamp, and a timer's window from its
 time (:meth:`TumblingWindowBuffer._add_tumbling`,
@@ -148,6 +152,16 @@ class TumblingWindowBuffer(WindowOperatorBase):
         Called before every snapshot (see ``StreamOperator``), so the state
         at the barrier is what writing each batch's windows made it.
         """
+        self._write_buffer()
+
+    def end_batch(self) -> None:
+        """Write a buffer that outgrew ``max_held`` to the map state (memory bound)."""
+        if len(self._buffer) > self.max_held:
+            self._write_buffer()
+        super().end_batch()
+
+    def _write_buffer(self) -> None:
+        """Put each buffered window into the map state once; buffer none."""
         buffer = self._buffer
         if not buffer:
             return

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.jobspec.graph import WindowKind
+from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.window_base import MAX_HELD
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
@@ -132,3 +134,69 @@ def test_windows_of_another_size_restored_take_the_general_path(tmp_path: Path) 
     assert sorted(out + after.process_watermark(1_000)) == [1, 3]
     assert list(restored.keys(WINDOW_CONTENTS)) == []
     restored.close()
+
+
+def _run_with_end_batch(op: Any, steps: list[tuple[list[dict[str, Any]], int]]) -> list[Any]:
+    """Feed ``steps`` as a task does with checkpoints off: ``end_batch`` after every
+    batch and watermark, no barrier; the buffer never exceeds ``max_held`` after one."""
+    trace: list[Any] = []
+    for batch, watermark in steps:
+        rest = batch
+        while True:
+            try:
+                trace.append(("out", op.process_batch(rest)))
+                break
+            except RecordFailed as failed:
+                trace.append(("failed", failed.index, failed.out))
+                rest = rest[failed.index + 1 :]
+        op.end_batch()
+        assert len(op._buffer) <= op.max_held
+        trace.append(("late", list(op.side_output)))
+        op.side_output.clear()
+        trace.append(("fired", sorted(op.process_watermark(watermark), key=repr)))
+        op.end_batch()
+        assert len(op._buffer) <= op.max_held
+        trace.append(("windows", _windows(op)))
+    trace.append(("end", sorted(op.process_watermark(1 << 40), key=repr), _windows(op)))
+    return trace
+
+
+def test_with_no_barrier_the_buffer_stays_within_the_state_cache_bound(tmp_path: Path) -> None:
+    # 60 keys x 5 windows, all open, no barrier (checkpoints off). Before: the buffer held
+    # all 300 windows until the watermark fired them; now a batch's end writes a buffer of
+    # more than max_held (the state cache's 8 entries) into the map state.
+    kind = WindowKind.PROCESS  # element lists: what a long window would hold in memory
+    bounded = _operator(
+        tmp_path, session=False, kind=kind, lateness=0, backend=window_backend(tmp_path, "b", 8)
+    )
+    unbounded = _operator(tmp_path, session=False, kind=kind, lateness=0)
+    assert (bounded.max_held, unbounded.max_held) == (8, MAX_HELD)
+    steps = [
+        ([{"k": f"k{i % 60}", "ts": (i // 60) * 500 + r, "v": r} for r in range(3)], -1)
+        for i in range(300)
+    ]
+    want = _run_with_end_batch(unbounded, steps)
+    assert (
+        len(unbounded._buffer) == 0 and max(len(w) for _, w in want[-2][1]) == 5
+    )  # every key's 5 windows were open at once, in the buffer
+    got = _run_with_end_batch(bounded, steps)
+    assert got == want
+    assert len(want[-1][1]) == 300  # every window fired once, at the end
+    bounded.backend.close()
+    unbounded.backend.close()
+
+
+@pytest.mark.parametrize("kind", list(WindowKind))
+@pytest.mark.parametrize("lateness", [0, 700])
+def test_a_buffer_written_after_its_batch_gives_what_one_written_at_barriers_does(
+    tmp_path: Path, kind: WindowKind, lateness: int
+) -> None:
+    # the random stream (late, very late, failing records) with the buffer written after
+    # almost every batch (max_held 2) gives the same output, late records and windows
+    steps = _stream(3)
+    ref = _operator(tmp_path, session=False, kind=kind, lateness=lateness)
+    small = window_backend(tmp_path, "small", cache_max_entries=2)
+    op = _operator(tmp_path, session=False, kind=kind, lateness=lateness, backend=small)
+    assert _run_with_end_batch(op, steps) == _run_with_end_batch(ref, steps)
+    ref.backend.close()
+    small.close()
