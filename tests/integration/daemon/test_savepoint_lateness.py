@@ -6,7 +6,9 @@ the windows of the last 60 s of event time that fired and wait for their
 cleanup; restored without lateness, they used to fire again (each such
 window twice in the committed output). The input has no record for a fired
 window but very late ones (late under both), so the output is the
-failure-free one whatever the lateness.
+failure-free one whatever the lateness. Restored with a lower lateness, a
+fired window's cleanup may fall on another fired window's end: that window
+does not fire again either.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def _args(tmp: Path, inputs: Path, lateness: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("before", "after"), [(60_000, 0), (0, 60_000)])
+# (60 s, one window): a fired window's new cleanup is at the next one's end, which fired
+# too; that cleanup's timer used to fire the next window again (duplicates)
+@pytest.mark.parametrize(("before", "after"), [(60_000, 0), (0, 60_000), (60_000, app.WINDOW_MS)])
 def test_restore_with_another_lateness_fires_each_window_once(
     tmp_path: Path, before: int, after: int
 ) -> None:
