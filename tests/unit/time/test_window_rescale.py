@@ -3,9 +3,10 @@
 A random stream (out of order, late and very late records, late firings) runs
 through one operator; at random barriers its snapshot is restored into two
 instances that split the key groups (1 -> 2), and later their snapshots into
-one again (2 -> 1), each resuming at the watermark of the barrier. Session
-windows hold at most two keys between barriers (the held cap flushes them
-mid-epoch), so a cap flush, a barrier flush and a restore meet the same keys.
+one again (2 -> 1), each resuming at the watermark of the barrier. The
+operators hold at most two keys' sessions or two tumbling windows between
+barriers (``max_held``: the rest is written after its batch), so a held-cap
+write, a barrier flush and a restore meet the same keys.
 The output and the late records must be those of the run without restores.
 """
 
@@ -93,8 +94,7 @@ def test_restores_at_another_parallelism_give_the_output_of_one_run(
         if handles is not None:
             backend.restore(tmp_path / "ckpt", handles)
         op = _operator(tmp_path, session=session, kind=kind, lateness=lateness, backend=backend)
-        if session:
-            op.max_held_keys = 2
+        op.max_held = 2
         return op
 
     reference = make("ref", everything, None)
