@@ -49,18 +49,50 @@ def _args(tmp: Path, inputs: Path, lateness: int, *extra: str) -> list[str]:
 def test_restore_with_another_lateness_fires_each_window_once(
     tmp_path: Path, before: int, after: int
 ) -> None:
+    _stop_and_restore(tmp_path, before, after)
+
+
+@pytest.mark.parametrize(
+    ("taken", "restored"),
+    [
+        (("job.parallelism=2", "job.workers=2"), ("job.parallelism=1",)),
+        ((), ("job.parallelism=3",)),
+    ],
+    ids=["2-in-2-workers-to-1", "1-to-3"],
+)
+def test_restore_with_another_lateness_and_parallelism_fires_each_window_once(
+    tmp_path: Path, taken: tuple[str, ...], restored: tuple[str, ...]
+) -> None:
+    # key groups move between subtasks (and out of a worker process) as the lateness drops
+    # to one window: fired windows land where the new cleanup falls on another's end
+    _stop_and_restore(tmp_path, 60_000, app.WINDOW_MS, taken, restored)
+
+
+def _stop_and_restore(
+    tmp_path: Path,
+    before: int,
+    after: int,
+    taken: tuple[str, ...] = (),
+    restored_with: tuple[str, ...] = (),
+) -> None:
+    """Stop with a savepoint mid-input, restore with ``after``; the output is exactly once."""
+    sets_taken = [a for s in taken for a in ("--set", s)]
+    sets_restored = [a for s in restored_with for a in ("--set", s)]
     events = app.generate(EVENTS, seed=7, late_every=64)
     inputs = app.write(tmp_path / "in.jsonl", events)
-    paced = _args(tmp_path, inputs, before, "--set", "app.rate=20000", "--set", "rest.port=0")
+    paced = _args(
+        tmp_path, inputs, before, "--set", "app.rate=20000", "--set", "rest.port=0", *sets_taken
+    )
     with DaemonProcess(*paced, env={"AIOSTREAM_REST__TOKEN": TOKEN}) as d:
         d.wait_for("checkpoint 3 completed")
         status, sp = d.request("POST", "/job/stop-with-savepoint", token=TOKEN)
         assert status == 200, sp
         assert d.wait() == 0, d.stderr[-3000:]
-    (st,) = read_checkpoint(Path(sp["path"])).subtask_states("events").values()
-    assert 0 < sum(st["operator"]["positions"].values()) < inputs.stat().st_size, "mid-input"
+    states = read_checkpoint(Path(sp["path"])).subtask_states("events").values()
+    read = sum(sum(st["operator"]["positions"].values()) for st in states)
+    assert 0 < read < inputs.stat().st_size, "mid-input"
     restored = cli(
-        *_args(tmp_path, inputs, after, "--set", "rest.enabled=false"),
+        *_args(tmp_path, inputs, after, "--set", "rest.enabled=false", *sets_restored),
         "--from-savepoint",
         sp["path"],
     )
