@@ -77,6 +77,18 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "outputs; past it the worker is killed and the attempt fails (the restart strategy "
         "applies). Raise it for state that takes longer to restore",
     ),
+    "job.heartbeat_interval": (
+        None,
+        "`job.workers` > 1: how often a running worker process tells the main process it is "
+        "alive, from its event loop (Flink's `heartbeat.interval`)",
+    ),
+    "job.heartbeat_timeout": (
+        None,
+        "`job.workers` > 1: how long a running worker may be silent (hung: stopped, its event "
+        "loop stuck) before it is killed and the attempt fails, the restart strategy applying "
+        "(Flink's `heartbeat.timeout`); longer than `job.heartbeat_interval` and than the "
+        "longest a healthy worker's loop may be held",
+    ),
     "job.max_parallelism": (None, "key groups: the most parallelism a restore can rescale to"),
     "job.batch_size": (None, "records per batch"),
     "job.channel_capacity": (None, "batches per channel between tasks"),

@@ -5,7 +5,7 @@ sources, as ``aiostream-ckpt run`` does, says hello on its control
 connection with the graph's fingerprint and its share of the tasks, then
 runs its share of one attempt (``runtime.worker_attempt``) until told to
 stop; the end of the control connection (the main process is gone) ends it
-too.
+too. From its hello on it sends heartbeats (``runtime.heartbeats``).
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ import uvloop
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.api.environment import StreamEnvironment
+from aiostream_ckpt.clock import SystemClock
 from aiostream_ckpt.daemon.app_loader import app_name, build_app
 from aiostream_ckpt.daemon.config import load_config
 from aiostream_ckpt.daemon.logs import setup_logging
 from aiostream_ckpt.errors import AiostreamError, ChannelError
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.graph import Chain, plan_chains
+from aiostream_ckpt.runtime.heartbeats import HeartbeatSender
 from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_tasks
 from aiostream_ckpt.runtime.process import apply_process_profile
 from aiostream_ckpt.runtime.remote import ChannelConnection
@@ -80,7 +82,8 @@ async def serve(
             return 1
         spec, chains = built
         conn.send_message(hello(spec, chains, index, workers))
-        return await serve_attempt(conn, spec, chains, (index, workers), peers)
+        async with HeartbeatSender(conn, spec.config.heartbeat_interval, SystemClock()):
+            return await serve_attempt(conn, spec, chains, (index, workers), peers)
     except ChannelError as exc:  # the main process is gone: nobody to work for
         print(f"worker {index}: {exc}", file=sys.stderr)
         return 1

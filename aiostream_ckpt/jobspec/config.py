@@ -123,6 +123,10 @@ class JobConfig:
     workers: int = 1
     #: seconds a worker process may take to say hello, and to restore its share (each)
     worker_start_timeout: float = 120.0
+    #: seconds between a running worker's heartbeats (``runtime.heartbeats``)
+    heartbeat_interval: float = 1.0
+    #: seconds a running worker may be silent before it is killed and the attempt fails
+    heartbeat_timeout: float = 20.0
     max_parallelism: int = 128
     batch_size: int = 2048
     channel_capacity: int = 8
@@ -163,6 +167,16 @@ class JobConfig:
             "job.worker_start_timeout",
             self.worker_start_timeout,
             "> 0",
+        )
+        _check(
+            self.heartbeat_interval > 0, "job.heartbeat_interval", self.heartbeat_interval, "> 0"
+        )
+        _check(
+            self.heartbeat_timeout > self.heartbeat_interval,
+            "job.heartbeat_timeout",
+            self.heartbeat_timeout,
+            f"longer than job.heartbeat_interval ({self.heartbeat_interval:g}s): else a "
+            "healthy worker is timed out between two of its heartbeats",
         )
         _check(self.batch_size >= 1, "job.batch_size", self.batch_size, ">= 1")
         _check(self.channel_capacity >= 1, "job.channel_capacity", self.channel_capacity, ">= 1")

@@ -20,7 +20,9 @@ connection -- fails the attempt; :meth:`WorkerGroup.stop` then ends every
 worker, and the runner restarts them all from the latest completed checkpoint.
 A worker alive but silent fails it too: one that does not say hello, or does
 not finish its restore or its outputs' recovery, within
-``job.worker_start_timeout`` is killed (no death would end those waits).
+``job.worker_start_timeout`` is killed (no death would end those waits); once
+the tasks run, one unheard for ``job.heartbeat_timeout`` is
+(``runtime.heartbeats``).
 
 The workers' reports of their subtasks' figures are kept in
 :attr:`WorkerGroup.reports` (``runtime.worker_metrics``), marked failed when
@@ -45,6 +47,7 @@ from aiostream_ckpt.errors import ChannelError, CheckpointError, WorkerError
 from aiostream_ckpt.jobspec.graph import Transformation, TransformKind
 from aiostream_ckpt.runtime.attempt import AttemptSetup
 from aiostream_ckpt.runtime.graph import Chain
+from aiostream_ckpt.runtime.heartbeats import HeartbeatMonitor
 from aiostream_ckpt.runtime.placement import graph_fingerprint, task_id, worker_of, worker_tasks
 from aiostream_ckpt.runtime.worker_messages import (
     Message,
@@ -105,6 +108,7 @@ class WorkerGroup:
         *,
         attempt: int = 0,
         start_timeout: float = 120.0,
+        heartbeat_timeout: float = 20.0,
         clock: Clock | None = None,
         spawned: list[WorkerProcess] | None = None,
     ) -> None:
@@ -132,6 +136,8 @@ class WorkerGroup:
         self._loop = loop
         self._pins_lock = asyncio.Lock()
         #: each worker's latest figures of its subtasks (REST, metrics, progress)
+        #: when each worker was last heard (any message; its heartbeats at the least)
+        self.heartbeats = HeartbeatMonitor(self.count, heartbeat_timeout, self._clock)
         self.reports = WorkerReports(self.count, loop.time)
         self._stopping = False
         #: the newest checkpoint each worker confirmed its tasks committed, by worker
@@ -184,6 +190,9 @@ class WorkerGroup:
 
         await asyncio.gather(*(one(w) for w in self.workers))
         await self._bg.cancel_all()
+        for w in self.workers:
+            lag = self.heartbeats.max_lag(w.index)
+            log.debug("worker %d: its heartbeats came at most %.3fs late", w.index, lag)
         for w in self.workers:  # died, failed or killed: its subtasks failed with it
             self.reports.stopped(w.index, failed=w.state is WorkerState.FAILED)
 
@@ -285,7 +294,11 @@ class WorkerGroup:
         await self._all("recovered", within="recover its outputs")
 
     async def run(self) -> None:
-        """Start the tasks; return once every worker's tasks ended, raise the first failure."""
+        """Start the tasks; return once every worker's tasks ended, raise the first failure.
+
+        From here on a worker unheard for the heartbeat timeout fails the attempt.
+        """
+        self._bg.spawn(self._watch_heartbeats(), "heartbeats")
         self._send_all({"type": "run"})
         await self._all("done")
 
@@ -339,20 +352,38 @@ class WorkerGroup:
                         t.result()  # a step's own failure (a worker refused, say)
                 if deadline in done:
                     silent = [w for w, t in zip(self.workers, steps, strict=True) if not t.done()]
-                    raise await self._hung(silent, f"did not {within}")
+                    named = ", ".join(f"worker {w.index} (pid {w.pid})" for w in silent)
+                    raise await self._kill_hung(
+                        silent,
+                        f"{named} did not {within} within {self.start_timeout:g}s "
+                        "(job.worker_start_timeout): hung, killed",
+                    )
             return [t.result() for t in steps]
         finally:
             if deadline is not None:
                 deadline.cancel()
 
-    async def _hung(self, workers: list[WorkerProcess], what: str) -> WorkerError:
-        """Kill ``workers`` (alive, silent: a stop would wait for them) and say which."""
-        named = ", ".join(f"worker {w.index} (pid {w.pid})" for w in workers)
-        why = f"{what} within {self.start_timeout:g}s (job.worker_start_timeout): hung, killed"
-        error = WorkerError(f"{named} {why}", retriable=True)
+    async def _kill_hung(self, workers: list[WorkerProcess], why: str) -> WorkerError:
+        """Kill ``workers`` (alive, silent: a stop would wait for them); fail with ``why``."""
+        error = WorkerError(why, retriable=True)
         self._fail(error)  # before the kills: their ends of connection are not the cause
         await asyncio.gather(*(w.kill() for w in workers))
         return error
+
+    async def _watch_heartbeats(self) -> None:
+        """Fail the attempt once a running worker is unheard for the heartbeat timeout."""
+        silent = await self.heartbeats.silent()
+        if self._stopping:  # a stop's own grace ends a worker that does not stop
+            return
+        named = ", ".join(
+            f"worker {i} (pid {self.workers[i].pid}) unheard for {seconds:.1f}s"
+            for i, seconds in silent
+        )
+        raise await self._kill_hung(
+            [self.workers[i] for i, _ in silent],
+            f"{named}: no heartbeat within {self.heartbeats.timeout:g}s "
+            "(job.heartbeat_timeout): hung, killed",
+        )
 
     async def _watch_exit(self, w: WorkerProcess, pump: asyncio.Task[None]) -> None:
         """Fail the attempt when ``w`` exits unasked, even if its connection stays open.
@@ -386,7 +417,10 @@ class WorkerGroup:
         coordinator = self._coordinator
         while True:
             message = await w.control.receive_message()
+            self.heartbeats.heard(w.index, message)
             kind = message["type"]
+            if kind == "heartbeat":
+                continue
             if kind == "metrics":
                 self.reports.update(message)
             elif kind == "ack":

@@ -12,7 +12,8 @@ aborted; the final checkpoint's id once known), ``pins?``, ``stop``.
 
 Worker -> main: ``hello`` (``daemon.worker``), ``surveys``, ``recovered``,
 ``ack``, ``decline``, ``source_finished``, ``pins``, ``metrics`` (its subtasks'
-figures, ``runtime.worker_metrics``), ``done``, ``failed``.
+figures, ``runtime.worker_metrics``), ``done``, ``failed``; and from its hello
+on, ``heartbeat`` every ``job.heartbeat_interval`` (``runtime.heartbeats``).
 """
 
 from __future__ import annotations

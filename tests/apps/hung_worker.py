@@ -1,12 +1,13 @@
-"""pv_count whose worker process hangs once (SIGSTOP): before its hello, or in its restore.
+"""pv_count whose worker process hangs once (SIGSTOP): before its hello, in its restore, or running.
 
 A worker that hangs importing the app, or in a user function's ``open()``
 (connecting to something that never answers), is alive: its control
 connection stays open, so only a timeout can end the main process's wait.
 
-``app.hang``: ``hello`` (the worker stops itself while building the job) or
+``app.hang``: ``hello`` (the worker stops itself while building the job),
 ``restore`` (in ``open()``, once ``app.after`` exists: a later attempt's
-restore from a checkpoint). ``app.marker``: created by the one process that
+restore from a checkpoint) or ``run`` (counting the record of seq
+``app.hang_at``: a running worker). ``app.marker``: created by the one process that
 hangs (the next attempt's workers run on). ``app.fail_at`` / ``app.after``:
 the counter raises once at that seq and creates ``after`` (the failure that
 makes the restore a restore from a checkpoint). Main never hangs: only a
@@ -51,8 +52,9 @@ def hang_once(marker: str) -> None:
 
 
 class HangingCount(CountPageViews):
-    def __init__(self, hang: str, marker: str, fail_at: int, after: str) -> None:
+    def __init__(self, hang: str, marker: str, fail_at: int, after: str, hang_at: int) -> None:
         self.hang, self.marker, self.fail_at, self.after = hang, marker, fail_at, after
+        self.hang_at = hang_at
 
     def open(self, ctx):
         if self.hang == "restore" and Path(self.after).exists():
@@ -60,6 +62,8 @@ class HangingCount(CountPageViews):
         super().open(ctx)
 
     def process_element(self, value, ctx, out):
+        if self.hang == "run" and value.get("seq") == self.hang_at:
+            hang_once(self.marker)
         if value.get("seq") == self.fail_at and not Path(self.after).exists():
             Path(self.after).touch()
             raise RuntimeError(f"injected failure at seq {self.fail_at}")
@@ -71,7 +75,8 @@ def build(env: StreamEnvironment) -> None:
     hang, marker = str(p["hang"]), str(p["marker"])
     if hang == "hello":
         hang_once(marker)
-    fn = HangingCount(hang, marker, int(p.get("fail_at", -1)), str(p.get("after", marker + ".f")))
+    fail_at, hang_at = int(p.get("fail_at", -1)), int(p.get("hang_at", -1))
+    fn = HangingCount(hang, marker, fail_at, str(p.get("after", marker + ".f")), hang_at)
     events = env.from_source(event_source(p), uid="events")
     events.key_by(app_id).process(fn, uid="pv-count").sink_to(
         ExactlyOnceFileSink(str(p["output"])), uid="pv-sink"

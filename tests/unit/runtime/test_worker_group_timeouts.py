@@ -1,11 +1,14 @@
-"""A worker alive but silent in its restore fails the attempt after job.worker_start_timeout.
+"""A worker alive but silent fails the attempt: job.worker_start_timeout, job.heartbeat_timeout.
 
 The main process waits for every worker's reply to ``attempt`` (restore
 state, survey outputs) and to ``recover``. A worker that dies ends the wait
 (its control connection's end); one that hangs -- a user ``open()`` that
 never returns, a stopped process -- keeps its connection open, and before
-this the wait, and so the job, never ended. The workers here are the far
-ends of socket pairs that never answer; the clock is a ManualClock.
+this the wait, and so the job, never ended. Once the tasks run, a worker
+that hangs is one whose heartbeats stop (``runtime.heartbeats``): before
+them only an expiring checkpoint failed the attempt (minutes), and nothing
+did with checkpointing off. The workers here are the far ends of socket
+pairs that answer only what the test sends; the clock is a ManualClock.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerState
 from tests.helpers import job_coordinator
 
 TIMEOUT = 30.0
+HEARTBEAT_TIMEOUT = 5.0
 
 
 class Workers:
@@ -65,7 +69,14 @@ async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
         coordinator = job_coordinator(storage, clock, executor)
         launch = WorkerLaunch("apps.pv_count", None, (), 2)
         group = WorkerGroup(
-            launch, [], [], coordinator, storage, start_timeout=TIMEOUT, clock=clock
+            launch,
+            [],
+            [],
+            coordinator,
+            storage,
+            start_timeout=TIMEOUT,
+            heartbeat_timeout=HEARTBEAT_TIMEOUT,
+            clock=clock,
         )
         ends: list[ChannelConnection] = []
         for w in group.workers:
@@ -134,3 +145,82 @@ async def test_workers_that_answer_in_time_are_not_timed_out(
     for _ in range(20):
         await asyncio.sleep(0)
     assert not workers.group.failure.done()
+
+
+async def turns(n: int = 30) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def beat(workers: Workers, *which: int) -> None:
+    """Have the workers ``which`` send a heartbeat, and the group read it."""
+    for i in which:
+        workers.reply(i, {"type": "heartbeat", "lag": 0.25})
+    await turns()
+
+
+async def test_a_running_worker_unheard_for_the_heartbeat_timeout_is_killed_and_named(
+    workers: Workers,
+) -> None:
+    group, clock = workers.group, workers.clock
+    run = asyncio.ensure_future(group.run())
+    await turns()
+    for _ in range(4):  # both beat for a while; then worker 1 falls silent
+        clock.advance(1.0)
+        await beat(workers, 0, 1)
+    for _ in range(4):
+        clock.advance(1.0)
+        await beat(workers, 0)
+    clock.advance(0.9)  # worker 1 unheard for 4.9 s
+    await turns()
+    assert not group.failure.done(), "timed out before job.heartbeat_timeout"
+    assert group.workers[1].state is WorkerState.READY
+    clock.advance(0.2)
+    await asyncio.wait_for(asyncio.shield(group.failure), 10)
+    exc = group.failure.result()
+    assert isinstance(exc, WorkerError) and exc.retriable
+    assert "worker 1 (pid None) unheard for 5.1s" in str(exc) and "worker 0" not in str(exc)
+    assert "no heartbeat within 5s (job.heartbeat_timeout): hung, killed" in str(exc)
+    assert group.workers[1].state is WorkerState.FAILED  # killed, not left to a stop
+    assert group.workers[0].state is WorkerState.READY
+    with pytest.raises(WorkerError, match=r"job\.heartbeat_timeout"):
+        await asyncio.wait_for(run, 10)
+
+
+async def test_heartbeats_keep_a_running_worker_alive(workers: Workers) -> None:
+    group, clock = workers.group, workers.clock
+    run = asyncio.ensure_future(group.run())
+    await turns()
+    for _ in range(40):  # 8 heartbeat timeouts
+        clock.advance(1.0)
+        await beat(workers, 0, 1)
+    assert not group.failure.done()
+    assert group.heartbeats.age(0) == 0.0
+    assert group.heartbeats.max_lag(1) == 0.25
+    for i in (0, 1):
+        workers.reply(i, {"type": "done"})
+    await asyncio.wait_for(run, 10)
+
+
+async def test_silence_before_the_tasks_run_is_not_counted(
+    tmp_path: Path, workers: Workers
+) -> None:
+    """Restoring is bounded by job.worker_start_timeout: a restore may hold a worker's loop."""
+    group, clock = workers.group, workers.clock
+    restore = asyncio.ensure_future(group.restore(setup(tmp_path)))
+    workers.reply(0, {"type": "surveys", "surveys": []})
+    await turns()
+    clock.advance(TIMEOUT - 1)  # worker 0 unheard for 29 s, in the restore
+    workers.reply(1, {"type": "surveys", "surveys": []})
+    await asyncio.wait_for(restore, 10)
+    run = asyncio.ensure_future(group.run())
+    await turns()
+    clock.advance(HEARTBEAT_TIMEOUT - 0.1)
+    await turns()
+    assert not group.failure.done(), "the restore's silence counted against the run"
+    clock.advance(0.2)
+    await asyncio.wait_for(asyncio.shield(group.failure), 10)
+    said = "worker 0 (pid None) unheard for 34.1s, worker 1 (pid None) unheard for 5.1s: "
+    assert said in str(group.failure.result())
+    with pytest.raises(WorkerError):
+        await asyncio.wait_for(run, 10)
