@@ -412,7 +412,7 @@ def _worker_label(worker: int | None) -> str:
 
 
 def _worker_families(reports: WorkerReports) -> Iterable[Metric]:
-    """Whether each worker process serves its subtasks, and how old its figures are."""
+    """Whether each worker process serves its subtasks, how old its figures are, when heard."""
     up = GaugeMetricFamily(
         "aiostream_worker_up",
         "1 while the worker process runs its subtasks and reports; 0 once it died or stopped.",
@@ -423,9 +423,18 @@ def _worker_families(reports: WorkerReports) -> Iterable[Metric]:
         "Seconds since the worker's latest report of its subtasks' figures.",
         labels=["worker"],
     )
+    heard = GaugeMetricFamily(
+        "aiostream_worker_heartbeat_age_seconds",
+        "Seconds since the main process last heard from the worker (its heartbeats, any "
+        "message); a running worker unheard for job.heartbeat_timeout is killed.",
+        labels=["worker"],
+    )
     for w in reports.workers:
         up.add_metric([str(w.index)], 1.0 if w.live else 0.0)
         seconds = reports.report_age(w.index)
         if seconds is not None:
             age.add_metric([str(w.index)], seconds)
-    yield from (up, age)
+        seconds = reports.heartbeat_age(w.index)
+        if seconds is not None and w.live:
+            heard.add_metric([str(w.index)], seconds)
+    yield from (up, age, heard)

@@ -82,6 +82,27 @@ SPEC: dict[str, Any] = {
                     "restarts": {"type": "integer"},
                     "last_checkpoint": {"type": "integer", "nullable": True},
                     "stopping": {"type": "boolean"},
+                    "workers": {
+                        "type": "array",
+                        "description": "job.workers > 1: each worker process of the attempt, "
+                        "how long since the main process last heard from it (a running "
+                        "worker unheard for job.heartbeat_timeout is killed), and the most "
+                        "one of its heartbeats came late (the longest its event loop was held)",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "worker": {"type": "integer"},
+                                "pid": {"type": ["integer", "null"]},
+                                "status": {
+                                    "type": "string",
+                                    "enum": ["running", "failed", "stopped"],
+                                },
+                                "heartbeat_age_s": {"type": ["number", "null"]},
+                                "heartbeat_max_lag_s": {"type": ["number", "null"]},
+                                "report_age_s": {"type": ["number", "null"]},
+                            },
+                        },
+                    },
                     "graph": {
                         "type": "object",
                         "properties": {

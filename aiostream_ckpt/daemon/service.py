@@ -138,6 +138,7 @@ class JobDaemon:
             "last_checkpoint": run.last_checkpoint(),
             "stopping": self.savepoints.stopping,
             "savepoint": final.to_json() if final is not None else None,
+            "workers": self.stats.workers.processes() if self.stats.workers is not None else [],
             "config": {
                 "parallelism": config.parallelism,
                 "max_parallelism": config.max_parallelism,

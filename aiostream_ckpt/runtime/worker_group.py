@@ -138,7 +138,7 @@ class WorkerGroup:
         #: each worker's latest figures of its subtasks (REST, metrics, progress)
         #: when each worker was last heard (any message; its heartbeats at the least)
         self.heartbeats = HeartbeatMonitor(self.count, heartbeat_timeout, self._clock)
-        self.reports = WorkerReports(self.count, loop.time)
+        self.reports = WorkerReports(self.count, self._clock.monotonic, self.heartbeats)
         self._stopping = False
         #: the newest checkpoint each worker confirmed its tasks committed, by worker
         self._committed: dict[int, int] = {}

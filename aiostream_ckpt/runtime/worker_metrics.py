@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiostream_ckpt.errors import ChannelError
+from aiostream_ckpt.runtime.heartbeats import HeartbeatMonitor
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.task_report import (
@@ -128,8 +129,14 @@ class WorkerReport:
 class WorkerReports:
     """The main process's side: every worker's latest report, for REST, metrics, progress."""
 
-    def __init__(self, workers: int, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        workers: int,
+        monotonic: Callable[[], float],
+        heartbeats: HeartbeatMonitor | None = None,
+    ) -> None:
         self._monotonic = monotonic
+        self._heartbeats = heartbeats
         self.workers = [WorkerReport(i) for i in range(workers)]
 
     def started(self, index: int, pid: int | None) -> None:
@@ -160,6 +167,25 @@ class WorkerReports:
         """Seconds since the worker's latest report (None: none yet)."""
         received = self.workers[index].received
         return None if received is None else self._monotonic() - received
+
+    def heartbeat_age(self, index: int) -> float | None:
+        """Seconds since the worker was last heard (None: never, or not watched)."""
+        return None if self._heartbeats is None else self._heartbeats.age(index)
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Each worker process: pid, status, when last heard, its loop's worst heartbeat lag."""
+        hb = self._heartbeats
+        return [
+            {
+                "worker": w.index,
+                "pid": w.pid,
+                "status": w.status,
+                "heartbeat_age_s": self.heartbeat_age(w.index),
+                "heartbeat_max_lag_s": None if hb is None else hb.max_lag(w.index),
+                "report_age_s": self.report_age(w.index),
+            }
+            for w in self.workers
+        ]
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Every reported subtask with its worker; a gone worker's without current figures."""

@@ -169,6 +169,16 @@ async def test_a_dead_workers_subtasks_show_failed_until_the_restart(tmp_path: P
         async with serve(daemon) as client:
             before = await rows_when(client, all_live)
             victim = before["events-1"]["pid"]
+            # each worker process as the main process hears it (its heartbeats)
+            procs = {p["worker"]: p for p in (await get(client, "/job"))["workers"]}
+            assert {i: p["pid"] for i, p in procs.items()} == {
+                0: before["events-0"]["pid"],
+                1: victim,
+            }
+            assert all(p["status"] == "running" for p in procs.values())
+            assert all(0 <= p["heartbeat_age_s"] < 20 for p in procs.values()), procs
+            heard = samples(await get(client, "/metrics"), "aiostream_worker_heartbeat_age_seconds")
+            assert set(heard) == {'worker="0"', 'worker="1"'} and max(heard.values()) < 20
             os.kill(victim, signal.SIGKILL)
             after = await rows_when(client, lambda rs: not rs["events-1"]["live"])
             # the dead worker's subtasks: failed, no rates or queues presented as current
@@ -180,6 +190,8 @@ async def test_a_dead_workers_subtasks_show_failed_until_the_restart(tmp_path: P
             text = await get(client, "/metrics")
             assert samples(text, "aiostream_worker_up")['worker="1"'] == 0.0
             assert not any('worker="1"' in k for k in samples(text, "aiostream_source_lag"))
+            heard = samples(text, "aiostream_worker_heartbeat_age_seconds")
+            assert 'worker="1"' not in heard  # a dead worker's silence is no figure
 
             # the restart's workers report afresh
             await rows_when(client, lambda rs: all_live(rs) and rs["events-1"]["pid"] != victim)

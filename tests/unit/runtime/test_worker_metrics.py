@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiostream_ckpt.clock import ManualClock
+from aiostream_ckpt.runtime.heartbeats import HeartbeatMonitor
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
 
 
@@ -84,3 +85,37 @@ def test_stopping_the_attempt_cancels_what_still_ran() -> None:
     rows = {r["task"]: r for r in reports.rows()}
     assert rows["events-0"]["state"] == "canceled" and not rows["events-0"]["live"]
     assert rows["events-1"]["state"] == "failed"
+
+
+def test_each_worker_process_with_when_it_was_last_heard() -> None:
+    """REST ``/job``'s ``workers``: pid, status, heartbeat age and worst lag, report age."""
+    clock = ManualClock()
+    heartbeats = HeartbeatMonitor(2, 20.0, clock)
+    reports = WorkerReports(2, clock.monotonic, heartbeats)
+    reports.started(0, 41)
+    reports.started(1, 42)
+    heartbeats.heard(0, {"type": "heartbeat", "lag": 0.3})
+    reports.update(report(0, 41, row("events-0", source=True, records=10)))
+    clock.advance(2.0)
+    heartbeats.heard(1, {"type": "heartbeat", "lag": 0.1})
+    clock.advance(1.0)
+    reports.failed(1)
+    assert reports.processes() == [
+        {
+            "worker": 0,
+            "pid": 41,
+            "status": "running",
+            "heartbeat_age_s": 3.0,
+            "heartbeat_max_lag_s": 0.3,
+            "report_age_s": 3.0,
+        },
+        {
+            "worker": 1,
+            "pid": 42,
+            "status": "failed",
+            "heartbeat_age_s": 1.0,
+            "heartbeat_max_lag_s": 0.1,
+            "report_age_s": None,
+        },
+    ]
+    assert WorkerReports(1, clock.monotonic).heartbeat_age(0) is None  # none watched
