@@ -24,21 +24,26 @@ from aiostream_ckpt.runtime.session_windows import SESSIONS
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
-from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows, TumblingEventTimeWindows
+from aiostream_ckpt.time import (
+    CountAggregate,
+    EventTimeSessionWindows,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+)
 from aiostream_ckpt.time.timers import EVENT_TIMERS
 from tests.unit.time.support import open_window_operator, window_backend
 
 LATE: OutputTag[Any] = OutputTag("late")
-WINDOWS = {"tumbling": WINDOW_CONTENTS, "session": SESSIONS}
+WINDOWS = {"tumbling": WINDOW_CONTENTS, "session": SESSIONS, "sliding": WINDOW_CONTENTS}
 
 
 def _open(backend: LmdbStateBackend, kind: str, lateness: int, assigner: Any = None) -> Any:
     if assigner is None:
-        assigner = (
-            TumblingEventTimeWindows.of(1_000)
-            if kind == "tumbling"
-            else EventTimeSessionWindows.with_gap(1_000)
-        )
+        assigner = {  # sliding: tumbling's windows on the general path
+            "tumbling": TumblingEventTimeWindows.of(1_000),
+            "sliding": SlidingEventTimeWindows.of(1_000, 1_000),
+            "session": EventTimeSessionWindows.with_gap(1_000),
+        }[kind]
     spec = WindowSpec(
         assigner=assigner,
         kind=WindowKind.AGGREGATE,
@@ -206,7 +211,7 @@ def test_fired_sessions_merged_past_the_watermark_fire_at_the_merged_end(tmp_pat
     backend.close()
 
 
-@pytest.mark.parametrize("kind", ["tumbling", "session"])
+@pytest.mark.parametrize("kind", ["tumbling", "session", "sliding"])
 @pytest.mark.parametrize("watermark", [5_000, 2_600])
 def test_a_lowered_lateness_cleanup_at_another_fired_windows_end_fires_nothing(
     tmp_path: Path, kind: str, watermark: int
@@ -217,13 +222,13 @@ def test_a_lowered_lateness_cleanup_at_another_fired_windows_end_fires_nothing(
     # watermark. Before: that cleanup's timer fired the second window again.
     backend = window_backend(tmp_path / "before", "w")
     op = _open(backend, kind, lateness=60_000)
-    second = 1_000 if kind == "tumbling" else 1_500
+    second = 1_500 if kind == "session" else 1_000
     out = op.process_batch([{"k": "u", "ts": 100}, {"k": "u", "ts": second}])
     out += op.process_watermark(watermark)
     assert out == [1, 1]
     op.prepare_snapshot_pre_barrier(1)
     backend = _savepoint(backend, tmp_path)
-    op = _open(backend, kind, lateness=1_000 if kind == "tumbling" else 1_400)
+    op = _open(backend, kind, lateness=1_400 if kind == "session" else 1_000)
     op.restore_watermark(watermark)
     assert op.process_watermark(watermark + 1) == []
     assert op.process_watermark(200_000) == []
@@ -232,7 +237,7 @@ def test_a_lowered_lateness_cleanup_at_another_fired_windows_end_fires_nothing(
     backend.close()
 
 
-@pytest.mark.parametrize("kind", ["tumbling", "session"])
+@pytest.mark.parametrize("kind", ["tumbling", "session", "sliding"])
 def test_a_record_for_a_window_whose_lowered_cleanup_passed_is_late_at_once(
     tmp_path: Path, kind: str
 ) -> None:
@@ -251,7 +256,7 @@ def test_a_record_for_a_window_whose_lowered_cleanup_passed_is_late_at_once(
     op = _open(backend, kind, lateness=1_000)
     op.restore_watermark(2_500)
     first = op.timer_service.first_event_timers()
-    assert first == {"u": 3_999 if kind == "tumbling" else 4_499}  # the cleanup is done
+    assert first == {"u": 4_499 if kind == "session" else 3_999}  # the cleanup is done
     assert op.process_batch([{"k": "u", "ts": 400}]) == []
     assert op.side_output == [(LATE, {"k": "u", "ts": 400})]
     assert op.process_watermark(100_000) == [1]  # u's unfired window, once
