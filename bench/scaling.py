@@ -199,7 +199,15 @@ def cpu_per_million(cpus: list[dict[str, Any]], events: int) -> dict[str, Any]:
     return out
 
 
-def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str, Any]:
+def summary(
+    name: str,
+    one: RunResult,
+    two: RunResult,
+    events: int,
+    load_avg: tuple[float, float, float] | None = None,
+) -> dict[str, Any]:
+    """The case's figures; ``load_avg``: the load when its runs ended (default: now)."""
+
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a and b else None
 
@@ -227,7 +235,7 @@ def summary(name: str, one: RunResult, two: RunResult, events: int) -> dict[str,
         "exactly_once": one.exactly_once_verified is True and two.exactly_once_verified is True,
         # who checked: "python" (the recount), "spark" (Spark and the recount, --full)
         "validators": sorted({r.validator for r in (one, two) if r.validator}),
-        "load_avg": [round(x, 1) for x in os.getloadavg()],
+        "load_avg": [round(x, 1) for x in load_avg or os.getloadavg()],
         **{
             f"workers_{w}": {
                 "status": r.status,
@@ -376,7 +384,7 @@ def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]
     saved = {k: os.environ.get(k) for k in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")}
     os.environ["PYTHONPYCACHEPREFIX"] = str(plan.work / "pycache")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    done: list[tuple[str, Measured, Measured]] = []
+    done: list[tuple[str, Measured, Measured, tuple[float, float, float]]] = []
     try:
         _warm_up(plan, work)
         for name in plan.cases:
@@ -385,10 +393,10 @@ def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]
             one, two = (run_kafka_case if c.kafka else run_file_case)(c, plan, work)
             for m in (one, two):
                 apply_refusal(m.result)
-            done.append((name, one, two))
+            done.append((name, one, two, os.getloadavg()))
             say(f"  {scaling_line(summary(name, one.result, two.result, plan.events))}")
         if plan.spark:
-            _spark_check_files(plan, [d for d in done if not case(d[0]).kafka])
+            _spark_check_files(plan, [d[:3] for d in done if not case(d[0]).kafka])
     finally:
         for k, v in saved.items():
             if v is None:
@@ -397,10 +405,11 @@ def run_scaling(plan: ScalingPlan) -> tuple[list[RunResult], list[dict[str, Any]
                 os.environ[k] = v
     runs: list[RunResult] = []
     summaries: list[dict[str, Any]] = []
-    for name, one, two in done:
+    for name, one, two, load in done:
         for m in (one, two):
             apply_refusal(m.result)  # again: Spark may have found what the recount did not
-        summaries.append(summary(name, one.result, two.result, plan.events))
+        # the load when the case's runs ended, not after the Spark session
+        summaries.append(summary(name, one.result, two.result, plan.events, load))
         annotate(one.result, two.result, summaries[-1])
         runs += [one.result, two.result]
     return runs, summaries

@@ -75,6 +75,8 @@ def test_spark_verdicts_reach_the_rows_and_a_failed_one_refuses(
     monkeypatch.setattr(scaling, "run_file_case", fake_case)
     monkeypatch.setattr(scaling, "_warm_up", lambda plan, work: None)
     monkeypatch.setattr("bench.runner.spark_validate", fake_spark)
+    loads = iter(range(1, 100))
+    monkeypatch.setattr("os.getloadavg", lambda: (float(next(loads)),) * 3)
     runs, (s,) = run_scaling(ScalingPlan(EVENTS, 1, ["file-10k"], tmp_path, spark=True))
     # one session for both rows, each against the case's events as one file
     assert [Path(j["input"]).name for j in seen] == ["pv-n1000-k10000-s1-z0-e0.jsonl"] * 2
@@ -82,6 +84,7 @@ def test_spark_verdicts_reach_the_rows_and_a_failed_one_refuses(
     assert runs[1].status == "refused" and runs[1].events_per_s is None
     assert s["exactly_once"] is False and s["target_met"] is None
     assert s["validators"] == ["spark"]
+    assert s["load_avg"][0] == 1.0  # when the case's runs ended, not after Spark
 
 
 def test_full_mode_writes_the_section_into_json_table_and_plots(
