@@ -87,7 +87,8 @@ class WindowOperatorBase(StreamOperator):
         #: Late records dropped because nobody reads the late side output.
         self.late_dropped = 0
         #: ``(key, max_timestamp)`` of restored windows that fired and wait for their
-        #: cleanup: a timer at their end fires them no more (see ``WindowOperator``).
+        #: cleanup: a timer at their end fires them no more (see ``WindowOperator``);
+        #: kept until the watermark passes their end (a session grown since leaves its own).
         self._restored_fired: set[tuple[Any, int]] = set()
 
     def bind_time(self, scheduler: ProcessingTimeScheduler) -> None:
@@ -225,6 +226,8 @@ class WindowOperatorBase(StreamOperator):
         out: list[Any] = []
         self._out.collect = out.append
         self._timers.advance_watermark(timestamp, self._on_timer)
+        if self._restored_fired:  # the timers at their ends have fired; none is set again
+            self._restored_fired = {e for e in self._restored_fired if e[1] > timestamp}
         return out
 
     def restore_watermark(self, timestamp: int) -> None:

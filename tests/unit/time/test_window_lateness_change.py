@@ -231,6 +231,7 @@ def test_a_lowered_lateness_cleanup_at_another_fired_windows_end_fires_nothing(
     op = _open(backend, kind, lateness=1_400 if kind == "session" else 1_000)
     op.restore_watermark(watermark)
     assert op.process_watermark(watermark + 1) == []
+    assert op._restored_fired == set()  # their ends are behind the watermark: none kept
     assert op.process_watermark(200_000) == []
     assert _stored(op, kind) == []
     assert list(backend.keys(EVENT_TIMERS)) == []
