@@ -139,6 +139,7 @@ def run_app_under_kills(
     max_delay_after_checkpoint: float = 1.0,
     timeout: float = 300,
     kill_workers: bool = False,
+    hang_workers: bool = False,
 ) -> tuple[ChaosResult, Path]:
     """Run ``aiostream-ckpt run APP`` to the end under ``kills`` kill -9; return it and its log.
 
@@ -171,6 +172,7 @@ def run_app_under_kills(
         cwd=REPO,
         inputs=inputs,
         kill_workers=kill_workers,
+        hang_workers=hang_workers,
     )
     assert result.exit_code == 0, log.read_text()[-4000:]
     outran = f"{result.kills} of {kills} kills: the job outran them (pace its input?)\n"

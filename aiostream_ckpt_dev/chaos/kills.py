@@ -45,7 +45,7 @@ class ChaosResult:
     runs: int
     elapsed: float
     kill_times: list[float] = field(default_factory=list)
-    #: of ``kills``, those that hit a worker process (``kill_workers``)
+    #: of ``kills``, those that hit a worker process (``kill_workers``, ``hang_workers``)
     worker_kills: int = 0
 
 
@@ -62,6 +62,7 @@ def run_with_kills(
     on_line: Callable[[str], None] | None = None,
     inputs: Sequence[Path] | None = None,
     kill_workers: bool = False,
+    hang_workers: bool = False,
 ) -> ChaosResult:
     """Run ``cmd`` to completion, SIGKILLing it ``kills`` times along the way.
 
@@ -72,6 +73,10 @@ def run_with_kills(
     main process or one of its worker processes. A killed worker fails the
     attempt and the main process restarts it; the next kill waits for a
     checkpoint completed after it, as after a restart of the command.
+
+    ``hang_workers``: instead, each "kill" SIGSTOPs one worker process (never
+    the main one): a worker hung alive, which the main process must see by
+    its heartbeats (``job.heartbeat_timeout``), kill and restart.
     """
     rng = random.Random(seed)
     started = time.monotonic()
@@ -124,8 +129,16 @@ def run_with_kills(
                 elif want_kill and kill_at is None and checkpointed.is_set():
                     kill_at = now + delay
                 if kill_at is not None and now >= kill_at:
-                    victim = _victim(proc.pid, rng) if kill_workers else proc.pid
-                    os.kill(victim, signal.SIGKILL)
+                    if hang_workers:
+                        workers = worker_pids(proc.pid)
+                        if not workers:  # between attempts: no worker to stop yet
+                            time.sleep(0.005)
+                            continue
+                        victim, sig = rng.choice(workers), signal.SIGSTOP
+                    else:
+                        victim = _victim(proc.pid, rng) if kill_workers else proc.pid
+                        sig = signal.SIGKILL
+                    os.kill(victim, sig)
                     if victim == proc.pid:
                         proc.wait()
                         break
@@ -133,9 +146,8 @@ def run_with_kills(
                     result.worker_kills += 1
                     result.kill_times.append(now - started)
                     if log is not None:
-                        log.write(
-                            f"=== chaos: SIGKILL #{result.kills} (worker {victim}) ===\n".encode()
-                        )
+                        line = f"=== chaos: {sig.name} #{result.kills} (worker {victim}) ===\n"
+                        log.write(line.encode())
                     # as after a restart: wait for a checkpoint of the new attempt
                     checkpointed.clear()
                     any_checkpoint = False

@@ -118,7 +118,7 @@ def test_a_checkpoint_completes_with_every_subtask_of_both_workers(runs: dict[in
 
 
 def _pv_under_kills(
-    tmp_path: Path, *, seed: int, kill_workers: bool
+    tmp_path: Path, *extra: str, seed: int, kill_workers: bool, hang_workers: bool = False
 ) -> tuple[ChaosResult, str, list[Path]]:
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 40_000, seed=seed + i) for i in range(2)]
     result, log_path = run_app_under_kills(
@@ -132,6 +132,7 @@ def _pv_under_kills(
             # a pass >= 1.3 s, 26 checkpoint intervals, on any machine: unpaced, a fast
             # one could read both files before the first checkpoint, and no kill comes
             "app.rate=30000",
+            *extra,
         ],
         kills=1,
         seed=seed,
@@ -139,6 +140,7 @@ def _pv_under_kills(
         parallelism=2,
         timeout=120,
         kill_workers=kill_workers,
+        hang_workers=hang_workers,
     )
     return result, log_path.read_text(), inputs
 
@@ -150,6 +152,35 @@ def test_kill9_of_a_worker_restarts_every_worker_from_the_checkpoint(tmp_path: P
     assert "peer process is gone" in log and "restart 1" in log, log[-3000:]
     pids = worker_pids(log)
     assert len(pids[0]) == len(pids[1]) == 2  # the surviving worker was restarted too
+    assert not any(alive(p) for ps in pids.values() for p in ps)
+    check = check_pv_output(tmp_path / "out", recount(*inputs))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_a_hung_worker_is_killed_by_its_heartbeat_timeout_and_every_worker_restarts(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP, by the chaos harness: the main process hears no more heartbeats from it.
+
+    Old code: the stopped worker's barriers never came, the job waited for the
+    checkpoints to expire (10 min x 4 here) and run_with_kills timed out.
+    """
+    result, log, inputs = _pv_under_kills(
+        tmp_path,
+        "job.heartbeat_interval=100ms",
+        "job.heartbeat_timeout=2s",
+        "checkpoint.timeout=10m",
+        seed=WORKER_SEED,
+        kill_workers=False,
+        hang_workers=True,
+    )
+    assert result.worker_kills == 1 and result.runs == 1, log[-3000:]
+    stopped = re.findall(r"=== chaos: SIGSTOP #1 \(worker (\d+)\) ===", log)
+    assert len(stopped) == 1, log[-3000:]
+    said = rf"worker \d \(pid {stopped[0]}\) unheard for [\d.]+s[^\n]*no heartbeat within 2s"
+    assert re.search(said, log) and "restart 1" in log, log[-3000:]
+    pids = worker_pids(log)
+    assert len(pids[0]) == len(pids[1]) == 2  # both workers of the attempt were restarted
     assert not any(alive(p) for ps in pids.values() for p in ps)
     check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
