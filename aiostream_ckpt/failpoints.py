@@ -31,6 +31,8 @@ ENV_VAR = "AIOSTREAM_FAILPOINTS"
 
 #: Every point, with the window it stands for. Keep these few and documented.
 POINTS: dict[str, str] = {
+    "pre_barrier_flush": "a task's operators wrote what they hold (buffered windows, held "
+    "sessions) into keyed state for a barrier; the snapshot has not started",
     "snapshot_write": "a task's asynchronous state snapshot file is written but not yet fsynced",
     "metadata_durable": "a checkpoint's metadata is durable; no task has been notified "
     "(sinks have not committed)",

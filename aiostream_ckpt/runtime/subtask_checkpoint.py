@@ -125,6 +125,7 @@ class SubtaskCheckpointCoordinator:
             # 2. the synchronous snapshot
             for op in spec.operators:
                 op.prepare_snapshot_pre_barrier(cid)  # before any backend freezes its writes
+            failpoints.hit("pre_barrier_flush")
             op_state: dict[str, Any] = {}
             if spec.reader is not None and spec.head_uid is not None:
                 op_state["positions"] = spec.reader.snapshot_position()

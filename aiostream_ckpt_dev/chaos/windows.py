@@ -38,12 +38,26 @@ from aiostream_ckpt_dev.chaos import faults as chaos_faults
 from aiostream_ckpt_dev.chaos.kills import read_fraction, worker_pids
 
 #: Windows where the job moves on before the kill.
-PROGRESS_WINDOWS = ("snapshot_write", "metadata_durable", "sink_commit", "position")
+PROGRESS_WINDOWS = (
+    "pre_barrier_flush",
+    "snapshot_write",
+    "metadata_durable",
+    "sink_commit",
+    "position",
+)
 RECOVERY_WINDOWS = ("restore_begin", "restore_before_sinks", "restore_after_sinks")
 END_WINDOWS = ("final_metadata_durable", "final_committed")
 WINDOWS = PROGRESS_WINDOWS + RECOVERY_WINDOWS + END_WINDOWS
 #: Windows of tasks: at ``job.workers`` > 1 hit in a worker process, not in the main one.
-WORKER_WINDOWS = ("snapshot_write", "sink_commit", *RECOVERY_WINDOWS, "final_committed")
+WORKER_WINDOWS = (
+    "pre_barrier_flush",
+    "snapshot_write",
+    "sink_commit",
+    *RECOVERY_WINDOWS,
+    "final_committed",
+)
+#: Windows hit at every checkpoint: a plan's kill takes the 1st to 3rd hit.
+_NTH_WINDOWS = ("pre_barrier_flush", "snapshot_write", "metadata_durable", "sink_commit")
 #: The kill of the main process that follows a worker's once its restart checkpointed.
 MAIN_RUNNING = "main_running"
 _COMPLETED = re.compile(rb"checkpoint \d+ completed")
@@ -113,7 +127,7 @@ def plan_round(
     windows += [rng.choice(middle) for _ in range(kills - 1 - len(ends))] + ends
     plan = []
     for w in windows[:kills]:
-        nth = rng.randint(1, 3) if w in ("snapshot_write", "metadata_durable", "sink_commit") else 1
+        nth = rng.randint(1, 3) if w in _NTH_WINDOWS else 1
         fraction = rng.uniform(0.02, 0.25) if w == "position" else 0.0
         worker = None
         if w == "position" and workers > 1 and rng.random() < 0.5:

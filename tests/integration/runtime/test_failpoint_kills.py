@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
 #: Every window once. A recovery window is reached only once a checkpoint is durable.
 PLAN = [
     Kill("metadata_durable", 2),
+    Kill("pre_barrier_flush", 3),
     Kill("restore_begin"),
     Kill("snapshot_write", 2),
     Kill("restore_before_sinks"),
