@@ -43,6 +43,10 @@ from aiostream_ckpt.errors import ChannelError
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.worker_messages import Message
 
+#: loop turns that take a message from a socket to :meth:`HeartbeatMonitor.heard`
+#: (readable -> the connection's queue -> the group's pump), with room to spare
+_READ_TURNS = 10
+
 
 class HeartbeatSender:
     """A worker's side: a heartbeat on its control connection every ``interval``, from its loop."""
@@ -117,13 +121,24 @@ class HeartbeatMonitor:
 
         Silence counts from the call at the earliest: a worker's earlier steps
         have their own bound. The seconds returned are since it was last heard.
+        Messages that arrived by the deadline are read first, and count.
         """
         armed = self._clock.monotonic()
+        read = False
         while True:
             now = self._clock.monotonic()
             last = [armed if h.last is None else h.last for h in self._heard]
             since = [max(t, armed) for t in last]
             over = [i for i, t in enumerate(since) if now - t >= self.timeout]
-            if over:
+            if over and read:
                 return [(i, now - last[i]) for i in over]
+            if over:
+                # Read what has arrived before blaming anyone: were this process's own
+                # loop held up (a long collection), heartbeats would wait unread in its
+                # sockets while this wake-up, due first, ran ahead of them.
+                for _ in range(_READ_TURNS):
+                    await asyncio.sleep(0)
+                read = True
+                continue
+            read = False
             await self._clock.sleep(min(since) + self.timeout - now)

@@ -187,6 +187,25 @@ async def test_a_running_worker_unheard_for_the_heartbeat_timeout_is_killed_and_
         await asyncio.wait_for(run, 10)
 
 
+async def test_heartbeats_unread_when_the_timeout_is_due_still_count(workers: Workers) -> None:
+    """The main process's loop was held up: the heartbeats wait in its sockets, unread."""
+    group, clock = workers.group, workers.clock
+    run = asyncio.ensure_future(group.run())
+    await turns()
+    clock.advance(HEARTBEAT_TIMEOUT - 0.5)
+    await turns()
+    for i in (0, 1):  # written to the sockets; the loop has not run since
+        workers.reply(i, {"type": "heartbeat", "lag": 4.5})
+    clock.advance(1.0)  # the watch is due first: both unheard for 5.5 s as it wakes
+    await turns()
+    assert not group.failure.done(), "failed workers whose heartbeats had arrived"
+    assert group.heartbeats.max_lag(0) == 4.5
+    clock.advance(HEARTBEAT_TIMEOUT)  # and the watch goes on
+    await asyncio.wait_for(asyncio.shield(group.failure), 10)
+    with pytest.raises(WorkerError, match=r"unheard for 5\.0s"):
+        await asyncio.wait_for(run, 10)
+
+
 async def test_heartbeats_keep_a_running_worker_alive(workers: Workers) -> None:
     group, clock = workers.group, workers.clock
     run = asyncio.ensure_future(group.run())
