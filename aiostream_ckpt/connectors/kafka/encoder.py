@@ -31,6 +31,9 @@ HeadersFn = Callable[[Any], Iterable[tuple[str, bytes]] | None]
 _KEY_CACHE_MAX = 100_000
 #: Delivered batches are checked (and their offsets noted) every this many submits.
 _CHECK_EVERY = 1024
+#: Bytes of open batches (all partitions) ``hold=True`` keeps between writes: a bound
+#: for topics with many partitions, where each batch would take long to fill.
+HOLD_MAX_BYTES = 4 * 1024 * 1024
 
 #: Per partition, ``[first offset, last offset]`` written by one transaction.
 OffsetRanges = dict[int, list[int]]
@@ -39,7 +42,7 @@ OffsetRanges = dict[int, list[int]]
 class RecordEncoder:
     """Turns records into per-partition batches on one producer; tracks their delivery."""
 
-    def __init__(self, sink: KafkaSink, partitions: list[int]) -> None:
+    def __init__(self, sink: KafkaSink, partitions: list[int], *, hold: bool = False) -> None:
         self._topic = sink.topic
         self._dumps = sink.serializer
         self._key_fn = sink.key_fn
@@ -56,6 +59,10 @@ class RecordEncoder:
         self._round_robin = 0
         self._pending: list[tuple[asyncio.Future[Any], int]] = []
         self._ranges: OffsetRanges = {}
+        self._hold = hold
+        #: open batches per partition, and the producer (transaction) they belong to
+        self._builders: dict[int, Any] = {}
+        self._producer: Any = None
 
     def _partition(self, key: bytes | None) -> int:
         if key is None:
@@ -81,7 +88,7 @@ class RecordEncoder:
     async def send(
         self, producer: Any, batch: list[Any], record_failed: RecordErrorFn = raise_record_error
     ) -> int:
-        """Append ``batch`` to per-partition builders; submit each when full and at the end.
+        """Append ``batch`` to per-partition batches; submit when full, and at the end unless held.
 
         The per-record loop is the sink's hot path (measured): cached key ->
         partition lookups inline, no per-record method calls beyond the user's.
@@ -89,10 +96,18 @@ class RecordEncoder:
         ``record_failed`` before any of it is appended; when that returns
         (dead-lettered), the batch goes on without it. Returns the records sent.
         """
+        if self._builders and producer is not self._producer:
+            raise ConnectorError(
+                "records held for one Kafka transaction sent on another producer "
+                "(submit_held() was not called at the barrier)"
+            )
+        self._producer = producer
         dumps, key_fn, headers_fn = self._dumps, self._key_fn, self._headers_fn
         cache = self._key_partition
         by_key_group = self._by_key_group
-        builders: dict[int, Any] = {}
+        group_of = None if by_key_group is None else by_key_group.key_selector
+        group_cache = self._group_partition
+        builders = self._builders
         self._round_robin += 1
         sent = len(batch)
         for record in batch:
@@ -104,9 +119,13 @@ class RecordEncoder:
                     key = key_fn(record)
                     if key.__class__ is str:
                         key = key.encode()
-                    p = cache.get(key) if key is not None else None
-                if by_key_group is not None:
-                    p = self._key_group_partition(by_key_group.key_selector(record))
+                    if group_of is None and key is not None:
+                        p = cache.get(key)
+                if group_of is not None:
+                    group_key = group_of(record)
+                    p = group_cache.get(group_key)
+                    if p is None:
+                        p = self._key_group_partition(group_key)
                 headers = None if headers_fn is None else list(headers_fn(record) or ())
             except Exception as exc:
                 record_failed(self._failed_function(record), record, exc)  # raises unless
@@ -126,10 +145,16 @@ class RecordEncoder:
                         "(raise max_batch_size in producer_config)",
                         retriable=False,
                     )
+        if not self._hold or sum(b.size() for b in builders.values()) > HOLD_MAX_BYTES:
+            await self.submit_held(producer)
+        return sent
+
+    async def submit_held(self, producer: Any) -> None:
+        """Submit every open batch on ``producer`` (before flushing it)."""
+        builders, self._builders = self._builders, {}
         for p, builder in builders.items():
             if builder.record_count():
                 await self._submit(producer, builder, p)
-        return sent
 
     def _failed_function(self, record: Any) -> str:
         """Which of the sink's functions raises on ``record`` (they are run again to tell)."""
@@ -193,3 +218,5 @@ class RecordEncoder:
         """Forget batches of an aborted transaction."""
         self._pending = []
         self._ranges = {}
+        self._builders = {}
+        self._producer = None

@@ -63,6 +63,9 @@ _WARN_AT = 0.8
 class _WriterBase(ABC):
     """Connection, topic check and delivery, shared by both semantics."""
 
+    #: keep batches open across writes until full or the barrier (see ``encoder``)
+    _hold_batches = False
+
     def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
         self._sink = sink
         self._ctx = ctx
@@ -90,18 +93,23 @@ class _WriterBase(ABC):
         topics = await require_topics(
             self._client, [sink.topic], bootstrap_servers=sink.bootstrap_servers
         )
-        self._encoder = RecordEncoder(sink, topics[sink.topic])
+        self._encoder = RecordEncoder(sink, topics[sink.topic], hold=self._hold_batches)
 
     async def _flush(self, producer: Any, what: str) -> None:
         """Wait for every batch sent on ``producer``; the first failure sticks."""
         assert self._encoder is not None
         try:
-            await asyncio.wait_for(producer.flush(), self._sink.commit_timeout_s)
+            await asyncio.wait_for(self._submit_and_flush(producer), self._sink.commit_timeout_s)
             self._encoder.check_delivered()
         except (kafka_errors.KafkaError, TimeoutError) as exc:
             raise self._fail(connector_error(f"{what}: flush", exc)) from exc
         except ConnectorError as exc:
             raise self._fail(exc) from exc
+
+    async def _submit_and_flush(self, producer: Any) -> None:
+        assert self._encoder is not None
+        await self._encoder.submit_held(producer)
+        await producer.flush()
 
     def _fail(self, exc: ConnectorError) -> ConnectorError:
         if self._failure is None:
@@ -137,13 +145,19 @@ class _WriterBase(ABC):
 
 
 class TransactionalKafkaWriter(_WriterBase):
-    """Exactly-once writer of one subtask; see :mod:`aiostream_ckpt.connectors.kafka.sink`."""
+    """Exactly-once writer of one subtask; see :mod:`aiostream_ckpt.connectors.kafka.sink`.
+
+    Its batches stay open across writes (``KafkaSink(hold_batches=True)``):
+    nothing of a transaction is visible before its commit, which follows the
+    barrier's flush.
+    """
 
     #: where the checkpointed output of *all* subtasks ends (see ``runtime.writer_state``)
     shared_state_keys = ("output_end",)
 
     def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
         super().__init__(sink, ctx)
+        self._hold_batches = sink.hold_batches
         self._base = sink.transactional_id_prefix or f"{ctx.job_name}-{ctx.operator_uid}"
         self._pool = ProducerPool(
             sink,

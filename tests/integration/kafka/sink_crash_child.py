@@ -27,6 +27,7 @@ async def _main(cfg: dict) -> None:
         cfg["bootstrap"],
         transactional_id_prefix=cfg["prefix"],
         transaction_timeout_ms=cfg.get("timeout_ms", 120_000),
+        hold_batches=False,  # the open transactions' records go to the broker at once
     )
     p = cfg["parallelism"]
     writers = [sink.create_writer(ConnectorContext("job", "sink", k, p)) for k in range(p)]

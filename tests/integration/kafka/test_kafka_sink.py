@@ -67,14 +67,75 @@ async def test_records_become_visible_only_when_their_checkpoint_commits(
         await w.write(recs("b", 5))  # epoch 2, on the next slot
         assert len(state1["pending"]) == 1
         uncommitted = await read_topic(topic, isolation_level="read_uncommitted")
-        assert tags(uncommitted) == {"a": 10, "b": 5}
+        # "b" is held in its open batches until they fill or its barrier flushes them
+        assert tags(uncommitted) == {"a": 10}
         assert await read_topic(topic) == []
         await w.commit(1)
         assert tags(await read_topic(topic)) == {"a": 10}
         await w.prepare_commit(2)
+        uncommitted = await read_topic(topic, isolation_level="read_uncommitted")
+        assert tags(uncommitted) == {"a": 10, "b": 5}
+        assert tags(await read_topic(topic)) == {"a": 10}
         await w.commit(2)
         await w.commit(2)  # idempotent
         assert tags(await read_topic(topic)) == {"a": 10, "b": 5}
+    finally:
+        await w.close()
+
+
+@pytest.fixture
+def batches_sent(monkeypatch):
+    """Count ``send_batch`` calls: (records per submitted batch) in order."""
+    from aiokafka import AIOKafkaProducer
+
+    sent: list[int] = []
+    real = AIOKafkaProducer.send_batch
+
+    async def spy(self, batch, topic, *, partition):  # type: ignore[no-untyped-def]
+        sent.append(batch.record_count())
+        return await real(self, batch, topic, partition=partition)
+
+    monkeypatch.setattr(AIOKafkaProducer, "send_batch", spy)
+    return sent
+
+
+async def test_exactly_once_writes_hold_batches_until_full_or_the_barrier(
+    new_topic, read_topic, sink_factory, batches_sent, monkeypatch
+):
+    """Small writes share one batch per partition (half the CPU per record, job and
+    broker); a full batch goes at once, and so do all once they hold HOLD_MAX_BYTES."""
+    from aiostream_ckpt.connectors.kafka import encoder
+
+    topic = await new_topic(1)
+    w = sink_factory(topic, producer_config={"max_batch_size": 16 * 1024}).create_writer(ctx())
+    await w.recover(None, None)
+    try:
+        for i in range(20):
+            await w.write(recs(f"w{i}", 10))
+        assert batches_sent == []  # 200 records of ~30 bytes: held in one open batch
+        await w.prepare_commit(1)
+        assert batches_sent == [200]
+        await w.write(recs("big", 1000))  # ~40 KiB: full 16 KiB batches go during the write
+        assert len(batches_sent) > 2 and sum(batches_sent[1:]) < 1000
+        monkeypatch.setattr(encoder, "HOLD_MAX_BYTES", 100)
+        await w.write(recs("capped", 5))  # past the bound: everything open is submitted
+        assert sum(batches_sent[1:]) == 1005
+        await w.prepare_commit(2)
+        await w.commit(2)
+        got = tags(await read_topic(topic))
+        assert got == {**{f"w{i}": 10 for i in range(20)}, "big": 1000, "capped": 5}
+    finally:
+        await w.close()
+
+
+async def test_hold_batches_false_sends_each_write(new_topic, sink_factory, batches_sent):
+    topic = await new_topic(1)
+    w = sink_factory(topic, hold_batches=False).create_writer(ctx())
+    await w.recover(None, None)
+    try:
+        for i in range(3):
+            await w.write(recs(f"w{i}", 10))
+        assert batches_sent == [10, 10, 10]
     finally:
         await w.close()
 
@@ -124,7 +185,7 @@ async def test_recovery_commits_listed_and_aborts_unfinished_transactions(
 ):
     """Crash after checkpoint 1 completed but before its commit; checkpoint 2 never completed."""
     topic = await new_topic(1)
-    sink = sink_factory(topic)
+    sink = sink_factory(topic, hold_batches=False)  # the open transaction has records
     old = sink.create_writer(ctx())
     await old.recover(None, None)
     await old.write(recs("ckpt1", 7))
@@ -229,12 +290,15 @@ async def test_pending_transactions_of_an_aborted_checkpoint_commit_with_the_nex
         await w.close()
 
 
-async def test_at_least_once_flushes_at_the_barrier(new_topic, read_topic, sink_factory):
+async def test_at_least_once_flushes_at_the_barrier(
+    new_topic, read_topic, sink_factory, batches_sent
+):
     topic = await new_topic(2)
     w = sink_factory(topic, semantic="at_least_once").create_writer(ctx())
     await w.recover(None, None)
     try:
         await w.write(recs("x", 50))
+        assert batches_sent == [50]  # at least once: not held past the write
         assert await w.prepare_commit(1) == {}
         # Acknowledged at the barrier, and visible without a transaction.
         assert tags(await read_topic(topic)) == {"x": 50}
