@@ -149,6 +149,7 @@ class AsyncWaitTask(StreamTask):
             self._started_seen = op.calls_started
         for item in ready:
             if type(item) is list:
+                op.records_out += len(item)
                 await self._chain.push_tail(item)
             elif isinstance(item, Watermark):
                 await super()._advance_watermark(item.timestamp)

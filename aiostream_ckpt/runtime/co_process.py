@@ -99,4 +99,5 @@ class CoProcessTask(StreamTask):
             # then the chain after the head: what the whole chain emits
             await self._chain.emit_fired(self._chain.finish_failed(failure))
             return
+        head.records_out += len(out)
         await self._chain.push_tail(out)

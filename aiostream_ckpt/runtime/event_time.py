@@ -43,10 +43,12 @@ def fire_chain(
         if out:
             try:
                 out = op.process_batch(out)
+                op.records_out += len(out)
             except RecordFailed as failure:
-                out = finish(failure)
+                out = finish(failure)  # counts what the operator emitted
         fired = fire(op)
         if fired:
+            op.records_out += len(fired)
             out = out + fired if out else fired
     return out
 

@@ -1,7 +1,10 @@
 """A task's record path (Flink's ``OperatorChain``): a batch through the operators, then out.
 
 A batch goes through the chain's operators, one call each, and what comes out
-goes to the sink writer or the output gates; side outputs follow it. A record
+goes to the sink writer or the output gates; side outputs follow it. Each
+operator's ``records_out`` grows by its output's length per call (per batch,
+not per record): its records in are the previous one's out, the first one's
+the task's ``records_in``. A record
 whose user function raised is dead-lettered or fails the task
 (``runtime.process_errors``). Nothing here suspends between operators: the only
 awaits are the writes to the sink or the channels, which is where
@@ -54,6 +57,7 @@ class OperatorChain:
         try:
             for op in self._spec.operators:
                 batch = op.process_batch(batch)
+                op.records_out += len(batch)
                 if not batch:
                     break
         except RecordFailed as failure:
@@ -113,6 +117,7 @@ class OperatorChain:
         try:
             for op in self._spec.operators[1:]:
                 batch = op.process_batch(batch)
+                op.records_out += len(batch)
                 if not batch:
                     break
         except RecordFailed as failure:
@@ -157,11 +162,15 @@ class OperatorChain:
         for i, op in enumerate(ops):
             # records flushed by op i still go through the operators after it
             out = op.finish()
+            op.records_out += len(out)
             for later in ops[i + 1 :]:
+                if not out:
+                    break
                 try:
-                    out = later.process_batch(out) if out else out
+                    out = later.process_batch(out)
+                    later.records_out += len(out)
                 except RecordFailed as failure:
-                    out = self.operator_failed(failure)
+                    out = self.operator_failed(failure)  # counted by the handler
             batch.extend(out)
         if batch:
             await self.emit(batch)

@@ -78,6 +78,11 @@ class StreamOperator(ABC):
     #: The task's ``ProcessErrorHandler`` under ``errors.on_process_error=dead_letter``;
     #: ``None`` (fail) otherwise. Used by :meth:`user_function_failed`.
     process_errors: Any = None
+    #: Records this operator emitted on its main output (Flink's operator
+    #: ``numRecordsOut``): from batches, timers and its end-of-input flush. The
+    #: task counts them once per batch, never per record (``runtime.operator_chain``);
+    #: what goes into operator ``i`` is what operator ``i - 1`` emitted.
+    records_out = 0
 
     def __init__(self, uid: str) -> None:
         self.uid = uid

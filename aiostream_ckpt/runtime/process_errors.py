@@ -74,6 +74,14 @@ class ProcessErrorHandler:
         return self._run(failure.operator, failure.batch, failure)
 
     def _run(self, op: StreamOperator, batch: list[Any], failure: RecordFailed | None) -> list[Any]:
+        """Return what ``op`` emits for ``batch`` (counted in its ``records_out``)."""
+        out = self._run_uncounted(op, batch, failure)
+        op.records_out += len(out)
+        return out
+
+    def _run_uncounted(
+        self, op: StreamOperator, batch: list[Any], failure: RecordFailed | None
+    ) -> list[Any]:
         out: list[Any] = []
         process: Callable[[list[Any]], list[Any]] = op.process_batch
         while True:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiostream_ckpt.connectors.base import TransactionReporter
 from aiostream_ckpt.jobspec.watermarks import MIN_WATERMARK
+from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
 from aiostream_ckpt.runtime.task import StreamTask
 
 
@@ -41,6 +42,21 @@ def chain_uids(task: StreamTask) -> list[str]:
     if spec.sink_uid:
         uids.append(spec.sink_uid)
     return uids
+
+
+def operator_records(spec: ChainSpec, metrics: TaskMetrics) -> list[dict[str, Any]]:
+    """Return each chained operator's records in and out (Flink's ``numRecordsIn/Out``).
+
+    Only the outs are counted (per batch, ``runtime.operator_chain``): a chain
+    hands operator ``i``'s output to operator ``i + 1`` whole, so its in is the
+    previous one's out, the first one's the task's ``records_in``.
+    """
+    rows = []
+    records_in = metrics.records_in
+    for op in spec.operators:
+        rows.append({"operator": op.uid, "records_in": records_in, "records_out": op.records_out})
+        records_in = op.records_out
+    return rows
 
 
 def source_lag(task: StreamTask) -> Mapping[str, float]:
@@ -134,6 +150,7 @@ def task_figures(task: StreamTask, sampler: TaskSampler) -> dict[str, Any]:
         "records_out": m.records_out,
         "records_in_per_second": round(rate_in, 1),
         "records_out_per_second": round(rate_out, 1),
+        "operator_records": operator_records(spec, m),
         "input_queue_fill": None if fill_in is None else round(fill_in, 3),
         "output_queue_fill": round(output_fill(task), 3),
         "backpressure_ratio": round(bp, 3),
