@@ -27,6 +27,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from aiostream_ckpt.daemon.vertices import (
+    backpressure_level,
+    operator_families,
+    vertex_families,
+    worker_name,
+)
 from aiostream_ckpt.runtime.job import JobRun, JobStatus
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.task_report import (
@@ -36,60 +42,6 @@ from aiostream_ckpt.runtime.task_report import (
     transactional_writers,
 )
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
-
-#: Flink's backpressure levels: ratio of backpressured samples.
-_BP_LOW, _BP_HIGH = 0.10, 0.50
-
-
-def backpressure_level(ratio: float) -> str:
-    if ratio > _BP_HIGH:
-        return "high"
-    return "low" if ratio > _BP_LOW else "ok"
-
-
-#: a subtask's figures as its vertex lists it (the whole row is in ``tasks``)
-_SUBTASK_KEYS = ("subtask", "task", "worker", "pid", "live", "state", "records_in", "records_out")
-
-
-def vertex_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sum subtask rows (:meth:`JobStats.task_rows`) per job vertex, wherever they run.
-
-    A vertex is a chain of operators run as ``parallelism`` subtasks (Flink's
-    job vertex; its subtasks are ``<vertex>-<i>``). Flink's web UI shows a
-    vertex's records as the sum over its subtasks, then each subtask: with
-    ``job.workers`` > 1 those are spread over processes, and a reader had to
-    add them up. Backpressure is the worst subtask's, as Flink shows it.
-    """
-    vertices: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        name = row["task"].removesuffix(f"-{row['subtask']}")
-        v = vertices.get(name)
-        if v is None:
-            v = vertices[name] = {
-                "vertex": name,
-                "operators": row["operators"],
-                "parallelism": row["parallelism"],
-                "records_in": 0,
-                "records_out": 0,
-                "records_in_per_second": 0.0,
-                "records_out_per_second": 0.0,
-                "backpressure_ratio": 0.0,
-                "live_subtasks": 0,
-                "workers": [],
-                "subtasks": [],
-            }
-        for key in ("records_in", "records_out", "records_in_per_second", "records_out_per_second"):
-            v[key] += row[key]
-        v["backpressure_ratio"] = max(v["backpressure_ratio"], row["backpressure_ratio"])
-        v["live_subtasks"] += 1 if row["live"] else 0
-        if row["worker"] not in v["workers"]:
-            v["workers"].append(row["worker"])
-        v["subtasks"].append({k: row[k] for k in _SUBTASK_KEYS})
-    for v in vertices.values():
-        v["records_in_per_second"] = round(v["records_in_per_second"], 1)
-        v["records_out_per_second"] = round(v["records_out_per_second"], 1)
-        v["backpressure"] = backpressure_level(v["backpressure_ratio"])
-    return list(vertices.values())
 
 
 class JobStats:
@@ -116,6 +68,8 @@ class JobStats:
         self.counts: dict[tuple[str, str], int] = {}
         self._base_in: dict[str, int] = {}
         self._base_out: dict[str, int] = {}
+        #: (task, chained operator) -> [records in, records out] of earlier attempts
+        self._base_ops: dict[tuple[str, str], list[int]] = {}
         self._tasks: list[StreamTask] = []
         #: the attempt's subtasks in worker processes, as they reported them
         self._workers: WorkerReports | None = None
@@ -140,6 +94,10 @@ class JobStats:
             tid = row["task"]
             self._base_in[tid] = self._base_in.get(tid, 0) + row["records_in"]
             self._base_out[tid] = self._base_out.get(tid, 0) + row["records_out"]
+            for r in row["operator_records"]:
+                base = self._base_ops.setdefault((tid, r["operator"]), [0, 0])
+                base[0] += r["records_in"]
+                base[1] += r["records_out"]
         self.run = run
         self._tasks = list(run.tasks)
         self._workers = run.workers
@@ -216,8 +174,20 @@ class JobStats:
             tid = row["task"]
             row["records_in"] += self._base_in.get(tid, 0)
             row["records_out"] += self._base_out.get(tid, 0)
+            row["operator_records"] = [self._with_base(tid, r) for r in row["operator_records"]]
             row["backpressure"] = backpressure_level(row["backpressure_ratio"])
             yield row
+
+    def _with_base(self, tid: str, r: dict[str, Any]) -> dict[str, Any]:
+        """Return a chained operator's records of this attempt plus the earlier attempts'."""
+        base = self._base_ops.get((tid, r["operator"]))
+        if base is None:
+            return dict(r)
+        return {
+            **r,
+            "records_in": r["records_in"] + base[0],
+            "records_out": r["records_out"] + base[1],
+        }
 
     def transaction_rows(self) -> Iterator[dict[str, Any]]:
         """Open and pre-committed sink transactions, per task, oldest first."""
@@ -309,7 +279,7 @@ class _Collector:
         rows = list(stats.task_rows())
         for row in rows:
             tid, uids, sub = row["task"], row["operators"], str(row["subtask"])
-            w = [_worker_label(row["worker"])] if per_worker else []
+            w = [worker_name(row["worker"])] if per_worker else []
             rec_in.add_metric([tid, uids[0], sub, *w], float(row["records_in"]))
             rec_out.add_metric([tid, uids[-1], sub, *w], float(row["records_out"]))
             if not row["live"]:
@@ -321,7 +291,8 @@ class _Collector:
             for split, value in row["source_lag"].items():
                 lag.add_metric([tid, str(split), *w], float(value))
         yield from (rec_in, rec_out, fill_in, fill_out, bp, lag)
-        yield from _vertex_families(rows)
+        yield from vertex_families(rows)
+        yield from operator_families(rows, per_worker)
         txn_age = GaugeMetricFamily(
             "aiostream_sink_oldest_transaction_age_seconds",
             "Age of the oldest open or pre-committed sink transaction (0: none); the broker "
@@ -329,7 +300,7 @@ class _Collector:
             labels=["task", *extra],
         )
         for tid, worker, age in stats.transaction_ages():
-            txn_age.add_metric([tid, *([_worker_label(worker)] if per_worker else [])], age)
+            txn_age.add_metric([tid, *([worker_name(worker)] if per_worker else [])], age)
         yield txn_age
         if stats.workers is not None:
             yield from _worker_families(stats.workers)
@@ -386,29 +357,6 @@ class _Collector:
             if last is not None:
                 g.add_metric([], float(last[key]) * scale)
             yield g
-
-
-def _vertex_families(rows: list[dict[str, Any]]) -> Iterable[Metric]:
-    """Yield the records in and out per job vertex, summed over its subtasks in every process."""
-    labels = ["vertex", "operator"]
-    rec_in = CounterMetricFamily(
-        "aiostream_vertex_records_in",
-        "Records into a job vertex (its chain's first operator), summed over its subtasks.",
-        labels=labels,
-    )
-    rec_out = CounterMetricFamily(
-        "aiostream_vertex_records_out",
-        "Records out of a job vertex (its chain's last operator), summed over its subtasks.",
-        labels=labels,
-    )
-    for v in vertex_rows(rows):
-        rec_in.add_metric([v["vertex"], v["operators"][0]], float(v["records_in"]))
-        rec_out.add_metric([v["vertex"], v["operators"][-1]], float(v["records_out"]))
-    yield from (rec_in, rec_out)
-
-
-def _worker_label(worker: int | None) -> str:
-    return "main" if worker is None else str(worker)
 
 
 def _worker_families(reports: WorkerReports) -> Iterable[Metric]:

@@ -153,6 +153,9 @@ SPEC: dict[str, Any] = {
                                 "records_out": {"type": "integer"},
                                 "records_in_per_second": {"type": "number"},
                                 "records_out_per_second": {"type": "number"},
+                                "operator_records": {
+                                    "$ref": "#/components/schemas/OperatorRecords"
+                                },
                                 "backpressure_ratio": {"type": "number"},
                                 "backpressure": {"type": "string", "enum": ["ok", "low", "high"]},
                                 "live_subtasks": {"type": "integer"},
@@ -193,6 +196,9 @@ SPEC: dict[str, Any] = {
                                 "records_out": {"type": "integer"},
                                 "records_in_per_second": {"type": "number"},
                                 "records_out_per_second": {"type": "number"},
+                                "operator_records": {
+                                    "$ref": "#/components/schemas/OperatorRecords"
+                                },
                                 "input_queue_fill": {"type": "number", "nullable": True},
                                 "output_queue_fill": {"type": "number"},
                                 "backpressure_ratio": {"type": "number"},
@@ -203,6 +209,21 @@ SPEC: dict[str, Any] = {
                                 },
                             },
                         },
+                    },
+                },
+            },
+            "OperatorRecords": {
+                "type": "array",
+                "description": "each operator of the chain between its source and sink, in "
+                "order (Flink's operator numRecordsIn/numRecordsOut): records_in of the first "
+                "is the task's, of the next the previous one's records_out; a vertex's sum "
+                "its subtasks', every attempt's",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "operator": {"type": "string"},
+                        "records_in": {"type": "integer"},
+                        "records_out": {"type": "integer"},
                     },
                 },
             },

@@ -18,9 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.daemon import address
-from aiostream_ckpt.daemon.metrics import JobStats, vertex_rows
+from aiostream_ckpt.daemon.metrics import JobStats
 from aiostream_ckpt.daemon.savepoints import SavepointService
 from aiostream_ckpt.daemon.settings import DaemonSettings
+from aiostream_ckpt.daemon.vertices import vertex_rows
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
 from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch

@@ -51,12 +51,12 @@ def pv_sets(tmp: Path, *extra: str) -> list[str]:
     ]
 
 
-def daemon_for(sets: list[str]) -> JobDaemon:
-    """pv_count's daemon in this process, its subtasks in two worker processes."""
+def daemon_for(sets: list[str], app: str = "apps.pv_count") -> JobDaemon:
+    """``app``'s daemon in this process, its subtasks in two worker processes."""
     loaded = load_config(None, env={}, sets=sets)
-    env = StreamEnvironment("pv_count", config=loaded.job, params=loaded.params)
-    build_app("apps.pv_count", env)
-    launch = WorkerLaunch("apps.pv_count", None, tuple(sets), workers=2)
+    env = StreamEnvironment(app.rsplit(".", 1)[-1], config=loaded.job, params=loaded.params)
+    build_app(app, env)
+    launch = WorkerLaunch(app, None, tuple(sets), workers=2)
     return JobDaemon(env.spec(), DaemonSettings(rest_enabled=False), launch=launch)
 
 
@@ -158,6 +158,51 @@ async def test_rest_and_metrics_show_every_subtask_of_both_workers(tmp_path: Pat
         )
         # the job ended: the workers stopped, and say so
         assert samples(text, "aiostream_worker_up") == {'worker="0"': 0.0, 'worker="1"': 0.0}
+
+
+async def test_each_chained_operators_records_are_summed_over_both_workers(
+    tmp_path: Path,
+) -> None:
+    """map -> filter -> flat_map chained after the source: what each one took and emitted.
+
+    Before, only the chain's ends were counted (records into the task, out of
+    it): the filter's drops and the flat_map's copies showed nowhere.
+    """
+    daemon = daemon_for(pv_sets(tmp_path, f"app.generate={EVENTS}"), "tests.apps.chained_steps")
+    async with serve(daemon) as client:
+        assert (await daemon.run()).status is JobStatus.FINISHED
+        operators = await get(client, "/operators")
+        (vertex,) = operators["vertices"]
+        assert vertex["operators"] == ["events", "seq", "thirds", "twice", "out"]
+        assert sorted(vertex["workers"]) == [0, 1]
+        kept = EVENTS // 3
+        assert vertex["operator_records"] == [
+            {"operator": "seq", "records_in": EVENTS, "records_out": EVENTS},
+            {"operator": "thirds", "records_in": EVENTS, "records_out": kept},
+            {"operator": "twice", "records_in": kept, "records_out": 2 * kept},
+        ]
+        # the vertex-level fields as before: the chain's ends
+        assert (vertex["records_in"], vertex["records_out"]) == (EVENTS, 2 * kept)
+        # each subtask's own, in its worker, add up to the vertex's
+        rows = operators["tasks"]
+        assert sorted(r["worker"] for r in rows) == [0, 1]
+        for i, total in enumerate(vertex["operator_records"]):
+            assert total["records_out"] == sum(
+                r["operator_records"][i]["records_out"] for r in rows
+            )
+            assert all(r["operator_records"][i]["records_out"] > 0 for r in rows)
+
+        text = await get(client, "/metrics")
+        for kind in ("in", "out"):
+            series = samples(text, f"aiostream_operator_records_{kind}_total")
+            assert len(series) == 3 * 2, series  # 3 chained operators x 2 subtasks
+            for r in rows:
+                for op in r["operator_records"]:
+                    labels = (
+                        f'operator="{op["operator"]}",subtask="{r["subtask"]}",'
+                        f'vertex="events",worker="{r["worker"]}"'
+                    )
+                    assert series[labels] == op[f"records_{kind}"], labels
 
 
 async def test_a_dead_workers_subtasks_show_failed_until_the_restart(tmp_path: Path) -> None:

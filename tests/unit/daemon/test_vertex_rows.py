@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiostream_ckpt.daemon.metrics import vertex_rows
+from aiostream_ckpt.daemon.vertices import vertex_rows
 
 
 def row(task: str, subtask: int, worker: int | None, **figures: Any) -> dict[str, Any]:
