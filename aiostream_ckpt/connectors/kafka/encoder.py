@@ -35,6 +35,9 @@ _CHECK_EVERY = 1024
 #: for topics with many partitions, where each batch would take long to fill.
 HOLD_MAX_BYTES = 4 * 1024 * 1024
 
+#: Headers of records without ``headers_fn`` (the C builder reads, never keeps, the list).
+_NO_HEADERS: list[tuple[str, bytes]] = []
+
 #: Per partition, ``[first offset, last offset]`` written by one transaction.
 OffsetRanges = dict[int, list[int]]
 
@@ -91,7 +94,10 @@ class RecordEncoder:
         """Append ``batch`` to per-partition batches; submit when full, and at the end unless held.
 
         The per-record loop is the sink's hot path (measured): cached key ->
-        partition lookups inline, no per-record method calls beyond the user's.
+        partition lookups inline, no per-record method calls beyond the user's,
+        and records go straight to the batch's C builder, as
+        ``BatchBuilder.append`` does after its checks (0.25 against 0.7 us a
+        record; private to aiokafka, which is pinned for the sink's internals).
         A record the serializer, ``key_fn`` or ``headers_fn`` raises on goes to
         ``record_failed`` before any of it is appended; when that returns
         (dead-lettered), the batch goes on without it. Returns the records sent.
@@ -126,7 +132,7 @@ class RecordEncoder:
                     p = group_cache.get(group_key)
                     if p is None:
                         p = self._key_group_partition(group_key)
-                headers = None if headers_fn is None else list(headers_fn(record) or ())
+                headers = _NO_HEADERS if headers_fn is None else list(headers_fn(record) or ())
             except Exception as exc:
                 record_failed(self._failed_function(record), record, exc)  # raises unless
                 sent -= 1  # dead-lettered
@@ -136,7 +142,11 @@ class RecordEncoder:
             builder = builders.get(p)
             if builder is None:
                 builder = builders[p] = producer.create_batch()
-            if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+            n = builder._relative_offset
+            if builder._builder.append(n, None, key, value, headers) is not None:
+                builder._relative_offset = n + 1
+            else:  # full
+                builder.close()
                 await self._submit(producer, builder, p)
                 builder = builders[p] = producer.create_batch()
                 if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
