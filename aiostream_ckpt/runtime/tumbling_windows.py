@@ -11,7 +11,13 @@ snapshot holds the same windows either way: those open at the barrier).
 A buffer of more than :attr:`~TumblingWindowBuffer.max_held` windows is
 written the same way after its batch (:meth:`TumblingWindowBuffer.end_batch`):
 with checkpoints off no barrier comes, and long windows (a process window's
-element lists) would otherwise all stay in memory until they fire.
+element lists) would otherwise all stay in memory until they fire. It trades
+CPU for memory when more windows than that are busy at once: each batch then
+reads its windows back from the state and writes them again (1 M events over
+1,000 count windows, a bound of 500: 2.9 -> 10.1 CPU s; 10,000 process windows
+of ~100 elements, bound 2,000: peak RSS 419 -> 302 MB, 10.5 -> 182 CPU s, a
+list costing its length per read and write). The default bound (50,000) is
+past what most jobs keep open.
 
 A record's window is found from its timestamp, and a timer's window from its
 time (:meth:`TumblingWindowBuffer._add_tumbling`,
