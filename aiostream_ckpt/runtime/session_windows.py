@@ -148,12 +148,23 @@ class SessionWindowOperator(WindowOperator):
 
         A list written is never changed again (a key touched later gets a copy
         of it), so one of tuples of ints and scalar contents goes into the
-        write set as it is (``update_unchanged``), encoded at the snapshot.
+        write set as it is, encoded at the snapshot: when every held list is
+        such, all of them in one call (``update_all_unchanged``; a fired key's
+        empty list clears it). Why: a key switch, a check and a call per key,
+        10 k keys per barrier on the bench's input: 18.9 ms a barrier, 14.0
+        ms in one call (the rest is the dict updates themselves).
         """
         held = self._held
         if not held:
             return
         self._held = {}
+        kinds = {(s[0].__class__, s[1].__class__, s[2].__class__) for v in held.values() for s in v}
+        if all(a is int and b is int and c in EXACT_SCALARS for a, b, c in kinds):
+            values: dict[Any, list[Session] | None] = held  # type: ignore[assignment]
+            for key in [key for key, sessions in held.items() if not sessions]:
+                values[key] = None
+            self._sessions.update_all_unchanged(values)
+            return
         kc, state = self._kc, self._sessions
         current = kc.key
         for key, sessions in held.items():

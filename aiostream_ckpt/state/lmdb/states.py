@@ -554,6 +554,17 @@ class ValueStateImpl(KeyedStateBase):
         self._dirty[key] = value
         self._cache[key] = value
 
+    def update_all_unchanged(self, values: dict[Any, Any]) -> None:
+        """``update_unchanged`` of each ``key: value`` of ``values`` (None clears the key).
+
+        The key context is not used (nor changed). Why: the session window
+        operator writes every key it held at each barrier (10 k keys per barrier
+        on the bench's input); a key switch and a call per key cost 10x the two
+        dict updates here.
+        """
+        self._dirty.update(values)
+        self._cache.update(values)
+
     def clear(self) -> None:
         self._write(self._ctx.key, None)
 
@@ -691,6 +702,10 @@ class TtlValueState(_TtlMixin, ValueStateImpl):
 
     def update_unchanged(self, value: Any) -> None:
         self._write(self._ctx.key, value)  # a TTL entry is (value, ts): no shortcut
+
+    def update_all_unchanged(self, values: dict[Any, Any]) -> None:
+        for key, value in values.items():
+            self._write(key, value)
 
 
 class TtlReducingState(_TtlMixin, ReducingStateImpl):

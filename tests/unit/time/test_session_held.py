@@ -42,6 +42,10 @@ class _Counting:
         self.writes += 1
         self.inner.update_unchanged(value)
 
+    def update_all_unchanged(self, values: dict[Any, Any]) -> None:
+        self.writes += len(values)
+        self.inner.update_all_unchanged(values)
+
 
 class _Elements(ProcessWindowFunction[Any, Any, Any]):
     def process(self, key: Any, context: Any, elements: Any, out: Any) -> None:
@@ -229,4 +233,34 @@ def test_the_held_keys_bound_follows_the_state_cache_size(tmp_path: Path) -> Non
     assert op.held_keys() == 0
     assert len(list(backend.keys("session-windows"))) == 6
     assert sorted(op.process_watermark(1 << 40)) == [1] * 6
+    backend.close()
+
+
+def test_the_barrier_writes_the_held_keys_in_one_call_and_they_read_back(
+    tmp_path: Path,
+) -> None:
+    # Before: a key switch and an update_unchanged call per held key (10 k per barrier on
+    # the bench); now one update_all_unchanged for all of them, a fired key's cleared
+    backend = window_backend(tmp_path, "sessions")
+    op = _operator(backend, WindowKind.AGGREGATE)
+    state = op._sessions = _Counting(op._sessions)  # type: ignore[assignment]
+    calls: list[int] = []
+    bulk = state.update_all_unchanged
+
+    def counting(values: dict[Any, Any]) -> None:
+        calls.append(len(values))
+        bulk(values)
+
+    state.update_all_unchanged = counting  # type: ignore[method-assign]
+    out = op.process_batch(_clicks(*((f"k{i}", i) for i in range(100)), ("gone", 0)))
+    out += op.process_watermark(1_050)  # gone and k0..k51 fire: their lists are empty
+    out += op.process_batch(_clicks(("k99", 1_000)))  # grows after the firings
+    backend.key_context.key = "z"
+    op.prepare_snapshot_pre_barrier(1)
+    assert calls == [101] and state.writes == 101
+    assert backend.key_context.key == "z"
+    assert out == [1] * 53
+    assert op.open_sessions("gone") == [] and op.open_sessions("k0") == []
+    assert op.open_sessions("k99") == [(99, 2_000)]
+    assert sorted(backend.keys("session-windows")) == sorted(f"k{i}" for i in range(52, 100))
     backend.close()
