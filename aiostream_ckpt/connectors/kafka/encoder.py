@@ -5,6 +5,14 @@ partition, the first and last offset it wrote, so a recovery that finds the
 transaction already ended can tell (by reading that range with
 ``read_committed``) whether its records are in the output or were lost, and
 name the range if they were.
+
+Batches: records append to one open batch per partition. An at-least-once
+writer submits them at the end of each write; an exactly-once one
+(``hold=True``) keeps a batch open across writes until it holds
+:data:`SEND_AT_BYTES` at the end of a write, is full, or the barrier's flush
+(:meth:`RecordEncoder.submit_held`): its records are invisible until the
+commit anyway, and the job's and the broker's CPU per record fall steeply
+with the batch (a write's ~1000 records a partition cost about twice).
 """
 
 from __future__ import annotations
@@ -34,6 +42,10 @@ _CHECK_EVERY = 1024
 #: Bytes of open batches (all partitions) ``hold=True`` keeps between writes: a bound
 #: for topics with many partitions, where each batch would take long to fill.
 HOLD_MAX_BYTES = 4 * 1024 * 1024
+#: A held batch this big is sent at the end of a write: past ~3000 records a batch the
+#: CPU per record hardly falls, and output that reaches the broker in steps of a
+#: quarter batch keeps its high watermark (the bench's progress) moving smoothly.
+SEND_AT_BYTES = 128 * 1024
 
 #: Headers of records without ``headers_fn`` (the C builder reads, never keeps, the list).
 _NO_HEADERS: list[tuple[str, bytes]] = []
@@ -157,6 +169,10 @@ class RecordEncoder:
                     )
         if not self._hold or sum(b.size() for b in builders.values()) > HOLD_MAX_BYTES:
             await self.submit_held(producer)
+        else:
+            for p, builder in [(p, b) for p, b in builders.items() if b.size() >= SEND_AT_BYTES]:
+                del builders[p]
+                await self._submit(producer, builder, p)
         return sent
 
     async def submit_held(self, producer: Any) -> None:

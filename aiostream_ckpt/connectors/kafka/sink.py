@@ -115,10 +115,10 @@ class KafkaSink:
     settings (tests); see the module docstring for sizing and recovery.
 
     ``hold_batches`` (exactly-once): a partition's batch stays open across
-    writes until it is full (``max_batch_size``) or the barrier flushes it,
-    since no record of a transaction is visible before its commit anyway;
-    fewer, fuller batches take the job and the broker about half the CPU per
-    record (:mod:`.encoder`). ``False`` sends each write's batches at its end,
+    writes until it holds 128 KiB, is full or the barrier flushes it, since
+    no record of a transaction is visible before its commit anyway; fewer,
+    fuller batches take the job and the broker less CPU per record
+    (:mod:`.encoder`). ``False`` sends each write's batches at its end,
     so open transactions hold records on the broker at once (``read_uncommitted``
     readers see them sooner; tests of open transactions).
     """

@@ -128,6 +128,29 @@ async def test_exactly_once_writes_hold_batches_until_full_or_the_barrier(
         await w.close()
 
 
+async def test_a_held_batch_past_send_at_bytes_goes_at_the_end_of_the_write(
+    new_topic, sink_factory, batches_sent, monkeypatch
+):
+    """Held batches go once they hold SEND_AT_BYTES: the output reaches the broker in steps."""
+    from aiostream_ckpt.connectors.kafka import encoder
+
+    monkeypatch.setattr(encoder, "SEND_AT_BYTES", 1000)  # ~30 records of ~30 bytes
+    topic = await new_topic(1)
+    w = sink_factory(topic).create_writer(ctx())
+    await w.recover(None, None)
+    try:
+        await w.write(recs("a", 10))
+        assert batches_sent == []
+        await w.write(recs("b", 40))  # 50 records now: past 1000 bytes
+        assert batches_sent == [50]
+        await w.write(recs("c", 10))
+        assert batches_sent == [50]
+        await w.prepare_commit(1)
+        assert batches_sent == [50, 10]
+    finally:
+        await w.close()
+
+
 async def test_hold_batches_false_sends_each_write(new_topic, sink_factory, batches_sent):
     topic = await new_topic(1)
     w = sink_factory(topic, hold_batches=False).create_writer(ctx())
