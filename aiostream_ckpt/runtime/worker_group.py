@@ -71,7 +71,9 @@ log = logging.getLogger(__name__)
 #: how long a worker asked to stop may take before it is killed (on the injected clock)
 STOP_GRACE_SECONDS = 30.0
 #: after a worker's exit, how long its last words (a failure it reported, the end of its
-#: connection) may take to be read before the exit itself fails the attempt (injected clock)
+#: connection) may take to be read before the exit itself fails the attempt (injected clock);
+#: also how long a consequence (a closed connection: a message refused, a worker's report
+#: that its channel to a peer closed) waits for the cause (the peer's reported failure)
 EXIT_GRACE_SECONDS = 1.0
 
 
@@ -140,6 +142,8 @@ class WorkerGroup:
         self.heartbeats = HeartbeatMonitor(self.count, heartbeat_timeout, self._clock)
         self.reports = WorkerReports(self.count, self._clock.monotonic, self.heartbeats)
         self._stopping = False
+        #: workers a message could not be sent to (their failure is on its way)
+        self._unsendable: set[int] = set()
         #: the newest checkpoint each worker confirmed its tasks committed, by worker
         self._committed: dict[int, int] = {}
 
@@ -307,8 +311,21 @@ class WorkerGroup:
     def _send(self, worker: int, message: Message) -> None:
         try:
             self.workers[worker].control.send_message(message)
-        except ChannelError as exc:  # dead: its failure ends the attempt
-            self._fail(exc)
+        except ChannelError as exc:  # dead, or said goodbye: its failure ends the attempt
+            if worker not in self._unsendable:
+                self._unsendable.add(worker)
+                self._bg.spawn(self._fail_later(exc), f"worker-{worker}-unsendable")
+
+    async def _fail_later(self, exc: ChannelError) -> None:
+        """Fail with ``exc`` unless the worker's pump reads why first (within the exit grace).
+
+        A worker that failed reports why, then says goodbye: a message sent to
+        it after the goodbye arrived, before its pump read the report queued
+        ahead of it, failed the attempt as "connection closed" and the cause
+        (the user's error) was lost from the log.
+        """
+        await self._clock.sleep(EXIT_GRACE_SECONDS)
+        raise exc
 
     def _send_all(self, message: Message) -> None:
         for w in self.workers:
@@ -434,7 +451,10 @@ class WorkerGroup:
                 cid = max(message["id"], self._committed.get(w.index, 0))
                 self._committed[w.index] = cid
             elif kind == "failed":
-                raise error_of(message, w.index)
+                error = error_of(message, w.index)
+                if isinstance(error, ChannelError):  # a peer's end: its own cause may follow
+                    await self._clock.sleep(EXIT_GRACE_SECONDS)
+                raise error
             elif kind in ("surveys", "recovered", "done", "pins"):
                 self._queue(w.index, kind).put_nowait(message)
             else:

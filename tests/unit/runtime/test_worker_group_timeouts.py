@@ -23,12 +23,13 @@ import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import ManualClock
-from aiostream_ckpt.errors import WorkerError
+from aiostream_ckpt.errors import ChannelError, WorkerError
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.runtime.attempt import AttemptSetup
 from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
+from aiostream_ckpt.runtime.worker_messages import error_message
 from aiostream_ckpt.runtime.workers import WorkerLaunch, WorkerState
 from tests.helpers import job_coordinator
 
@@ -243,3 +244,57 @@ async def test_silence_before_the_tasks_run_is_not_counted(
     assert said in str(group.failure.result())
     with pytest.raises(WorkerError):
         await asyncio.wait_for(run, 10)
+
+
+async def test_the_failure_a_worker_reported_wins_over_a_send_after_its_goodbye(
+    workers: Workers,
+) -> None:
+    """A failed worker reports why, then says goodbye; the main process sends on meanwhile.
+
+    Old code: the send after the goodbye arrived, before the pump read the
+    report queued ahead of it, failed the attempt as "connection worker-0 is
+    closed": the user's error never reached the log (a loaded machine, the
+    restore test of test_worker_hangs).
+    """
+    group, control = workers.group, workers.group.workers[0].control
+    workers.reply(0, error_message(RuntimeError("injected failure at seq 5000")))
+    await workers.ends[0].close()  # the goodbye
+    while True:  # until the goodbye is read; the pump has not run since
+        try:
+            control.check_usable()
+        except ChannelError:
+            break
+        await asyncio.sleep(0)
+    group.request_roll()  # a send to it: refused
+    await asyncio.sleep(0)
+    assert not group.failure.done() or "injected failure" in str(group.failure.result())
+    workers.clock.advance(10.0)  # past the grace: one failure or the other is due
+    await asyncio.wait_for(asyncio.shield(group.failure), 10)
+    assert "injected failure at seq 5000" in str(group.failure.result())
+
+
+async def test_a_peer_channel_closed_waits_for_the_failure_that_closed_it(
+    workers: Workers,
+) -> None:
+    """Worker 0 fails; worker 1's channel to it closes, and worker 1 may report that first.
+
+    Old code: the first report read failed the attempt, so the log said
+    "ChannelError: connection worker-0-1 is closed" and not the user's error.
+    """
+    group = workers.group
+    workers.reply(1, error_message(ChannelError("connection worker-0-1 is closed")))
+    await turns()
+    workers.clock.advance(0.5)
+    await turns()
+    assert not group.failure.done()
+    workers.reply(0, error_message(RuntimeError("injected failure at seq 5000")))
+    await asyncio.wait_for(asyncio.shield(group.failure), 10)
+    assert "injected failure at seq 5000" in str(group.failure.result())
+
+
+async def test_a_peer_channel_closed_alone_still_fails_the_attempt(workers: Workers) -> None:
+    workers.reply(1, error_message(ChannelError("connection worker-0-1 is closed")))
+    await turns()
+    workers.clock.advance(1.1)
+    await asyncio.wait_for(asyncio.shield(workers.group.failure), 10)
+    assert "worker-0-1 is closed" in str(workers.group.failure.result())
