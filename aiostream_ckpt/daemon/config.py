@@ -96,6 +96,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.parallelism": (None, "parallelism", _parse_int),
     "job.workers": (None, "workers", _parse_int),
     "job.worker_start_timeout": (None, "worker_start_timeout", parse_duration),
+    "job.worker_restore_timeout": (None, "worker_restore_timeout", parse_duration),
     "job.heartbeat_interval": (None, "heartbeat_interval", parse_duration),
     "job.heartbeat_timeout": (None, "heartbeat_timeout", parse_duration),
     "job.max_parallelism": (None, "max_parallelism", _parse_int),

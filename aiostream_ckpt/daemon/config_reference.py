@@ -72,10 +72,16 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     ),
     "job.worker_start_timeout": (
         None,
-        "`job.workers` > 1: how long a worker process may take to say hello (import the app, "
-        "build the job) and, separately, to restore its share of the state and recover its "
-        "outputs; past it the worker is killed and the attempt fails (the restart strategy "
-        "applies). Raise it for state that takes longer to restore",
+        "`job.workers` > 1: how long a worker process may take to say hello (start, import the "
+        "app, build the job); past it the worker is killed and the attempt fails (the restart "
+        "strategy applies)",
+    ),
+    "job.worker_restore_timeout": (
+        "`job.worker_start_timeout`",
+        "`job.workers` > 1: how long a worker may take to restore its share of the state and, "
+        "separately, to recover its outputs, each from the main process's request (not from its "
+        "start); past it the worker is killed and the attempt fails. Raise it for state that "
+        "takes longer to restore",
     ),
     "job.heartbeat_interval": (
         None,

@@ -121,8 +121,11 @@ class JobConfig:
     parallelism: int = 1
     #: processes running the subtasks (``runtime.placement``); 1: all in this process
     workers: int = 1
-    #: seconds a worker process may take to say hello, and to restore its share (each)
+    #: seconds a worker process may take to say hello (start, import, build the job)
     worker_start_timeout: float = 120.0
+    #: seconds a worker may take to restore its share, and to recover its outputs (each);
+    #: None: ``worker_start_timeout``
+    worker_restore_timeout: float | None = None
     #: seconds between a running worker's heartbeats (``runtime.heartbeats``)
     heartbeat_interval: float = 1.0
     #: seconds a running worker may be silent before it is killed and the attempt fails
@@ -166,6 +169,12 @@ class JobConfig:
             self.worker_start_timeout > 0,
             "job.worker_start_timeout",
             self.worker_start_timeout,
+            "> 0",
+        )
+        _check(
+            self.worker_restore_timeout is None or self.worker_restore_timeout > 0,
+            "job.worker_restore_timeout",
+            self.worker_restore_timeout,
             "> 0",
         )
         _check(

@@ -28,7 +28,7 @@ small frame a second per worker; a timeout of 20 s sees a hang well before
 any checkpoint timeout while leaving a healthy loop room for a long stall
 (a garbage collection of a large heap, a slow user call) on a loaded machine.
 The main process watches only once the workers run their tasks: restoring
-state and recovering outputs are bounded by ``job.worker_start_timeout``
+state and recovering outputs are bounded by ``job.worker_restore_timeout``
 instead (a restore may hold a worker's loop for long: a user ``open()``).
 Both sides use the injected clock; tests move it.
 """

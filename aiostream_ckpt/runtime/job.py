@@ -351,6 +351,7 @@ class JobRunner:
             self.storage,
             attempt=setup.attempt,
             start_timeout=self.config.worker_start_timeout,
+            restore_timeout=self.config.worker_restore_timeout,
             heartbeat_timeout=self.config.heartbeat_timeout,
             clock=self.clock,
             spawned=spawned,

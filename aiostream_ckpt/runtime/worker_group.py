@@ -18,11 +18,13 @@ The attempt runs in the steps of ``runtime.worker_attempt``. Any worker's
 failure -- an error it reports, or its death, seen as the end of its control
 connection -- fails the attempt; :meth:`WorkerGroup.stop` then ends every
 worker, and the runner restarts them all from the latest completed checkpoint.
-A worker alive but silent fails it too: one that does not say hello, or does
-not finish its restore or its outputs' recovery, within
-``job.worker_start_timeout`` is killed (no death would end those waits); once
-the tasks run, one unheard for ``job.heartbeat_timeout`` is
-(``runtime.heartbeats``).
+A worker alive but silent fails it too: one that does not say hello within
+``job.worker_start_timeout``, or does not finish its restore or its outputs'
+recovery within ``job.worker_restore_timeout``, is killed (no death would end
+those waits); once the tasks run, one unheard for ``job.heartbeat_timeout`` is
+(``runtime.heartbeats``). Each step has its own deadline, from its start: how
+long a hello takes (starting Python on a loaded machine) never eats into the
+restore's bound, and a short restore bound does not cut a slow hello short.
 
 The workers' reports of their subtasks' figures are kept in
 :attr:`WorkerGroup.reports` (``runtime.worker_metrics``), marked failed when
@@ -35,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiostream_ckpt.aio import BackgroundTasks
@@ -87,6 +90,15 @@ class _RemoteSource:
         self._group.trigger(self._worker, self._task, barrier)
 
 
+@dataclass(frozen=True)
+class _Step:
+    """A step every worker takes before the tasks run, bounded by its own timeout."""
+
+    what: str  # as the failure says it: "did not <what> within ..."
+    timeout: float
+    key: str  # job.worker_<key>_timeout
+
+
 class _Unheard:
     """The listener of every remote task but one: the group tells each worker once."""
 
@@ -110,11 +122,15 @@ class WorkerGroup:
         *,
         attempt: int = 0,
         start_timeout: float = 120.0,
+        restore_timeout: float | None = None,
         heartbeat_timeout: float = 20.0,
         clock: Clock | None = None,
         spawned: list[WorkerProcess] | None = None,
     ) -> None:
-        """``spawned``: the workers, started early for ``launch`` (:class:`.EarlyWorkers`)."""
+        """``spawned``: the workers, started early for ``launch`` (:class:`.EarlyWorkers`).
+
+        ``restore_timeout``: None is ``start_timeout``.
+        """
         self.launch = launch
         self.count = launch.workers
         self._fingerprint = graph_fingerprint(transformations)
@@ -122,8 +138,10 @@ class WorkerGroup:
         self._coordinator = coordinator
         self._storage = storage
         self._clock = clock or SystemClock()
-        #: how long a worker may take to say hello, to restore, to recover its outputs
+        #: how long a worker may take to say hello
         self.start_timeout = start_timeout
+        #: how long a worker may take to restore, and to recover its outputs (each)
+        self.restore_timeout = start_timeout if restore_timeout is None else restore_timeout
         # fail points kill a worker once per run of the command, as they kill the main
         # process once: the workers of a restarted attempt are not armed again
         self.workers = spawned or [
@@ -165,7 +183,7 @@ class WorkerGroup:
             for w in self.workers
         ]
         try:
-            await self._each(starts, "say hello")
+            await self._each(starts, _Step("say hello", self.start_timeout, "start"))
         except BaseException:  # the first failure ends the others' starts (each kills its own)
             for t in starts:
                 t.cancel()
@@ -289,13 +307,13 @@ class WorkerGroup:
                 "local_dir": str(setup.local_dir),
             }
         )
-        replies = await self._all("surveys", within="restore its state")
+        replies = await self._all("surveys", self._restore_step("restore its state"))
         return [s for r in replies for s in surveys_of(r)]
 
     async def recover(self) -> None:
         """Have every worker recover its outputs (the restore was accepted)."""
         self._send_all({"type": "recover"})
-        await self._all("recovered", within="recover its outputs")
+        await self._all("recovered", self._restore_step("recover its outputs"))
 
     async def run(self) -> None:
         """Start the tasks; return once every worker's tasks ended, raise the first failure.
@@ -334,30 +352,34 @@ class WorkerGroup:
     def _queue(self, worker: int, kind: str) -> asyncio.Queue[Message]:
         return self._replies.setdefault((worker, kind), asyncio.Queue())
 
-    async def _all(self, kind: str, *, within: str | None = None) -> list[Message]:
+    def _restore_step(self, what: str) -> _Step:
+        return _Step(what, self.restore_timeout, "restore")
+
+    async def _all(self, kind: str, step: _Step | None = None) -> list[Message]:
         """Wait for a ``kind`` reply from every worker; raise the first failure instead.
 
-        ``within``: the step the workers take, bounded by the start timeout (:meth:`_each`).
+        ``step``: the step the workers take, bounded by its own timeout (:meth:`_each`).
         """
         gets = [asyncio.ensure_future(self._queue(w.index, kind).get()) for w in self.workers]
         try:
-            return await self._each(gets, within)
+            return await self._each(gets, step)
         finally:
             for g in gets:
                 g.cancel()
 
-    async def _each(self, steps: Sequence[asyncio.Future[Any]], within: str | None) -> list[Any]:
+    async def _each(self, steps: Sequence[asyncio.Future[Any]], step: _Step | None) -> list[Any]:
         """Wait for each worker's step (one per worker, in order); raise the first failure.
 
-        With ``within`` (what the step is) the wait is bounded by the start
-        timeout: the workers whose step has not ended by then are alive but
-        silent (a death would have failed the group), so they are killed and
-        named. Without, only a failure ends the wait early.
+        With ``step`` the wait is bounded by its timeout, counted from now (the
+        step's request), not from the workers' start: the workers whose step
+        has not ended by then are alive but silent (a death would have failed
+        the group), so they are killed and named. Without, only a failure ends
+        the wait early.
         """
         pending: set[asyncio.Future[Any]] = {*steps, self.failure}
         deadline = None
-        if within is not None:
-            deadline = asyncio.ensure_future(self._clock.sleep(self.start_timeout))
+        if step is not None:
+            deadline = asyncio.ensure_future(self._clock.sleep(step.timeout))
             pending.add(deadline)
         try:
             while not all(t.done() for t in steps):
@@ -367,13 +389,13 @@ class WorkerGroup:
                 for t in done:
                     if t in steps:
                         t.result()  # a step's own failure (a worker refused, say)
-                if deadline in done:
+                if step is not None and deadline in done:
                     silent = [w for w, t in zip(self.workers, steps, strict=True) if not t.done()]
                     named = ", ".join(f"worker {w.index} (pid {w.pid})" for w in silent)
                     raise await self._kill_hung(
                         silent,
-                        f"{named} did not {within} within {self.start_timeout:g}s "
-                        "(job.worker_start_timeout): hung, killed",
+                        f"{named} did not {step.what} within {step.timeout:g}s "
+                        f"(job.worker_{step.key}_timeout): hung, killed",
                     )
             return [t.result() for t in steps]
         finally:

@@ -1,4 +1,4 @@
-"""A worker alive but silent fails the attempt: job.worker_start_timeout, job.heartbeat_timeout.
+"""A worker alive but silent fails the attempt: job.worker_*_timeout, job.heartbeat_timeout.
 
 The main process waits for every worker's reply to ``attempt`` (restore
 state, survey outputs) and to ``recover``. A worker that dies ends the wait
@@ -14,6 +14,7 @@ pairs that answer only what the test sends; the clock is a ManualClock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,8 @@ import pytest
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage
 from aiostream_ckpt.clock import ManualClock
-from aiostream_ckpt.errors import ChannelError, WorkerError
+from aiostream_ckpt.daemon.config import load_config
+from aiostream_ckpt.errors import ChannelError, ConfigError, WorkerError
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.runtime.attempt import AttemptSetup
 from aiostream_ckpt.runtime.remote import ChannelConnection
@@ -46,16 +48,18 @@ class Workers:
     def reply(self, worker: int, message: dict[str, object]) -> None:
         self.ends[worker].send_message(message)
 
-    async def expire(self, waiting: Awaitable[object]) -> asyncio.Future[object]:
-        """Start ``waiting``, let it block, then move the clock past the timeout."""
+    async def expire(
+        self, waiting: Awaitable[object], bound: float = TIMEOUT
+    ) -> asyncio.Future[object]:
+        """Start ``waiting``, let it block, then move the clock past ``bound``."""
         fut = asyncio.ensure_future(waiting)
         for _ in range(50):
             await asyncio.sleep(0)
         assert not fut.done()
-        self.clock.advance(TIMEOUT - 0.1)
+        self.clock.advance(bound - 0.1)
         for _ in range(20):
             await asyncio.sleep(0)
-        assert not fut.done(), "no timeout before job.worker_start_timeout"
+        assert not fut.done(), "no timeout before the step's timeout"
         self.clock.advance(0.2)
         await asyncio.wait([fut], timeout=10)
         assert fut.done()
@@ -64,6 +68,14 @@ class Workers:
 
 @pytest.fixture
 async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
+    async with make_workers(tmp_path) as w:
+        yield w
+
+
+@contextlib.asynccontextmanager
+async def make_workers(
+    tmp_path: Path, restore_timeout: float | None = None
+) -> AsyncIterator[Workers]:
     storage = CheckpointStorage(tmp_path / "ckpt")
     clock = ManualClock()
     with ThreadPoolExecutor(max_workers=1) as executor:
@@ -76,6 +88,7 @@ async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
             coordinator,
             storage,
             start_timeout=TIMEOUT,
+            restore_timeout=restore_timeout,
             heartbeat_timeout=HEARTBEAT_TIMEOUT,
             clock=clock,
         )
@@ -117,7 +130,7 @@ async def test_a_worker_silent_in_its_restore_is_killed_and_named(
     exc = fut.exception()
     assert isinstance(exc, WorkerError) and exc.retriable
     assert "worker 1" in str(exc) and "worker 0" not in str(exc)
-    assert "did not restore its state within 30s (job.worker_start_timeout)" in str(exc)
+    assert "did not restore its state within 30s (job.worker_restore_timeout)" in str(exc)
     assert workers.group.workers[1].state is WorkerState.FAILED  # killed, not left to a stop
     assert workers.group.workers[0].state is WorkerState.READY
     assert workers.group.failure.done()
@@ -132,6 +145,31 @@ async def test_a_worker_silent_in_its_outputs_recovery_is_killed_and_named(
     assert isinstance(exc, WorkerError)
     assert "worker 0" in str(exc) and "did not recover its outputs within 30s" in str(exc)
     assert workers.group.workers[0].state is WorkerState.FAILED
+
+
+async def test_restore_and_recovery_have_their_own_bound_not_the_start_timeout(
+    tmp_path: Path,
+) -> None:
+    """A short job.worker_restore_timeout, a long start timeout (a hello on a loaded machine).
+
+    Old code: one job.worker_start_timeout bounded every step, so a test (or a
+    user) that wanted a hang in the restore caught in 3 s had hellos cut at
+    3 s too: on a loaded machine every attempt failed its hello.
+    """
+    async with make_workers(tmp_path, restore_timeout=3.0) as workers:
+        group = workers.group
+        assert (group.start_timeout, group.restore_timeout) == (TIMEOUT, 3.0)
+        workers.reply(0, {"type": "surveys", "surveys": []})  # worker 1 hangs in its restore
+        fut = await workers.expire(group.restore(setup(tmp_path)), bound=3.0)
+        exc = fut.exception()
+        assert isinstance(exc, WorkerError) and "worker 0" not in str(exc)
+        said = "worker 1 (pid None) did not restore its state within 3s (job.worker_restore_t"
+        assert said in str(exc)
+    async with make_workers(tmp_path, restore_timeout=3.0) as workers:
+        workers.reply(1, {"type": "recovered"})
+        fut = await workers.expire(workers.group.recover(), bound=3.0)
+        said = "worker 0 (pid None) did not recover its outputs within 3s (job.worker_restore_t"
+        assert said in str(fut.exception())
 
 
 async def test_workers_that_answer_in_time_are_not_timed_out(
@@ -225,7 +263,7 @@ async def test_heartbeats_keep_a_running_worker_alive(workers: Workers) -> None:
 async def test_silence_before_the_tasks_run_is_not_counted(
     tmp_path: Path, workers: Workers
 ) -> None:
-    """Restoring is bounded by job.worker_start_timeout: a restore may hold a worker's loop."""
+    """Restoring is bounded by job.worker_restore_timeout: a restore may hold a worker's loop."""
     group, clock = workers.group, workers.clock
     restore = asyncio.ensure_future(group.restore(setup(tmp_path)))
     workers.reply(0, {"type": "surveys", "surveys": []})
@@ -244,6 +282,15 @@ async def test_silence_before_the_tasks_run_is_not_counted(
     assert said in str(group.failure.result())
     with pytest.raises(WorkerError):
         await asyncio.wait_for(run, 10)
+
+
+def test_the_restore_timeout_defaults_to_the_start_timeout() -> None:
+    job = load_config(sets=["job.worker_start_timeout=45s"]).job
+    assert (job.worker_start_timeout, job.worker_restore_timeout) == (45, None)
+    job = load_config(sets=["job.worker_restore_timeout=30s"]).job
+    assert (job.worker_start_timeout, job.worker_restore_timeout) == (120, 30)
+    with pytest.raises(ConfigError, match=r"job\.worker_restore_timeout"):
+        load_config(sets=["job.worker_restore_timeout=0s"])
 
 
 async def test_the_failure_a_worker_reported_wins_over_a_send_after_its_goodbye(
