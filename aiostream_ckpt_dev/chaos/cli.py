@@ -142,6 +142,7 @@ def run_chaos(
     echo: bool = True,
     faults: bool = False,
     reference_runs: int = 2,
+    hangs: bool = False,
 ) -> ChaosVerdict:
     """Run rounds of planned kills until ``kills`` happened; prove each against one reference.
 
@@ -149,6 +150,8 @@ def run_chaos(
     :func:`~aiostream_ckpt_dev.chaos.faults.plan_faults` between its restarts.
     With ``reference_runs=2`` a second failure-free run must commit what the
     first did, or no round runs: the proof assumes a deterministic app.
+    With ``hangs`` (``job.workers`` > 1), the kills between a round's first and
+    its end-of-input ones SIGSTOP a worker instead (:data:`.windows.HANG`).
     """
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +182,7 @@ def run_chaos(
         rdir.mkdir(parents=True)
         rrun = _round_run(run, contract, rdir, kafka)
         want = min(kills_per_round, kills - verdict.kills)
-        plan = plan_round(rng, want, position=bool(rrun[1]), workers=workers)
+        plan = plan_round(rng, want, position=bool(rrun[1]), workers=workers, hangs=hangs)
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
         if run.config is not None:
             cmd += ["--config", str(run.config)]

@@ -7,7 +7,9 @@ recovery, end of input) and by input position. Two parts run at
 ``job.workers=2``: the windows of tasks kill a worker process, the
 coordinator's the main one, a position kill either, and every worker's kill
 is followed by one of the main process once the restarted attempt
-checkpointed (``chaos.windows``). Each round's output is proven
+checkpointed (``chaos.windows``); a third part there SIGSTOPs a worker
+instead (a hung worker, caught by its heartbeats: ``job.heartbeat_timeout``)
+before the main process's kill. Each round's output is proven
 against a failure-free reference run and against the app's own recount of
 the input (``PROOF.oracle``), read by the proof's file reader: no code is
 shared with the sink being checked. A last pv_count part also injects the
@@ -47,6 +49,7 @@ class Part:
     sets: tuple[str, ...] = ()
     faults: bool = False  # inject chaos.faults between the restarts
     workers: int = 1  # job.workers
+    hangs: bool = False  # SIGSTOP a worker between the first and the end-of-input kills
 
 
 def _pv_inputs(d: Path, parallelism: int) -> list[Path]:
@@ -76,6 +79,8 @@ def _transitions_inputs(d: Path, parallelism: int) -> list[Path]:
 
 _MODULE = "aiostream_ckpt_dev.chaos.suite"  # __name__ is __main__ under -m
 _WORKERS = ("job.workers=2", "restart.delay=100ms")
+#: a hung worker is seen in 5 s, not the default 20 (a loaded machine's loop may stall 1-2 s)
+_HEARTBEATS = ("job.heartbeat_interval=200ms", "job.heartbeat_timeout=5s")
 
 PARTS = (
     Part("apps.pv_count", 1, 0.35, _pv_inputs),
@@ -94,6 +99,8 @@ PARTS = (
         ("app.max_delay=120000", *_WORKERS),
         workers=2,
     ),
+    # hung workers (SIGSTOP), each caught by its heartbeats, then the main process's kill
+    Part("apps.pv_count", 2, 0.1, _pv_inputs, (*_WORKERS, *_HEARTBEATS), workers=2, hangs=True),
 )
 
 
@@ -119,6 +126,7 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
     started = time.monotonic()
     faults = ", faults" if part.faults else ""
     workers = f", {part.workers} workers" if part.workers > 1 else ""
+    workers += ", hung workers" if part.hangs else ""
     print(
         f"chaos suite: {part.app} parallelism {part.parallelism}{workers}, {want} kills{faults}",
         flush=True,
@@ -132,6 +140,7 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
         oracle=True,
         keep=keep,
         faults=part.faults,
+        hangs=part.hangs,
     )
     print(f"  {verdict.details()}", flush=True)
     print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)

@@ -17,6 +17,13 @@ the main process. A worker's kill fails the attempt, which the main process
 restarts from the latest checkpoint; once that attempt has completed a
 checkpoint the main process is killed too (:data:`MAIN_RUNNING`), at a
 random moment, and the next run of the plan starts.
+
+A :data:`HANG` (``plan_round(hangs=True)``, ``job.workers`` > 1) SIGSTOPs a
+worker at an input position instead of killing it: hung alive, its control
+connection open, it is seen only by its missing heartbeats. The main process
+must kill it (``job.heartbeat_timeout``) and restart every worker; once the
+restarted attempt completed a checkpoint the main process is killed as after
+a worker's kill. A hang the heartbeats did not catch is a problem of the round.
 """
 
 from __future__ import annotations
@@ -60,7 +67,11 @@ WORKER_WINDOWS = (
 _NTH_WINDOWS = ("pre_barrier_flush", "snapshot_write", "metadata_durable", "sink_commit")
 #: The kill of the main process that follows a worker's once its restart checkpointed.
 MAIN_RUNNING = "main_running"
+#: SIGSTOP a worker process at an input position (a hung worker), see the module docstring.
+HANG = "hang"
 _COMPLETED = re.compile(rb"checkpoint \d+ completed")
+#: the main process's failure of a hung worker (``runtime.worker_group``)
+_HEARTBEAT_FAILURE = b"(job.heartbeat_timeout): hung, killed"
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,19 @@ class Kill:
     #: seconds between a worker's kill's restart checkpointing and the main process's kill
     after: float = 0.0
 
+    @property
+    def by_position(self) -> bool:
+        """Whether it happens at an input position (a kill or a hang), not at a fail point."""
+        return self.window in ("position", HANG)
+
     def env(self) -> dict[str, str]:
-        return {} if self.window == "position" else {ENV_VAR: f"{self.window}=kill@{self.nth}"}
+        return {} if self.by_position else {ENV_VAR: f"{self.window}=kill@{self.nth}"}
 
     def in_worker(self, workers: int) -> bool:
         """Whether this kill takes a worker process of a job with ``workers`` of them."""
         if workers <= 1:
             return False
-        if self.window == "position":
+        if self.by_position:
             return self.worker is not None
         return self.window in WORKER_WINDOWS
 
@@ -112,25 +128,34 @@ class RoundResult:
 
 
 def plan_round(
-    rng: random.Random, kills: int, *, position: bool = True, workers: int = 1
+    rng: random.Random,
+    kills: int,
+    *,
+    position: bool = True,
+    workers: int = 1,
+    hangs: bool = False,
 ) -> list[Kill]:
     """``kills`` kills: metadata durable first, end-of-input windows last.
 
     The first kill waits for a durable checkpoint, so that every later run has
     one to recover from and the recovery windows are reached. With ``workers``
     > 1, half the position kills take a worker (see the module docstring).
+    ``hangs``: the kills between are :data:`HANG` of a worker (the input's
+    position needed), each followed by the main process's kill.
     """
+    if hangs and (workers <= 1 or not position):
+        raise ValueError("hangs need job.workers > 1 and input files to place them by")
     progress = [w for w in PROGRESS_WINDOWS if position or w != "position"]
-    middle = progress + list(RECOVERY_WINDOWS)
+    middle = [HANG] if hangs else progress + list(RECOVERY_WINDOWS)
     windows = ["metadata_durable"]
     ends = list(END_WINDOWS)[: max(0, kills - 1)]
     windows += [rng.choice(middle) for _ in range(kills - 1 - len(ends))] + ends
     plan = []
     for w in windows[:kills]:
         nth = rng.randint(1, 3) if w in _NTH_WINDOWS else 1
-        fraction = rng.uniform(0.02, 0.25) if w == "position" else 0.0
+        fraction = rng.uniform(0.02, 0.25) if w in ("position", HANG) else 0.0
         worker = None
-        if w == "position" and workers > 1 and rng.random() < 0.5:
+        if w == HANG or (w == "position" and workers > 1 and rng.random() < 0.5):
             worker = rng.randrange(workers)
         after = rng.uniform(0.0, 0.5) if workers > 1 else 0.0
         plan.append(Kill(w, nth, fraction, worker, after))
@@ -182,7 +207,8 @@ def run_round(
             if worker_killed:
                 assert kill is not None
                 result.kills[kill.label(workers)] += 1
-                log.write(f"=== chaos: worker SIGKILL at {kill.window} ===\n".encode())
+                how = "SIGSTOP" if kill.window == HANG else "SIGKILL"
+                log.write(f"=== chaos: worker {how} at {kill.window} ===\n".encode())
                 if code == -signal.SIGKILL:
                     result.kills[MAIN_RUNNING] += 1
                     log.write(f"=== chaos: SIGKILL at {MAIN_RUNNING} ===\n".encode())
@@ -232,7 +258,9 @@ def _run_once(
         for _ in range(2 if rival_dir is not None else 1)
     ]
     lines: list[list[str]] = [[] for _ in procs]  # kept for a rival's refusal only
-    seen = _Seen(watch_failpoint=in_worker and kill is not None and kill.window != "position")
+    by_position = kill is not None and kill.by_position
+    hang = kill is not None and kill.window == HANG
+    seen = _Seen(watch_failpoint=in_worker and not by_position, hang=hang)
     pumps = [
         threading.Thread(
             target=_pump, args=(p, log, lines[i] if rival_dir else None, seen), daemon=True
@@ -253,7 +281,6 @@ def _run_once(
             result.problems.append(problem)
     else:
         pump = pumps[0]
-    by_position = kill is not None and kill.window == "position"
     run_start: float | None = None
     kill_main_at: float | None = None
     while proc.poll() is None:
@@ -275,7 +302,8 @@ def _run_once(
                 victims = worker_pids(proc.pid)
                 if victims:  # else between attempts: try again
                     assert kill.worker is not None
-                    os.kill(victims[kill.worker % len(victims)], signal.SIGKILL)
+                    how = signal.SIGSTOP if hang else signal.SIGKILL
+                    os.kill(victims[kill.worker % len(victims)], how)
                     seen.worker_killed.set()
         if kill_main_at is None and seen.checkpoint_after.is_set():
             assert kill is not None
@@ -286,20 +314,32 @@ def _run_once(
             break
         time.sleep(0.005 if by_position else 0.02)
     pump.join(timeout=5)
+    if hang and seen.worker_killed.is_set() and not seen.caught.is_set() and result is not None:
+        result.problems.append("a worker hung (SIGSTOP) and no heartbeat timeout failed it")
     return proc.returncode, seen.worker_killed.is_set()
 
 
 class _Seen:
-    """What a run's log showed: a worker killed (by a fail point, or by us), a checkpoint after."""
+    """What a run's log showed: a worker killed (by a fail point, or by us), a checkpoint after.
 
-    def __init__(self, *, watch_failpoint: bool) -> None:
+    ``hang``: the worker was stopped, not killed; a checkpoint counts only once
+    the main process failed it by its heartbeats (:attr:`caught`): one that
+    completes in between was acknowledged before the stop.
+    """
+
+    def __init__(self, *, watch_failpoint: bool, hang: bool = False) -> None:
         self._watch_failpoint = watch_failpoint
         self.worker_killed = threading.Event()
         self.checkpoint_after = threading.Event()
+        self.caught = threading.Event()
+        if not hang:
+            self.caught.set()
 
     def line(self, raw: bytes) -> None:
         if self.worker_killed.is_set():
-            if _COMPLETED.search(raw):  # the restarted attempt's
+            if _HEARTBEAT_FAILURE in raw:
+                self.caught.set()
+            elif self.caught.is_set() and _COMPLETED.search(raw):  # the restarted attempt's
                 self.checkpoint_after.set()
         elif self._watch_failpoint and raw.startswith(b"failpoint "):
             self.worker_killed.set()
