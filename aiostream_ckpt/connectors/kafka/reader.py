@@ -24,6 +24,7 @@ from aiostream_ckpt.connectors.kafka.common import (
     split_id,
     start_with_deadline,
 )
+from aiostream_ckpt.connectors.kafka.fetch import install_lean_fetch
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, partition_key_groups
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.errors import ConnectorError
@@ -86,6 +87,7 @@ class KafkaSourceReader:
             timeout_s=src.connect_timeout_s,
             what="consumer start",
         )
+        install_lean_fetch(self._consumer)  # _emit reads only offset, key and value
         try:
             await asyncio.wait_for(self._assign(restored or {}), src.connect_timeout_s)
         except TimeoutError as exc:

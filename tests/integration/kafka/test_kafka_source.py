@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.kafka.source import KafkaSource
@@ -245,3 +246,50 @@ async def test_per_partition_watermarks(kafka_broker, new_topic):
             marks.append(update.watermark)
     assert marks[-1] == 5999, "now partition 0 (ts 6000) is the slowest"
     await reader.close()
+
+
+async def test_lean_fetch_skips_an_aborted_transaction_and_control_records(kafka_broker, new_topic):
+    """The reader's lean records keep read_committed: the aborted txn and markers never show.
+
+    Committed 0,1 (marker 2), aborted 90,91 (marker 5), committed 2,3 (marker 8).
+    Another consumer in the process still gets ``ConsumerRecord`` objects.
+    """
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = await new_topic(1)
+    txn = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=uuid.uuid4().hex)
+    await txn.start()
+    try:
+        for values, commit in (([0, 1], True), ([90, 91], False), ([2, 3], True)):
+            await txn.begin_transaction()
+            for i in values:
+                await txn.send_and_wait(topic, ev(0, i), partition=0)
+            await (txn.commit_transaction() if commit else txn.abort_transaction())
+    finally:
+        await txn.stop()
+    dead: list[Any] = []
+    r = KafkaSource(topic, bootstrap, stop_at_end=True).create_reader(ctx(dead=dead))
+    seen: list[Any] = []
+    emit = r._emit
+    r._emit = lambda tp, records, out: (seen.extend(records), emit(tp, records, out))
+    await r.start(None)
+    assert [e["i"] for e in await read_all(r, max_records=3)] == [0, 1, 2, 3]
+    assert [rec.offset for rec in seen] == [0, 1, 6, 7]
+    assert not any(isinstance(rec, ConsumerRecord) for rec in seen)  # the lean path ran
+    assert dead == []
+    assert r.snapshot_position() == {f"{topic}:0": 9}
+    await r.close()
+    plain = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed", auto_offset_reset="earliest"
+    )
+    await plain.start()
+    try:
+        plain.assign([TopicPartition(topic, 0)])
+        records: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(records) < 4 and time.monotonic() < deadline:
+            got = await plain.getmany(timeout_ms=1000)
+            records += [rec for batch in got.values() for rec in batch]
+        assert [rec.offset for rec in records] == [0, 1, 6, 7]
+        assert all(isinstance(rec, ConsumerRecord) for rec in records)
+    finally:
+        await plain.stop()
