@@ -33,7 +33,8 @@ class _LeanPartitionRecords(PartitionRecords):  # type: ignore[misc]
         # ``FetchResult.getall`` iterates us: hand it the generator itself. The
         # stock ``__next__`` only adds a Python call per record; once drained,
         # the FetchResult drops us, so its cycle-breaking is not needed.
-        return self._records_iterator
+        it = self._records_iterator
+        return it if it is not None else iter(())
 
     def _consumer_record(self, tp: Any, record: Any) -> Any:
         return record
