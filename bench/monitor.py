@@ -110,8 +110,10 @@ class CpuSplit:
     own share is the total less what its reaped children used (its
     ``cutime``), or less the children's last samples if it exited between
     reaping and the next sample. So the workers' figures may miss their last
-    sample interval, the main process's figure carries that error, and the
-    total is exact.
+    sample interval (longer than the nominal one on a loaded machine); what
+    they missed is known in sum once the root has reaped them (its
+    ``cutime`` against their samples) and reported as ``children_unsampled_s``,
+    so main + children + unsampled is the exact total.
     """
 
     def __init__(self) -> None:
@@ -131,10 +133,13 @@ class CpuSplit:
     def split(self, total: float) -> dict[str, Any]:
         workers = [round(self.children[p], 2) for p in sorted(self.children)]
         in_children = max(self.reaped, sum(workers))
+        main = round(max(total - in_children, 0.0), 2)
         return {
             "total_s": round(total, 2),
-            "main_s": round(max(total - in_children, 0.0), 2),
+            "main_s": main,
             "children_s": workers,
+            #: the children's CPU after their last sample (reaped: in cutime, not sampled)
+            "children_unsampled_s": round(max(total - main - sum(workers), 0.0), 2),
         }
 
 

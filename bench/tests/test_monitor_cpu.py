@@ -25,5 +25,9 @@ def test_cpu_is_split_between_the_main_process_and_its_children() -> None:
     assert len(cpu["children_s"]) == 1
     assert 0.5 <= cpu["children_s"][0] <= 1.0
     assert cpu["total_s"] >= 0.6 + 0.1
-    assert abs(cpu["main_s"] + cpu["children_s"][0] - cpu["total_s"]) <= 0.1
+    # the child's samples may miss its last interval (longer than 0.1 s under load); what
+    # they missed is the reaped CPU they did not see, so the parts add up to the exact total
+    parts = cpu["main_s"] + cpu["children_s"][0] + cpu["children_unsampled_s"]
+    assert abs(parts - cpu["total_s"]) <= 0.015
+    assert cpu["children_s"][0] + cpu["children_unsampled_s"] >= 0.6
     assert 0.05 <= cpu["main_s"] <= cpu["total_s"] - 0.5
