@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.soak import fd_count, file_count, rates, slope_pct_per_10min
+from bench.soak import fd_count, file_count, is_flat, rates, slope_pct_per_10min
 from bench.windowed import (
     SESSION_GAP_MS,
     TUMBLING_MS,
@@ -24,6 +24,16 @@ def test_slope_is_growth_in_percent_of_the_mean_per_10_minutes() -> None:
     growing = [(t / 10, 100.0 + t / 10) for t in range(201)]
     assert slope_pct_per_10min(growing) == round(100 * 10 / 110, 3)
     assert slope_pct_per_10min(growing[:2]) is None
+
+
+def test_flat_means_no_growth_and_no_falling_throughput() -> None:
+    # the loaded soak read "flat NO" for a checkpoint dir shrinking 1.15 %/10 min
+    steady = {"rss_mb": 0.14, "working_state_mb": 0.0, "events_per_s": 0.0}
+    assert is_flat({**steady, "checkpoint_dir_mb": -1.15})
+    assert not is_flat({**steady, "checkpoint_dir_mb": 1.2})
+    assert is_flat({**steady, "events_per_s": 3.0})  # catching up is not a decline
+    assert not is_flat({**steady, "events_per_s": -1.5})
+    assert not is_flat({**steady, "rss_mb": None})
 
 
 def test_the_last_10_percent_ends_when_the_input_is_read() -> None:
