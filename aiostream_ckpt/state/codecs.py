@@ -48,7 +48,7 @@ from __future__ import annotations
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_origin
 
 import msgspec
 
@@ -219,6 +219,9 @@ def _migrating(decode: Loads, misfit: str) -> Loads:
 
 
 def type_name(tp: Any) -> str:
+    """``datetime``, ``tuple[int, str]``, ``Optional[float]``: a declared type as written."""
+    if get_origin(tp) is not None:  # a generic's __name__ is its origin's: "list"
+        return repr(tp).replace("typing.", "")
     return getattr(tp, "__name__", None) or repr(tp)
 
 
@@ -319,7 +322,11 @@ class TypedJsonCodec(ValueCodec):
             back = self._check_decode(raw)
         except (msgspec.EncodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
             raise self._refuse(value, state, str(exc)) from exc
-        if back.__class__ is not value.__class__ or back != value:
+        if (
+            back.__class__ is not value.__class__
+            or back != value
+            or not _same_json(back, value, raw)
+        ):
             raise self._refuse(value, state, f"it would read back as {back!r}")
         return raw
 
@@ -328,6 +335,28 @@ class TypedJsonCodec(ValueCodec):
             f"state {state!r} is declared {type_name(self._tp)}: cannot store a value of "
             f"type {type(value).__name__} ({why})"
         )
+
+
+def _same_json(back: Any, value: Any, raw: bytes) -> bool:
+    """Whether ``back`` (``raw``, ``value``'s encoding, decoded) encodes as ``value`` does.
+
+    Why: equality cannot see a number that changed class inside a container
+    (``(1, 2)`` declared ``tuple[float, int]`` reads back ``(1.0, 2)``, an int
+    declared ``Decimal`` as ``Decimal('1')``): equal, yet an app formatting it
+    prints ``1.0`` after a restore and ``1`` before. Their encodings differ.
+    A set may iterate in another order once rebuilt, so unequal bytes get a
+    second, order-free look. A ``str``/``int`` *subclass* inside a container
+    (a plain ``"x"`` in a ``list[StrEnum]``) encodes the same and stays unseen.
+    """
+    if _json_encode(back) == raw:
+        return True
+    try:
+        return _sorted_encode(back) == _sorted_encode(value)
+    except (msgspec.EncodeError, TypeError):
+        return False
+
+
+_sorted_encode: Dumps = msgspec.json.Encoder(order="deterministic").encode
 
 
 class PickleCodec(ValueCodec):

@@ -7,7 +7,9 @@ A checkpoint written by the old orjson codec restores, into the declared type.
 
 from __future__ import annotations
 
+from dataclasses import make_dataclass
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -211,3 +213,41 @@ def test_unsupported_declared_type_fails_at_creation(env) -> None:
     b = env.backend()
     with pytest.raises(Exception, match="not supported"):
         b.create_state(ValueStateDescriptor("v", object()))
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (tuple[float, int], (1, 2)),
+        (dict[str, float], {"a": 1}),
+        (list[Decimal], [1]),
+        (make_dataclass("Reading", [("n", int), ("avg", float)]), None),
+    ],
+    ids=["tuple", "dict", "decimal", "dataclass"],
+)
+def test_typed_state_refuses_a_nested_number_that_would_change_class(env, tp, value) -> None:
+    """Equal is not the same: (1, 2) declared tuple[float, int] read back as (1.0, 2).
+
+    Before, such a value was accepted, and an app that formats it printed 1 before a
+    restore and 1.0 after (found by review; fails on the code before it).
+    """
+    value = tp(1, 2) if value is None else value
+    b = env.backend()
+    b.key_context.key = "k"
+    v = b.create_state(ValueStateDescriptor("avg", tp))
+    with pytest.raises(StateTypeError, match=r"state 'avg' is declared .*it would read back as"):
+        v.update(value)
+    assert v.value() is None
+
+
+def test_typed_set_rebuilt_in_another_order_is_accepted(env) -> None:
+    # a set that had removals iterates in another order than one built afresh from
+    # its encoding: the bytes differ, the value does not
+    s = set(range(0, 4000, 7)) - set(range(0, 4000, 14))
+    b = env.backend()
+    b.key_context.key = "k"
+    d = ValueStateDescriptor("ids", set[int])
+    b.create_state(d).update(s)
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert r.create_state(d).value() == s
