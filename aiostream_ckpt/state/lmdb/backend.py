@@ -70,7 +70,13 @@ from aiostream_ckpt.state.backend import (
     SnapshotTarget,
     StateHandle,
 )
-from aiostream_ckpt.state.codecs import UNTYPED_KEYS, StreamKeyCodec, json_encoder
+from aiostream_ckpt.state.codecs import (
+    UNTYPED_KEYS,
+    StreamKeyCodec,
+    check_type_change,
+    declared_types,
+    json_encoder,
+)
 from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
@@ -347,7 +353,12 @@ class LmdbStateBackend:
 
     @staticmethod
     def _describe(d: StateDescriptor) -> dict[str, Any]:
-        return {"kind": d.kind, "serializer": d.serializer, "ttl": d.ttl is not None}
+        return {
+            "kind": d.kind,
+            "serializer": d.serializer,
+            "ttl": d.ttl is not None,
+            "types": declared_types(d),
+        }
 
     def _migrate(
         self, descriptor: StateDescriptor, old: dict[str, Any], new: dict[str, Any]
@@ -358,6 +369,10 @@ class LmdbStateBackend:
             raise StateMigrationError(
                 f"state {name!r} was snapshotted as {old}, the job now declares {new}"
             )
+        if old["serializer"] == new["serializer"]:
+            if new["serializer"] == "json":  # pickled bytes do not depend on the declared type
+                check_type_change(name, new["kind"], old.get("types"), new["types"])
+            return
         if (old["serializer"], new["serializer"]) != ("pickle", "json"):
             raise StateMigrationError(
                 f"state {name!r} was snapshotted with serializer {old['serializer']!r}, "

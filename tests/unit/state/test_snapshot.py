@@ -66,7 +66,12 @@ def test_round_trip_and_handle_format(env):
     assert handle["backend"] == "lmdb"
     assert handle["kind"] == "full"
     assert handle["key_group_range"] == [0, 127]
-    assert handle["states"]["v"] == {"kind": "value", "serializer": "json", "ttl": False}
+    assert handle["states"]["v"] == {
+        "kind": "value",
+        "serializer": "json",
+        "ttl": False,
+        "types": [None, None],
+    }
     assert handle["files"] == [e["path"] for e in handle["chain"]]
     assert handle["files"][0].startswith("shared/")
     # a full file, and the tail of writes not yet applied to LMDB when it was copied

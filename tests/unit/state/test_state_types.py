@@ -7,14 +7,16 @@ A checkpoint written by the old orjson codec restores, into the declared type.
 
 from __future__ import annotations
 
-from dataclasses import make_dataclass
+from dataclasses import field, make_dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from enum import IntEnum
+from typing import Any, Optional
 
 import orjson
 import pytest
 
+from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
@@ -251,3 +253,57 @@ def test_typed_set_rebuilt_in_another_order_is_accepted(env) -> None:
     r = _restored(env, env.checkpoint(b, 1))
     r.key_context.key = "k"
     assert r.create_state(d).value() == s
+
+
+class Level(IntEnum):
+    LOW = 1
+
+
+Pt1 = make_dataclass("Pt", [("x", int)])
+Pt2 = make_dataclass("Pt", [("x", int), ("label", str, field(default="-"))])
+
+
+VS, LS, MS = ValueStateDescriptor, ListStateDescriptor, MapStateDescriptor
+
+
+@pytest.mark.parametrize(
+    ("before", "value", "after", "what"),
+    [
+        (VS("v", datetime), WHEN, VS("v"), "written as datetime, .* declares no type"),
+        (VS("v", datetime), WHEN, VS("v", str), "written as datetime, .* declares str"),
+        (VS("v", tuple[int, int]), (1, 2), VS("v", list[int]), "tuple.*list"),
+        (VS("v", int), 1, VS("v", float), "int, .* declares float"),
+        (MS("v", Level, int), (Level.LOW, 1), MS("v", int, int), "map keys written as Level"),
+        (LS("v", date), date(2026, 1, 1), LS("v", str), "list elements written as date"),
+    ],
+    ids=["to-untyped", "to-str", "tuple-list", "int-float", "map-key", "list-element"],
+)
+def test_restore_refuses_a_changed_declared_type(env, before, value, after, what) -> None:
+    """Stored bytes decode into what is declared now, often silently (a datetime as
+    str, an IntEnum key as int): a restore under other types fails, naming the state
+    and both types (Flink: an incompatible serializer). Fails on the code before it."""
+    b = env.backend()
+    b.key_context.key = "k"
+    s = b.create_state(before)
+    if before.kind == "map":
+        s.put(*value)
+    elif before.kind == "list":
+        s.add(value)
+    else:
+        s.update(value)
+    r = _restored(env, env.checkpoint(b, 1))
+    with pytest.raises(StateMigrationError, match=rf"state 'v': .*{what}"):
+        r.create_state(after)
+
+
+def test_restore_takes_the_same_type_a_grown_dataclass_and_a_first_declaration(env) -> None:
+    b = env.backend()
+    b.key_context.key = "k"
+    b.create_state(ValueStateDescriptor("p", Pt1)).update(Pt1(3))
+    b.create_state(ValueStateDescriptor("u")).update("2026-01-01")
+    b.create_state(ValueStateDescriptor("o", int | None)).update(4)
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    assert r.create_state(ValueStateDescriptor("p", Pt2)).value() == Pt2(3, "-")
+    assert r.create_state(ValueStateDescriptor("u", date)).value() == date(2026, 1, 1)
+    assert r.create_state(ValueStateDescriptor("o", Optional[int])).value() == 4  # noqa: UP045
