@@ -68,6 +68,8 @@ def _unchanging(sessions: list[Session]) -> bool:
 class SessionWindowOperator(WindowOperator):
     """The window operator for merging (session) window assigners."""
 
+    contents_state = SESSIONS
+
     def _open_windows(self) -> None:
         assert self.backend is not None
         contents = Any if self.spec.state_type is None else self.spec.state_type
@@ -86,6 +88,8 @@ class SessionWindowOperator(WindowOperator):
         )
         #: sessions of the keys touched since the last flush; written to state at the next
         self._held: dict[Any, list[Session]] = {}
+        #: what this batch put into held sessions (see ``contents_check``)
+        self._added: list[Any] = []
         self._migrate()
 
     def _migrate(self) -> None:
@@ -197,6 +201,9 @@ class SessionWindowOperator(WindowOperator):
         agg = create = None
         if self.spec.kind is WindowKind.AGGREGATE and gap:
             agg, create = self._aggregate.add, self._aggregate.create_accumulator
+        # what the batch puts into held sessions, checked at its end (they reach state later)
+        added: list[Any] = []
+        self._added = added
         after = self.watermark + 1  # a session ending after it is not due (no timer fires)
         it = iter(batch)
         try:
@@ -217,11 +224,15 @@ class SessionWindowOperator(WindowOperator):
                                 start = ts
                             if ts + gap > end:
                                 end = ts + gap
-                            sessions[0] = (start, end, agg(rec, acc))
+                            acc = agg(rec, acc)
+                            added.append(acc)
+                            sessions[0] = (start, end, acc)
                             continue
                     elif not n and ts + gap > after:  # a new session, not due: _add's way
                         assert create is not None
-                        sessions.append((ts, ts + gap, agg(rec, create())))
+                        acc = agg(rec, create())
+                        added.append(acc)
+                        sessions.append((ts, ts + gap, acc))
                         kc.key = key
                         set_timers(ts + gap - 1)
                         continue
@@ -229,7 +240,9 @@ class SessionWindowOperator(WindowOperator):
                 if not add(sessions, rec, ts):
                     self._late(rec)
         except Exception as exc:
+            self._check_contents(added)  # the records before it
             raise RecordFailed(self, batch, it, out) from exc
+        self._check_contents(added)
         return out
 
     def _add(self, sessions: list[Session], record: Any, ts: int) -> bool:
@@ -244,7 +257,7 @@ class SessionWindowOperator(WindowOperator):
             i = hits[0]
             s = sessions[i]
             start, end = min(start, s[0]), max(end, s[1])
-            sessions[i] = (start, end, self._fold_owned(s[2], record))
+            sessions[i] = (start, end, self._added_to(self._fold_owned(s[2], record), record))
             if end - 1 <= self.watermark:
                 self._fire_late(start, end, sessions[i][2])
             elif s[1] - 1 <= self.watermark:  # it fired, and now ends after the watermark
@@ -254,7 +267,7 @@ class SessionWindowOperator(WindowOperator):
         if not hits:
             if max_ts + self._lateness <= self.watermark:
                 return False  # late: touched sessions would not be (they are cleaned up later)
-            sessions.append((start, end, self._first(record)))
+            sessions.append((start, end, self._added_to(self._first(record), record)))
             if max_ts > self.watermark:
                 self._set_timers(max_ts)
             else:
@@ -262,7 +275,9 @@ class SessionWindowOperator(WindowOperator):
             return True
         parts = sorted(sessions[i] for i in hits)
         start, end = min(start, parts[0][0]), max(end, *(p[1] for p in parts))
-        contents = self._fold_owned(self._merge_contents([p[2] for p in parts]), record)
+        contents = self._added_to(
+            self._fold_owned(self._merge_contents([p[2] for p in parts]), record), record
+        )
         sessions[:] = [s for i, s in enumerate(sessions) if i not in hits]
         sessions.append((start, end, contents))
         if end - 1 <= self.watermark:
@@ -270,6 +285,11 @@ class SessionWindowOperator(WindowOperator):
         elif all(p[1] - 1 <= self.watermark for p in parts):  # no part has a timer to come
             self._set_timers(end - 1)
         return True
+
+    def _added_to(self, contents: Any, record: Any) -> Any:
+        """Return ``contents``; note what the batch's check takes: the record or the value."""
+        self._added.append(record if self.spec.kind is WindowKind.PROCESS else contents)
+        return contents
 
     def _fire_late(self, start: int, end: int, contents: Any) -> None:
         """Fire a session whose time has passed again, now with a late record in it."""

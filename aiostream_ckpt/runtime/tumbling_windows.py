@@ -114,6 +114,9 @@ class TumblingWindowBuffer(WindowOperatorBase):
         contents, buffer, stored = self._contents, self._buffer, self._stored
         fold, fold_owned = self._fold, self._fold_owned
         add = self._aggregate.add if self.spec.kind is WindowKind.AGGREGATE else None
+        # what the batch adds to the buffer is checked at its end: a process window's
+        # records (kept here), other windows' folded values
+        added: list[Any] | None = [] if self.spec.kind is WindowKind.PROCESS else None
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
         folded: dict[tuple[Any, int], Any] = {}
         it = iter(batch)
@@ -126,11 +129,15 @@ class TumblingWindowBuffer(WindowOperatorBase):
                 acc = folded.get(kw, MISSING)
                 if acc is not MISSING:  # most records: the batch holds their window
                     folded[kw] = fold_owned(acc, rec) if add is None else add(rec, acc)
+                    if added is not None:
+                        added.append(rec)
                     continue
                 max_ts = start + size - 1
                 if max_ts + lateness <= watermark:
                     self._late(rec)
                     continue
+                if added is not None:
+                    added.append(rec)
                 acc = buffer.get(kw, MISSING)
                 if acc is MISSING and kw in stored:
                     kc.key = key
@@ -138,6 +145,8 @@ class TumblingWindowBuffer(WindowOperatorBase):
                 if max_ts <= watermark:  # due: fires now, with this record in it
                     kc.key = key
                     buffer[kw] = acc = fold(acc, rec)
+                    if added is None:
+                        self._check_contents([acc])
                     self._fire_due(start, start + size, acc)
                     continue
                 if acc is MISSING:
@@ -146,10 +155,12 @@ class TumblingWindowBuffer(WindowOperatorBase):
                     folded[kw] = fold(acc, rec)
                 else:
                     folded[kw] = fold(acc, rec) if add is None else add(rec, acc)
-        except Exception as exc:  # what the records before it folded is kept below
-            raise RecordFailed(self, batch, it, out) from exc
-        finally:
+        except Exception as exc:  # what the records before it folded is kept (and checked)
             buffer.update(folded)
+            self._check_contents(list(folded.values()) if added is None else added)
+            raise RecordFailed(self, batch, it, out) from exc
+        buffer.update(folded)
+        self._check_contents(list(folded.values()) if added is None else added)
         return out
 
     def prepare_snapshot_pre_barrier(self, checkpoint_id: int) -> None:

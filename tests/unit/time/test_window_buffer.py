@@ -22,6 +22,7 @@ from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.window_base import MAX_HELD
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
 from aiostream_ckpt.state.backend import SnapshotTarget
+from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from tests.unit.time.support import window_backend
 from tests.unit.time.test_window_fast_paths import _operator, _run, _stream, _windows
@@ -200,3 +201,27 @@ def test_a_buffer_written_after_its_batch_gives_what_one_written_at_barriers_doe
     assert _run_with_end_batch(op, steps) == _run_with_end_batch(ref, steps)
     ref.backend.close()
     small.close()
+
+
+@pytest.mark.parametrize("kind", list(WindowKind))
+@pytest.mark.parametrize("session", [False, True], ids=["tumbling", "session"])
+def test_contents_state_would_refuse_fail_at_the_record_not_at_the_flush(
+    tmp_path: Path, kind: WindowKind, session: bool
+) -> None:
+    """Held contents reach keyed state only at the pre-barrier flush: a misfit failed there
+    (at a checkpoint), and never when its window fired before a barrier, so whether the job
+    failed followed checkpoint timing. Now refused as the record is folded, as the general
+    path's put does (fails on the code before it: nothing raised here)."""
+    op = _operator(tmp_path, session=session, kind=kind, lateness=0)
+    # untyped contents: a NaN sum, a reduced record holding a tuple, an element with a tuple
+    bad = {"k": "a", "ts": 1, "v": float("nan") if kind is WindowKind.AGGREGATE else 1}
+    if kind is not WindowKind.AGGREGATE:
+        bad["t"] = (1, 2)
+    # the reduce function keeps k, ts and v: a bad record is seen as the first value only
+    batch = [bad] if kind is WindowKind.REDUCE else [{"k": "a", "ts": 0, "v": 1}, bad]
+    with pytest.raises((RecordFailed, StateTypeError)) as err:
+        op.process_batch(batch)
+    cause = err.value.__cause__ if isinstance(err.value, RecordFailed) else err.value
+    assert isinstance(cause, StateTypeError)
+    assert "window 'w'" in str(cause) and "for a window: " in str(cause)
+    op.backend.close()
