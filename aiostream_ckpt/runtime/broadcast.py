@@ -22,16 +22,18 @@ from typing import Any
 import orjson
 
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
-from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.errors import StateError, StateMigrationError
 from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
 from aiostream_ckpt.jobspec.functions import Context, OnTimerContext, RuntimeContext, TimeDomain
 from aiostream_ckpt.runtime.co_process import CoProcessOperator, KeyedCoProcessOperator
 from aiostream_ckpt.runtime.operators import RecordFailed
-from aiostream_ckpt.state.codecs import MapKeyCodec, value_codec
+from aiostream_ckpt.state.codecs import MapKeyCodec, check_type_change, declared_types, value_codec
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, StateDescriptor
 from aiostream_ckpt.state.serde import decode_key
 
 BROADCAST_KEY = "broadcast"
+#: each broadcast map's serializer and declared types, beside the maps (see ``restore``)
+TYPES_KEY = "broadcast_types"
 
 
 class BroadcastStateError(StateError):
@@ -156,14 +158,27 @@ class BroadcastStates:
         return state
 
     def snapshot(self) -> dict[str, Any]:
-        return {name: s.snapshot() for name, s in self.states.items()}
+        """Return the maps, each with its serializer and declared types (instance 0's)."""
+        return {
+            BROADCAST_KEY: {name: s.snapshot() for name, s in self.states.items()},
+            TYPES_KEY: {name: _describe(s.descriptor) for name, s in self.states.items()},
+        }
 
     def restore(self, restored: CompletedCheckpoint) -> None:
-        """Take the maps instance 0 wrote into ``restored`` (none there: start empty)."""
+        """Take the maps instance 0 wrote into ``restored`` (none there: start empty).
+
+        A map whose serializer or declared types changed since is refused, as
+        keyed state is (``LmdbStateBackend.create_state``): its entries would
+        read back as another type, or not at all.
+        """
         for _, st in sorted(restored.subtask_states(self.uid).items()):
-            maps = (st.get("operator") or {}).get(BROADCAST_KEY)
+            operator = st.get("operator") or {}
+            maps = operator.get(BROADCAST_KEY)
             if maps is None:
                 continue
+            for name, old in (operator.get(TYPES_KEY) or {}).items():
+                if name in self.states:
+                    self._check_unchanged(name, old)
             unknown = sorted(set(maps) - set(self.states))
             if unknown:
                 raise BroadcastStateError(
@@ -173,6 +188,20 @@ class BroadcastStates:
             for name, entries in maps.items():
                 self.states[name].restore(entries)
             return
+
+    def _check_unchanged(self, name: str, old: dict[str, Any]) -> None:
+        new = _describe(self.states[name].descriptor)
+        if old["serializer"] != new["serializer"]:
+            raise StateMigrationError(
+                f"operator {self.uid!r}: broadcast state {name!r} was checkpointed with "
+                f"serializer {old['serializer']!r}, the app now declares {new['serializer']!r}"
+            )
+        if new["serializer"] == "json":
+            check_type_change(name, "map", old["types"], new["types"])
+
+
+def _describe(descriptor: MapStateDescriptor[Any, Any]) -> dict[str, Any]:
+    return {"serializer": descriptor.serializer, "types": declared_types(descriptor)}
 
 
 class _ReadOnlyStates:
@@ -245,7 +274,7 @@ class _BroadcastSide(ABC):
     def snapshot_state(self) -> dict[str, Any] | None:
         if self._subtask != 0:
             return None  # one copy is enough: every instance holds the same maps
-        return {BROADCAST_KEY: self.broadcast_states.snapshot()}
+        return self.broadcast_states.snapshot()
 
     def restore_state(self, restored: CompletedCheckpoint, subtask: int, parallelism: int) -> None:
         self.broadcast_states.restore(restored)
