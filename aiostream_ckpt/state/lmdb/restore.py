@@ -67,9 +67,8 @@ def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> 
                 "key groups cannot be mapped"
             )
         for name, meta in h["states"].items():
-            seen = result.states.setdefault(name, dict(meta))
-            if seen != meta:
-                raise StateMigrationError(f"state {name!r} differs between handles: {seen} {meta}")
+            seen = result.states.get(name)
+            result.states[name] = dict(meta) if seen is None else _merged(name, seen, meta)
         kgr = KeyGroupRange.from_json(h["key_group_range"])
         if kgr.intersects(own):
             for other, _ in relevant:
@@ -87,6 +86,25 @@ def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> 
         deltas = [(p, e["path"]) for p, e in zip(paths[1:], chain[1:], strict=True)]
         result.sources.append(_Source(base, deltas))
     return result
+
+
+def _merged(name: str, seen: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """One state's description from two old instances' handles; they must agree.
+
+    Declared types may be known to one and not the other: an instance that
+    never created the state in its run kept what it restored (no types from
+    before they were recorded, or none declared yet), and the other's
+    declaration holds for both (the stored bytes are the same JSON).
+    """
+    if seen == meta:
+        return seen
+    old_types, new_types = seen.get("types"), meta.get("types")
+    if {**seen, "types": None} == {**meta, "types": None}:
+        if old_types is None or new_types is None:
+            return seen if new_types is None else dict(meta)
+        if all(a == b or a is None or b is None for a, b in zip(old_types, new_types, strict=True)):
+            return {**seen, "types": [a or b for a, b in zip(old_types, new_types, strict=True)]}
+    raise StateMigrationError(f"state {name!r} differs between handles: {seen} {meta}")
 
 
 def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) -> None:

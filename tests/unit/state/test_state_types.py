@@ -307,3 +307,36 @@ def test_restore_takes_the_same_type_a_grown_dataclass_and_a_first_declaration(e
     assert r.create_state(ValueStateDescriptor("p", Pt2)).value() == Pt2(3, "-")
     assert r.create_state(ValueStateDescriptor("u", date)).value() == date(2026, 1, 1)
     assert r.create_state(ValueStateDescriptor("o", Optional[int])).value() == 4  # noqa: UP045
+
+
+def test_rescale_merges_handles_where_one_instance_never_declared_the_type(env) -> None:
+    """An instance that never created a state in its run keeps the types it restored
+    (none, or none recorded by an older version): a rescale must take the other's
+    declaration, not refuse the handles as differing (fails without the merge)."""
+    day = "2026-01-01T00:00:00"
+    keys = {
+        i: next(k for k in (f"k{n}" for n in range(99)) if env.owner(k, 2) == i) for i in (0, 1)
+    }
+    first = []
+    for i in (0, 1):
+        b = env.backend(index=i, parallelism=2)
+        b.key_context.key = keys[i]
+        b.create_state(ValueStateDescriptor("seen")).update(day)  # untyped: the str
+        first.append(env.checkpoint(b, 1))
+    second = []
+    for i in (0, 1):
+        b = env.backend(index=i, parallelism=2)
+        b.restore(env.root, first)
+        if i == 0:  # instance 1 sees no record of this state's in its run: never creates it
+            b.create_state(ValueStateDescriptor("seen", datetime))
+        second.append(env.checkpoint(b, 2))
+    assert second[1]["states"]["seen"]["types"] == [None, None]
+    old_format = [dict(h, states={"seen": {**h["states"]["seen"]}}) for h in second]
+    del old_format[1]["states"]["seen"]["types"]  # as a handle written before types were
+    for handles in (second, old_format):
+        r = env.backend()
+        r.restore(env.root, handles)
+        s = r.create_state(ValueStateDescriptor("seen", datetime))
+        for key in keys.values():
+            r.key_context.key = key
+            assert s.value() == datetime(2026, 1, 1)
