@@ -202,6 +202,24 @@ class MapStateImpl(KeyedStateBase):
         else:
             dirty[map_key] = captured
 
+    def put_unread(self, map_key: Any, value: Any) -> None:
+        """``put`` that never reads the key's map: for entries only ever added, read later.
+
+        Why: ``put`` of an uncached key loads its map first (up to
+        :data:`LOAD_WHOLE` entries, each decoded), which an append-only writer
+        never needs; the window operator's appended chunks (a key uncached
+        past the cache bound at every batch) paid a decode of the window's
+        chunks so far per chunk written. Here the key enters the cache with an
+        incomplete, empty map: stored entries are read when asked for.
+        """
+        key = self._ctx.key
+        cache = self._cache
+        if key not in cache:
+            if len(cache) >= self._limit:
+                self._host.cache_full(self)
+            cache[key] = {}  # not in ``_complete``: a miss reads the stored entry
+        self.put(map_key, value)
+
     def contains(self, map_key: Any) -> bool:
         key = self._ctx.key
         m = self._map(key)

@@ -158,6 +158,37 @@ def test_map_state_reads_entries_from_lmdb_after_eviction(env) -> None:
     assert 3 not in set(b.keys("m"))
 
 
+def test_map_put_unread_reads_no_stored_entry_and_reads_them_when_asked(env) -> None:
+    # a key out of the cache: put() loads its map (each entry decoded), put_unread() none
+    b = env.backend(cache_max_entries=2)
+    s = b.create_state(MapStateDescriptor("m"))
+    decoded: list[bytes] = []
+    loads = s._loads
+    s._loads = lambda raw: decoded.append(raw) or loads(raw)
+
+    def evict_k() -> None:
+        for other in ("x", "y", "z"):  # past the cache's 2 keys: "k" is evicted
+            b.key_context.key = other
+            s.put_unread(0, 0)
+        b.key_context.key = "k"
+
+    b.key_context.key = "k"
+    for i in range(10):
+        s.put(i, [i] * 3)
+    evict_k()
+    s.put(10, [10])
+    assert len(decoded) == 10  # put() of an uncached key: its map loaded whole
+    evict_k()
+    decoded.clear()
+    s.put_unread(11, [11])
+    assert decoded == []
+    assert s.get(3) == [3, 3, 3]  # a stored entry is read when asked for
+    assert len(decoded) == 1
+    assert dict(s.items()) == {i: [i] * 3 for i in range(10)} | {10: [10], 11: [11]}
+    evict_k()
+    assert s.get(11) == [11]
+
+
 def test_reducing_state(env) -> None:
     b = env.backend()
     s = b.create_state(ReducingStateDescriptor("sum", reduce_fn=lambda a, c: a + c))
