@@ -11,13 +11,22 @@ snapshot holds the same windows either way: those open at the barrier).
 A buffer of more than :attr:`~TumblingWindowBuffer.max_held` windows is
 written the same way after its batch (:meth:`TumblingWindowBuffer.end_batch`):
 with checkpoints off no barrier comes, and long windows (a process window's
-element lists) would otherwise all stay in memory until they fire. It trades
-CPU for memory when more windows than that are busy at once: each batch then
-reads its windows back from the state and writes them again (1 M events over
-1,000 count windows, a bound of 500: 2.9 -> 10.1 CPU s; 10,000 process windows
-of ~100 elements, bound 2,000: peak RSS 419 -> 302 MB, 10.5 -> 182 CPU s, a
-list costing its length per read and write). The default bound (50,000) is
-past what most jobs keep open.
+element lists) would otherwise all stay in memory until they fire. The
+default bound (50,000) is past what most jobs keep open.
+
+A process window already in the state is only appended to, as Flink's
+``ListState.add``: its list stays where it was written, and each later write
+adds the elements buffered since as a chunk of their own to the
+:data:`WINDOW_APPENDS` map state, ``(start, end, n) -> elements``; they are
+read, in order, only when the window fires. Why: re-reading and re-writing
+the whole list made a record's cost grow with its window's length once the
+bound was passed, and every barrier re-encoded each open window whole
+(10,000 process windows, bound 2,000, ``bench.window_held``: ~50 elements
+each 40 CPU s, ~100 each 123 s; now 13 s and 29 s, what a count window pays
+per record past its bound). A checkpoint of the one-list layout restores as
+is (windows without chunks); restored under another assigner or size, the
+chunks are folded into their lists at open
+(:meth:`TumblingWindowBuffer._merge_appends`), for the general path.
 
 A record's window is found from its timestamp, and a timer's window from its
 time (:meth:`TumblingWindowBuffer._add_tumbling`,
@@ -36,6 +45,10 @@ from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.windows import TimeWindow, TumblingEventTimeWindows
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.window_base import MISSING, WINDOW_CONTENTS, WindowOperatorBase
+
+#: The map state of the elements appended to process windows already in
+#: :data:`WINDOW_CONTENTS`: ``(start, end, n) -> elements``, n = 1, 2, ... in arrival order.
+WINDOW_APPENDS = "window-appends"
 
 
 class TumblingWindowBuffer(WindowOperatorBase):
@@ -57,32 +70,61 @@ class TumblingWindowBuffer(WindowOperatorBase):
         )
         #: tumbling: ``(key, start) -> contents`` of windows changed since the last flush
         self._buffer: dict[tuple[Any, int], Any] = {}
-        #: tumbling: the ``(key, start)`` windows that are in the map state (written or restored)
-        self._stored: set[tuple[Any, int]] = set()
+        #: tumbling: ``(key, start)`` of the windows in the map state (written or restored)
+        #: -> how many chunks were appended to each (process windows; else 0)
+        self._stored: dict[tuple[Any, int], int] = {}
+        #: process windows: the :data:`WINDOW_APPENDS` map state (set at ``open``), else None
+        self._appends: Any = None
 
     def _index_stored(self) -> None:
         """Tumbling: note the windows restored in state; another size turns the fast path off.
 
         A savepoint taken with another window size holds windows that the
         tumbling path (which finds a window from its end) would not find:
-        they take the general path, as every window of this instance then.
+        they take the general path, as every window of this instance then,
+        with their appended chunks folded into their lists.
         """
         self._buffer = {}
-        stored = self._stored = set()
-        if self._tumbling is None:
-            return
+        stored = self._stored = {}
         assert self.backend is not None
-        size = self._tumbling[0]
-        for key in list(self.backend.keys(WINDOW_CONTENTS)):
-            self._kc.key = key
-            for start, end in list(self._contents.keys()):
-                if end - start != size:
-                    self._tumbling = None
-                    stored.clear()
-                    self._kc.key = None
-                    return
-                stored.add((key, start))
-        self._kc.key = None
+        kc, backend = self._kc, self.backend
+        if self._tumbling is not None:
+            size = self._tumbling[0]
+            for key in list(backend.keys(WINDOW_CONTENTS)):
+                kc.key = key
+                for start, end in list(self._contents.keys()):
+                    if end - start != size:
+                        self._tumbling = None
+                        stored.clear()
+                        break
+                    stored[key, start] = 0
+                if self._tumbling is None:
+                    break
+        appends = self._appends
+        if appends is not None and self._tumbling is None:
+            self._merge_appends()
+        elif appends is not None:
+            for key in list(backend.keys(WINDOW_APPENDS)):
+                kc.key = key
+                for start, _end, n in list(appends.keys()):
+                    stored[key, start] = max(n, stored.get((key, start), 0))
+        kc.key = None
+
+    def _merge_appends(self) -> None:
+        """Fold every appended chunk into its window's list: the general path reads one list."""
+        assert self.backend is not None
+        kc, contents, appends = self._kc, self._contents, self._appends
+        for key in list(self.backend.keys(WINDOW_APPENDS)):
+            kc.key = key
+            merged: dict[tuple[int, int], list[Any]] = {}
+            for (start, end, _n), chunk in sorted(appends.items()):
+                window = (start, end)
+                if window not in merged:
+                    merged[window] = list(contents.get(window, ()))
+                merged[window].extend(chunk)
+            for window, elements in merged.items():
+                contents.put(window, elements)
+            appends.clear()
 
     # -- records ------------------------------------------------------------------------
 
@@ -106,7 +148,11 @@ class TumblingWindowBuffer(WindowOperatorBase):
         first record of a (key, window) in the batch takes the checks of
         :meth:`_add_batch`, in the same order, so state, timers and output
         are the same. Contents go to the buffer (see the module), not the
-        state; the state is read only for a window written at a flush.
+        state; the state is read only for an aggregate or reduced value
+        written at a flush. A process window's buffered list (new elements
+        only, once the window is stored) grows in place: no copy per batch,
+        and no user function has it until the window is due, whose records
+        copy it (a late firing's list stays as it was given).
         """
         kc = self._kc
         ks = self._key_selector
@@ -117,6 +163,7 @@ class TumblingWindowBuffer(WindowOperatorBase):
         # what the batch adds to the buffer is checked at its end: a process window's
         # records (kept here), other windows' folded values
         added: list[Any] | None = [] if self.spec.kind is WindowKind.PROCESS else None
+        appended = self._appends is not None  # process: a stored window's list is not read
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
         folded: dict[tuple[Any, int], Any] = {}
         it = iter(batch)
@@ -139,7 +186,7 @@ class TumblingWindowBuffer(WindowOperatorBase):
                 if added is not None:
                     added.append(rec)
                 acc = buffer.get(kw, MISSING)
-                if acc is MISSING and kw in stored:
+                if acc is MISSING and kw in stored and not appended:
                     kc.key = key
                     acc = contents.get((start, start + size), MISSING)
                 if max_ts <= watermark:  # due: fires now, with this record in it
@@ -147,14 +194,17 @@ class TumblingWindowBuffer(WindowOperatorBase):
                     buffer[kw] = acc = fold(acc, rec)
                     if added is None:
                         self._check_contents([acc])
+                    if appended and kw in stored:
+                        acc = self._contents_of(key, start, size)
                     self._fire_due(start, start + size, acc)
                     continue
                 if acc is MISSING:
-                    kc.key = key
-                    self._set_timers(max_ts)
+                    if kw not in stored:
+                        kc.key = key
+                        self._set_timers(max_ts)
                     folded[kw] = fold(acc, rec)
                 else:
-                    folded[kw] = fold(acc, rec) if add is None else add(rec, acc)
+                    folded[kw] = fold_owned(acc, rec) if add is None else add(rec, acc)
         except Exception as exc:  # what the records before it folded is kept (and checked)
             buffer.update(folded)
             self._check_contents(list(folded.values()) if added is None else added)
@@ -178,19 +228,57 @@ class TumblingWindowBuffer(WindowOperatorBase):
         super().end_batch()
 
     def _write_buffer(self) -> None:
-        """Put each buffered window into the map state once; buffer none."""
+        """Write each buffered window to the map state once (appended if stored); buffer none."""
         buffer = self._buffer
         if not buffer:
             return
         assert self._tumbling is not None
-        size, kc, put = self._tumbling[0], self._kc, self._contents.put
+        size, kc, put, stored = self._tumbling[0], self._kc, self._contents.put, self._stored
+        append = None if self._appends is None else self._appends.put_unread
         current = kc.key
-        for key, start in buffer:
+        for kw, value in buffer.items():
+            key, start = kw
             kc.key = key
-            put((start, start + size), buffer[key, start])
-        self._stored.update(buffer)
+            n = stored.get(kw)
+            if n is None or append is None:
+                put((start, start + size), value)
+                stored[kw] = 0
+            else:
+                stored[kw] = n = n + 1
+                append((start, start + size, n), value)
         self._buffer = {}
         kc.key = current
+
+    def _contents_of(self, key: Any, start: int, size: int) -> Any:
+        """Return ``key``'s window at ``start``: buffered, stored, or both (process windows).
+
+        The key context is ``key``. A stored process window's elements are its
+        list, its appended chunks in order, then the buffered ones.
+        """
+        kw = (key, start)
+        value = self._buffer.get(kw, MISSING)
+        n = self._stored.get(kw)
+        if n is None:
+            return value
+        window = (start, start + size)
+        if self._appends is None:  # a single value: the buffered one is the newest
+            return self._contents.get(window, MISSING) if value is MISSING else value
+        stored = self._contents.get(window, [])
+        if not n and value is MISSING:
+            return stored
+        get = self._appends.get
+        elements = list(stored)
+        for i in range(1, n + 1):
+            elements.extend(get((*window, i)))
+        if value is not MISSING:
+            elements.extend(value)
+        return elements
+
+    def _remove_stored(self, start: int, end: int, appended: int) -> None:
+        """Remove the current key's window ``[start, end)`` and its appended chunks from state."""
+        self._contents.remove((start, end))
+        for n in range(1, appended + 1):
+            self._appends.remove((start, end, n))
 
     # -- time ---------------------------------------------------------------------------
 
@@ -207,16 +295,15 @@ class TumblingWindowBuffer(WindowOperatorBase):
         lateness`` before it is dropped (the same window without lateness);
         from the buffer, or the state if it was written there.
         """
-        buffer, stored, fired = self._buffer, self._stored, self._restored_fired
+        stored, fired = self._stored, self._restored_fired
         start = timestamp + 1 - size
-        value = buffer.get((key, start), MISSING)
-        if value is MISSING and (key, start) in stored:
-            value = self._contents.get((start, start + size), MISSING)
-        if value is not MISSING and not (fired and (key, timestamp) in fired):
-            self._fire(TimeWindow(start, start + size), value)
+        if not (fired and (key, timestamp) in fired):
+            value = self._contents_of(key, start, size)
+            if value is not MISSING:
+                self._fire(TimeWindow(start, start + size), value)
         start -= self._lateness
-        buffer.pop((key, start), None)
-        if (key, start) in stored:
-            stored.discard((key, start))
-            self._contents.remove((start, start + size))
+        self._buffer.pop((key, start), None)
+        appended = stored.pop((key, start), None)
+        if appended is not None:
+            self._remove_stored(start, start + size, appended)
             fired.discard((key, start + size - 1))

@@ -25,8 +25,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiostream_ckpt.jobspec.functions import RuntimeContext
+from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
-from aiostream_ckpt.runtime.tumbling_windows import TumblingWindowBuffer
+from aiostream_ckpt.runtime.tumbling_windows import WINDOW_APPENDS, TumblingWindowBuffer
 from aiostream_ckpt.runtime.window_base import MAX_HELD, WINDOW_CONTENTS
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import (
@@ -35,7 +36,7 @@ from aiostream_ckpt.time.timers import (
     InternalTimerService,
 )
 
-__all__ = ["WINDOW_CONTENTS", "WindowOperator"]
+__all__ = ["WINDOW_APPENDS", "WINDOW_CONTENTS", "WindowOperator"]
 
 
 class WindowOperator(TumblingWindowBuffer):
@@ -49,6 +50,15 @@ class WindowOperator(TumblingWindowBuffer):
             MapStateDescriptor(
                 WINDOW_CONTENTS, None, self.spec.state_type, serializer=self.spec.serializer
             )
+        )
+        self._appends = (
+            self.backend.create_state(
+                MapStateDescriptor(
+                    WINDOW_APPENDS, None, self.spec.state_type, serializer=self.spec.serializer
+                )
+            )
+            if self.spec.kind is WindowKind.PROCESS and not self.spec.assigner.merging
+            else None
         )
         self._restored_fired = set()
         timers = self._timers = InternalTimerService(self.backend)
@@ -124,11 +134,14 @@ class WindowOperator(TumblingWindowBuffer):
         return service.first_event_timers()
 
     def _drop_fired(self, first_timer: int) -> None:
-        """Drop the current key's windows that end before ``first_timer`` (they fired)."""
-        contents = self._contents
-        for window in list(contents.keys()):
-            if window[1] - 1 < first_timer:
-                contents.remove(window)
+        """Drop the current key's windows that end before ``first_timer`` (they fired).
+
+        And their appended chunks, whose map keys ``(start, end, n)`` end the same way.
+        """
+        for state in (self._contents, self._appends):
+            for window in [] if state is None else list(state.keys()):
+                if window[1] - 1 < first_timer:
+                    state.remove(window)
 
     def _arm_stored_windows(self) -> None:
         """With allowed lateness, give each stored window its timers for this lateness.
@@ -177,9 +190,8 @@ class WindowOperator(TumblingWindowBuffer):
 
     def _drop_window(self, key: Any, max_ts: int) -> None:
         """Drop ``key``'s window ending at ``max_ts`` (the key context is set to ``key``)."""
-        contents = self._contents
-        for window in list(contents.keys()):
+        for window in list(self._contents.keys()):
             if window[1] - 1 == max_ts:
-                contents.remove(window)
+                appended = self._stored.pop((key, window[0]), 0)
+                self._remove_stored(window[0], window[1], appended)
                 self._buffer.pop((key, window[0]), None)
-                self._stored.discard((key, window[0]))

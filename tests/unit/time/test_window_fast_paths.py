@@ -11,6 +11,7 @@ state after every step.
 
 from __future__ import annotations
 
+import copy
 import random
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import AggregateFunction
 from aiostream_ckpt.runtime.operators import RecordFailed
 from aiostream_ckpt.runtime.session_windows import SESSIONS, SessionWindowOperator
-from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS
+from aiostream_ckpt.runtime.window_operator import WINDOW_APPENDS, WINDOW_CONTENTS
 from aiostream_ckpt.time import EventTimeSessionWindows, TumblingEventTimeWindows
 from tests.unit.time.support import open_window_operator, window_backend
 
@@ -134,16 +135,29 @@ def _state(op: Any) -> Any:
 
 
 def _windows(op: Any) -> list[tuple[Any, list[Any]]]:
-    """Each key's open windows: the map state's, overlaid with the tumbling path's buffer."""
+    """Each key's open windows: the map state's, overlaid with the tumbling path's buffer.
+
+    A process window in the map state is its list, then its appended chunks in
+    order, then (tumbling) the elements buffered since it was written.
+    """
     backend = op.backend
     windows: dict[Any, dict[Any, Any]] = {}
     for k in backend.keys(WINDOW_CONTENTS):
         backend.key_context.key = k
         windows[k] = dict(op._contents.items())
+    appends = getattr(op, "_appends", None)
+    if appends is not None:
+        for k in backend.keys(WINDOW_APPENDS):
+            backend.key_context.key = k
+            for (start, end, _n), chunk in sorted(appends.items()):
+                windows[k][start, end] = [*windows[k][start, end], *chunk]
     if op._tumbling is not None:
         size = op._tumbling[0]
         for (k, start), value in op._buffer.items():
-            windows.setdefault(k, {})[(start, start + size)] = value
+            w, window = windows.setdefault(k, {}), (start, start + size)
+            appended = appends is not None and (k, start) in op._stored
+            # a copy: a buffered list grows in place with the next batches
+            w[window] = [*w[window], *value] if appended else copy.copy(value)
     return [(k, sorted(w.items())) for k, w in sorted(windows.items()) if w]
 
 
