@@ -1,4 +1,4 @@
-"""The tumbling-window operator's cost past its held bound, without checkpoints.
+"""The tumbling-window operator's cost past its held bound, or across checkpoints.
 
 ``python -m bench.window_held --kind process --windows 10000 --per-window 100 --bound 2000``
 drives one window operator as a task does with checkpoints off (a batch, then
@@ -9,11 +9,14 @@ fires every window. With more windows open than ``--bound`` (the state cache's
 keyed state after it: a record's cost past the bound must not grow with its
 window's length. Prints CPU seconds (of this process), peak RSS, the working
 LMDB's size and the output count: the operator alone, not the job around it.
+``--barrier-every N`` takes a checkpoint every N batches (incremental, as
+the task does) and adds the bytes all of them wrote.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import resource
 import tempfile
@@ -25,6 +28,7 @@ from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import CountAggregate, ProcessWindowFunction
 from aiostream_ckpt.runtime.window_operator import WindowOperator
+from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import TumblingEventTimeWindows
@@ -37,14 +41,29 @@ class CountElements(ProcessWindowFunction[Any, Any, Any]):
         out.collect((key, len(elements)))
 
 
-def run(kind: str, windows: int, per_window: int, bound: int, batch: int) -> dict[str, Any]:
+def _checkpoint(op: WindowOperator, root: Path, cid: int) -> None:
+    """A checkpoint as the task takes one: the pre-barrier flush, then the backend's parts."""
+    op.prepare_snapshot_pre_barrier(cid)
+    backend = op.backend
+    assert backend is not None
+    part = backend.snapshot(SnapshotTarget(cid, root, root / f"chk-{cid}", root / "shared"))
+    asyncio.run(part.prepare())
+    part.write()
+    asyncio.run(part.settle())
+    backend.notify_checkpoint_complete(cid)
+
+
+def run(
+    kind: str, windows: int, per_window: int, bound: int, batch: int, barrier_every: int = 0
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="window-held-"))
+    root = tmp / "checkpoints"
     backend = LmdbStateBackend(
         operator_uid="w",
         subtask_index=0,
         key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
         max_parallelism=MAX_PARALLELISM,
-        local_dir=tmp,
+        local_dir=tmp / "local",
         cache_max_entries=bound,
     )
     process = kind == "process"
@@ -64,19 +83,25 @@ def run(kind: str, windows: int, per_window: int, bound: int, batch: int) -> dic
     events = ({"k": k, "ts": r} for r in range(per_window) for k in range(windows))
     fired = 0
     t0 = time.process_time()
+    batches = 0
     while records := list(itertools.islice(events, batch)):
         fired += len(op.process_batch(records))
         op.end_batch()
+        batches += 1
+        if barrier_every and batches % barrier_every == 0:
+            _checkpoint(op, root, batches // barrier_every)
     fired += len(op.process_watermark((1 << 40) - 1))
     op.end_batch()
     cpu = time.process_time() - t0
     working = backend.working_bytes()
+    written = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     backend.close()
     assert fired == windows, fired
     return {
         "cpu_s": round(cpu, 2),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "working_lmdb_mb": working >> 20,
+        "checkpoint_mb": round(written / 2**20, 1),
         "max_held": op.max_held,
         "fired": fired,
     }
@@ -89,8 +114,11 @@ def main() -> None:
     parser.add_argument("--per-window", type=int, default=100)
     parser.add_argument("--bound", type=int, default=2_000, help="state.cache_max_entries")
     parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument(
+        "--barrier-every", type=int, default=0, help="a checkpoint every N batches (0: none)"
+    )
     a = parser.parse_args()
-    print(run(a.kind, a.windows, a.per_window, a.bound, a.batch))
+    print(run(a.kind, a.windows, a.per_window, a.bound, a.batch, a.barrier_every))
 
 
 if __name__ == "__main__":
