@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -96,6 +97,7 @@ def run(
     working = backend.working_bytes()
     written = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     backend.close()
+    shutil.rmtree(tmp)
     assert fired == windows, fired
     return {
         "cpu_s": round(cpu, 2),
