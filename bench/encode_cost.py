@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -77,6 +78,7 @@ def run(kind: str, keys: int, runs: int) -> dict[str, list[float]]:
                 out[step].append(dt / keys)
     finally:
         b.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
