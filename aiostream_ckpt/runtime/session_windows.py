@@ -24,9 +24,13 @@ the allowed lateness); a session that grows or merges keeps its parts'
 timers, which fire no later than its own, and the first of them that fires
 sets the session's current ones (:meth:`SessionWindowOperator._on_timer`). So
 a growing session costs no timer work per click, and a key holds about one
-timer per open session, whatever its history. A session that fired has no
-timer before its cleanup: a late record that grows it past the watermark
-sets its end's timers (it fires again there, as Flink's merging trigger does).
+timer per open session, whatever its history. Without allowed lateness the
+timers are :class:`~aiostream_ckpt.runtime.session_timers.SessionTimers`: one
+per key, at its earliest session's end, and a key's one held session whose
+timer comes due early is re-armed at its end by the timer loop itself. A
+session that fired has no timer before its cleanup: a late record that grows
+it past the watermark sets its end's timers (it fires again there, as Flink's
+merging trigger does).
 
 Lateness, late firing and the late side output are the window operator's
 (Flink's): a record whose session is late goes to the side output; one that
@@ -45,6 +49,7 @@ from typing import Any
 from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.windows import EventTimeSessionWindows, TimeWindow
 from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.session_timers import SessionTimers
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
 from aiostream_ckpt.state.codecs import EXACT_SCALARS
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
@@ -91,6 +96,17 @@ class SessionWindowOperator(WindowOperator):
         #: what this batch put into held sessions (see ``contents_check``)
         self._added: list[Any] = []
         self._migrate()
+
+    def _derived_timers(self) -> SessionTimers:
+        assert self.backend is not None
+        return SessionTimers(self.backend)
+
+    def _advance_timers(self, timestamp: int) -> None:
+        timers = self._timers
+        if isinstance(timers, SessionTimers):
+            timers.advance_watermark(timestamp, self._on_timer, self._held)
+        else:
+            super()._advance_timers(timestamp)
 
     def _migrate(self) -> None:
         """Move sessions a checkpoint of the map layout holds into the value state."""

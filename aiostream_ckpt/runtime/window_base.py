@@ -36,6 +36,7 @@ from aiostream_ckpt.jobspec.window_functions import (
 )
 from aiostream_ckpt.jobspec.windows import TimeWindow
 from aiostream_ckpt.runtime.operators import RecordFailed, StreamOperator
+from aiostream_ckpt.runtime.session_timers import SessionTimers
 from aiostream_ckpt.state.backend import KeyContext
 from aiostream_ckpt.state.codecs import EXACT_SCALARS, UNTYPED, StateTypeError, value_codec
 from aiostream_ckpt.time.timers import (
@@ -131,7 +132,7 @@ class WindowOperatorBase(StreamOperator):
         self._reduce = cast("Callable[[Any, Any], Any]", spec.function)
         self._process = cast("ProcessWindowFunction[Any, Any, Any]", spec.function)
         self._scheduler: ProcessingTimeScheduler | None = None
-        self._timers: InternalTimerService | DerivedEventTimers | None = None
+        self._timers: InternalTimerService | DerivedEventTimers | SessionTimers | None = None
         self._contents: Any = None
         self._out: Collector[Any] = Collector()
         self.watermark = MIN_WATERMARK
@@ -282,10 +283,15 @@ class WindowOperatorBase(StreamOperator):
             self.watermark = timestamp
         out: list[Any] = []
         self._out.collect = out.append
-        self._timers.advance_watermark(timestamp, self._on_timer)
+        self._advance_timers(timestamp)
         if self._restored_fired:  # the timers at their ends have fired; none is set again
             self._restored_fired = {e for e in self._restored_fired if e[1] > timestamp}
         return out
+
+    def _advance_timers(self, timestamp: int) -> None:
+        """Fire the timers at or before ``timestamp``."""
+        assert self._timers is not None
+        self._timers.advance_watermark(timestamp, self._on_timer)
 
     def restore_watermark(self, timestamp: int) -> None:
         assert self._timers is not None
@@ -340,5 +346,5 @@ class WindowOperatorBase(StreamOperator):
             self.user_function_failed(f"{type(fn).__name__}.{step}", "window", fired, exc)
 
     @property
-    def timer_service(self) -> InternalTimerService | DerivedEventTimers | None:
+    def timer_service(self) -> InternalTimerService | DerivedEventTimers | SessionTimers | None:
         return self._timers

@@ -27,6 +27,7 @@ from typing import Any
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
+from aiostream_ckpt.runtime.session_timers import SessionTimers
 from aiostream_ckpt.runtime.tumbling_windows import WINDOW_APPENDS, TumblingWindowBuffer
 from aiostream_ckpt.runtime.window_base import MAX_HELD, WINDOW_CONTENTS
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
@@ -110,10 +111,15 @@ class WindowOperator(TumblingWindowBuffer):
             kc.key = key
             stored.clear()
             self._drop_fired(first)
-        timers = self._timers = DerivedEventTimers(backend)
+        timers = self._timers = self._derived_timers()
         for _key, max_ts in self._window_ends():
             timers.register_event_time_timer(max_ts)
         kc.key = None
+
+    def _derived_timers(self) -> DerivedEventTimers | SessionTimers:
+        """Return the in-memory timers of windows without allowed lateness (sessions: their own)."""
+        assert self.backend is not None
+        return DerivedEventTimers(self.backend)
 
     def _first_stored_timers(self) -> dict[Any, int]:
         """Each key's earliest stored timer: its windows ending before it have fired.

@@ -239,8 +239,8 @@ class InternalTimerService:
         return len(self._event.live), len(self._proc.live)
 
 
-#: A :class:`DerivedEventTimers` bucket holds the timers of one ``timestamp >> _BUCKET_BITS``.
-_BUCKET_BITS = 10
+#: A :class:`DerivedEventTimers` bucket holds the timers of one ``timestamp >> BUCKET_BITS``.
+BUCKET_BITS = 10
 _TS = itemgetter(0)
 
 
@@ -254,7 +254,7 @@ class DerivedEventTimers:
     LMDB records at every checkpoint, for information the state already has.
 
     A calendar queue: a timer is appended to the bucket of its ~1 s of event
-    time (:data:`_BUCKET_BITS`); a watermark sorts the buckets it reaches
+    time (:data:`BUCKET_BITS`); a watermark sorts the buckets it reaches
     (stably, so equal times fire in the order they were set, as from a heap
     with a sequence number) and fires the timers at or before it in time
     order. Why: session windows set a timer again each time one fires early
@@ -284,7 +284,7 @@ class DerivedEventTimers:
         if entry in live:
             return
         live.add(entry)
-        n = timestamp >> _BUCKET_BITS
+        n = timestamp >> BUCKET_BITS
         run = self._run
         if run is not None and timestamp <= self.watermark and n <= self._run_bucket:
             # due in this advance, before the buckets still to come: into the firing run
@@ -313,11 +313,11 @@ class DerivedEventTimers:
         if watermark > self.watermark:
             self.watermark = watermark
         ids, buckets = self._ids, self._buckets
-        while ids and ids[0] << _BUCKET_BITS <= watermark:
+        while ids and ids[0] << BUCKET_BITS <= watermark:
             n = ids[0]
             bucket = buckets[n]
             bucket.sort(key=_TS)
-            if ((n + 1) << _BUCKET_BITS) - 1 <= watermark:
+            if ((n + 1) << BUCKET_BITS) - 1 <= watermark:
                 cut = len(bucket)
             else:  # the watermark is inside the bucket: its later timers stay
                 cut = bisect_right(bucket, watermark, key=_TS)
@@ -358,10 +358,10 @@ class DerivedEventTimers:
                     self.register_event_time_timer(later)
                 elif entry not in live:
                     live.add(entry)
-                    self._add(later >> _BUCKET_BITS, entry)
+                    self._add(later >> BUCKET_BITS, entry)
         except BaseException:
             for entry in run[i + 1 :]:  # not fired: pending again, as in a heap
-                self._add(entry[0] >> _BUCKET_BITS, entry)
+                self._add(entry[0] >> BUCKET_BITS, entry)
             raise
         finally:
             self._run = None

@@ -16,10 +16,10 @@ import pytest
 
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
+from aiostream_ckpt.runtime.session_timers import SessionTimers
 from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.time import CountAggregate, EventTimeSessionWindows
-from aiostream_ckpt.time.timers import DerivedEventTimers
 from tests.unit.time.support import open_window_operator, window_backend
 
 
@@ -200,13 +200,13 @@ def test_a_growing_session_registers_one_timer_not_one_per_early_fire(
     # each early fire registered the timer again (31 registrations); now the timer loop
     # re-arms it from the callback's return, and the session registers one.
     registered: list[int] = []
-    register = DerivedEventTimers.register_event_time_timer
+    register = SessionTimers.register_event_time_timer
 
-    def counting(self: DerivedEventTimers, timestamp: int) -> None:
+    def counting(self: SessionTimers, timestamp: int) -> None:
         registered.append(timestamp)
         register(self, timestamp)
 
-    monkeypatch.setattr(DerivedEventTimers, "register_event_time_timer", counting)
+    monkeypatch.setattr(SessionTimers, "register_event_time_timer", counting)
     backend = window_backend(tmp_path, "sessions")
     op = _operator(backend, WindowKind.AGGREGATE)
     out: list[Any] = []
