@@ -245,8 +245,15 @@ def table(runs: list[RunResult]) -> str:
         win = r.config.get("windowed")
         if r.status == "ok" and win:
             # the target is judged on the steady tenths; the raw first/last beside it
+            x = win.get("x_pv_count_paired")
             note = (
-                f"{_fmt(win.get('x_pv_count'), '.2f')}x pv_count; last/first 10 %: "
+                (
+                    f"{_fmt(x, '.2f')}x pv_count paired ({_fmt(win.get('x_pv_count'), '.2f')} "
+                    "by medians)"
+                    if x is not None
+                    else f"{_fmt(win.get('x_pv_count'), '.2f')}x pv_count"
+                )
+                + "; last/first 10 %: "
                 f"{_fmt(win.get('steady_last_vs_first'), '.2f')} steady, "
                 f"{_fmt(win.get('last_vs_first'), '.2f')} raw"
             )

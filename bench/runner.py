@@ -107,6 +107,7 @@ def measure(
     label: str = "",
     check: Callable[[Path, Path], Verdict] | None = None,
     parallel_readers: bool = False,
+    before_each: Callable[[int], None] | None = None,
 ) -> Measured:
     """Run ``system`` ``repeats`` times; figures are medians over the repeats.
 
@@ -114,6 +115,8 @@ def measure(
     ``parallel_readers``: the input files are read at once, one reader each (one
     per subtask or worker): the steady window is then that of the slowest
     reader's progress (:func:`~bench.stats.slowest_reader`), not of the sum.
+    ``before_each(i)`` runs right before repeat ``i``, after the quiet wait (a
+    reference run that the repeat is paired with).
     """
     res = RunResult(
         system=system.name, path=system.path, experiment=experiment, events=workload.events
@@ -141,6 +144,8 @@ def measure(
         )
         background = wait_for_quiet(say=say, max_wait=QUIET_WAIT[0])
         backgrounds.append(round(background, 2))
+        if before_each is not None:
+            before_each(i)
         attempt = system.run(spec)
         rec = attempt.record
         if rec.exit_code != 0:
