@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
-from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, PackedDelta, pack_delta
 from aiostream_ckpt.state.lmdb.writes import _put
+from bench.backends import one_instance_backend
 
 
 def write_set(kind: str, keys: int) -> tuple[ValueStateDescriptor, dict[str, Any]]:
@@ -47,13 +46,7 @@ def write_set(kind: str, keys: int) -> tuple[ValueStateDescriptor, dict[str, Any
 
 def run(kind: str, keys: int, runs: int) -> dict[str, list[float]]:
     tmp = Path(tempfile.mkdtemp(prefix="encode-cost-"))
-    b = LmdbStateBackend(
-        operator_uid="op",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, 127),
-        max_parallelism=128,
-        local_dir=tmp,
-    )
+    b = one_instance_backend("op", tmp)
     descriptor, frozen = write_set(kind, keys)
     state = b.create_state(descriptor)
     gc.set_threshold(50_000)  # as tune_gc sets it in a task process

@@ -19,21 +19,13 @@ from pathlib import Path
 
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
-from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
-
-MAX_PARALLELISM = 128
+from bench.backends import one_instance_backend
 
 
 def _backend(tmp: Path, ratio: float) -> LmdbStateBackend:
-    return LmdbStateBackend(
-        operator_uid="pv",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
-        max_parallelism=MAX_PARALLELISM,
-        local_dir=tmp / "local",
-        cache_max_entries=4_000_000,
-        max_delta_ratio=ratio,
+    return one_instance_backend(
+        "pv", tmp / "local", cache_max_entries=4_000_000, max_delta_ratio=ratio
     )
 
 

@@ -30,11 +30,9 @@ from aiostream_ckpt.jobspec.window_functions import CountAggregate
 from aiostream_ckpt.runtime.process import tune_gc
 from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
-from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import EventTimeSessionWindows
+from bench.backends import one_instance_backend
 
-MAX_PARALLELISM = 128
 GAP_MS = 30_000
 MAX_DELAY_MS = 1_000
 
@@ -48,13 +46,7 @@ def clicks(n: int, users: int, seed: int = 1) -> list[dict[str, Any]]:
 def run(
     events: list[dict[str, Any]], *, batch: int, barrier_every: int, work: Path
 ) -> dict[str, Any]:
-    backend = LmdbStateBackend(
-        operator_uid="sessions",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
-        max_parallelism=MAX_PARALLELISM,
-        local_dir=work / "state",
-    )
+    backend = one_instance_backend("sessions", work / "state")
     spec = WindowSpec(
         assigner=EventTimeSessionWindows.with_gap(GAP_MS),
         kind=WindowKind.AGGREGATE,

@@ -21,10 +21,7 @@ from pathlib import Path
 
 from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget, StateHandle
 from aiostream_ckpt.state.descriptors import ValueStateDescriptor
-from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb import LmdbStateBackend
-
-MAX_PARALLELISM = 128
+from bench.backends import one_instance_backend
 
 
 def _finish(part: AsyncSnapshotPart) -> StateHandle:
@@ -37,15 +34,7 @@ def _finish(part: AsyncSnapshotPart) -> StateHandle:
 def run(keys: int, churn: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="snapshot-cost-"))
     root = tmp / "checkpoints"
-    b = LmdbStateBackend(
-        operator_uid="op",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
-        max_parallelism=MAX_PARALLELISM,
-        local_dir=tmp / "local",
-        cache_max_entries=2 * keys,
-        max_delta_ratio=0.0,
-    )
+    b = one_instance_backend("op", tmp / "local", cache_max_entries=2 * keys, max_delta_ratio=0.0)
     v = b.create_state(ValueStateDescriptor("v"))
     ctx = b.key_context
     for i in range(keys):

@@ -30,11 +30,8 @@ from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import CountAggregate, ProcessWindowFunction
 from aiostream_ckpt.runtime.window_operator import WindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
-from aiostream_ckpt.state.keygroups import KeyGroupRange
-from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import TumblingEventTimeWindows
-
-MAX_PARALLELISM = 128
+from bench.backends import one_instance_backend
 
 
 class CountElements(ProcessWindowFunction[Any, Any, Any]):
@@ -59,14 +56,7 @@ def run(
 ) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="window-held-"))
     root = tmp / "checkpoints"
-    backend = LmdbStateBackend(
-        operator_uid="w",
-        subtask_index=0,
-        key_group_range=KeyGroupRange(0, MAX_PARALLELISM - 1),
-        max_parallelism=MAX_PARALLELISM,
-        local_dir=tmp / "local",
-        cache_max_entries=bound,
-    )
+    backend = one_instance_backend("w", tmp / "local", cache_max_entries=bound)
     process = kind == "process"
     spec = WindowSpec(
         assigner=TumblingEventTimeWindows.of(1 << 40),
