@@ -3,6 +3,13 @@
 Shared by the generator and the file source. A paced job lasts as long on any
 machine (a fast one only idles more), so the checkpoints it takes along the
 way, and what happens between them, do not depend on the machine's speed.
+
+Records go out in slices of :data:`MIN_PACING_SLICE` of the rate (or all that
+was asked for), never one at a time: under uvloop a sleep shorter than a
+millisecond returns at once, so a reader that waited for its next record
+(0.2 ms at 5,000/s) spun the event loop, and each batch of one record paid
+the task loop's turn. The soak's pv_count at 5,000 events/s took 76 % of a
+core that way.
 """
 
 from __future__ import annotations
@@ -12,6 +19,11 @@ from aiostream_ckpt.errors import ConfigError
 
 #: Pacing never suspends longer than this, so a paced reader still answers soon.
 MAX_PACING_SLEEP = 0.05
+#: Seconds of the rate a paced reader waits for before letting records out (when asked for
+#: that many): a few ms of latency, against a task-loop turn per record.
+MIN_PACING_SLICE = 0.005
+#: Shortest sleep: an event loop's timers count whole milliseconds (uvloop's a shorter one as 0).
+MIN_PACING_SLEEP = 0.001
 
 
 def check_rate(rate: float | None) -> float | None:
@@ -31,18 +43,26 @@ class Pacer:
         self._emitted = 0
 
     async def allowance(self, want: int) -> int:
-        """How many of ``want`` records may go out now; may sleep a little, may be 0."""
+        """How many of ``want`` records may go out now; may sleep a little, may be 0.
+
+        Waits for a slice's worth (:data:`MIN_PACING_SLICE`, at most ``want``)
+        to be due, sleeping at least :data:`MIN_PACING_SLEEP` and at most
+        :data:`MAX_PACING_SLEEP` at a time; after two sleeps it lets out what
+        is due, if any.
+        """
         clock = self._clock
         if self._since is None:
             self._since = clock.monotonic()
+        need = max(1, min(want, int(self.rate * MIN_PACING_SLICE)))
         for _ in range(2):
             elapsed = clock.monotonic() - self._since
             allowed = int(elapsed * self.rate) - self._emitted
-            if allowed >= 1:
+            if allowed >= need:
                 return min(want, allowed)
-            wait = (self._emitted + 1) / self.rate - elapsed
-            await clock.sleep(min(wait, MAX_PACING_SLEEP))
-        return 0
+            wait = (self._emitted + need) / self.rate - elapsed
+            await clock.sleep(min(max(wait, MIN_PACING_SLEEP), MAX_PACING_SLEEP))
+        allowed = int((clock.monotonic() - self._since) * self.rate) - self._emitted
+        return max(0, min(want, allowed))
 
     def emitted(self, n: int) -> None:
         """Count ``n`` records as let out."""
