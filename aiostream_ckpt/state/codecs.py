@@ -45,6 +45,7 @@ when it cannot change (an exact scalar), else its encoding as a ``bytearray``
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
+import msgspec.inspect
 
 from aiostream_ckpt.errors import StateError, StateMigrationError
 from aiostream_ckpt.state.serde import decode_key
@@ -290,7 +292,7 @@ class UntypedJsonCodec(ValueCodec):
 class TypedJsonCodec(ValueCodec):
     """msgspec JSON with a declared type; ``check_type`` is what one value must be."""
 
-    __slots__ = ("_check_decode", "_tp")
+    __slots__ = ("_check_decode", "_tp", "_walk")
 
     def __init__(self, tp: Any, check_type: Any = None, *, state: str = "") -> None:
         try:
@@ -302,6 +304,8 @@ class TypedJsonCodec(ValueCodec):
             ) from exc
         self._tp = tp if check_type is None else check_type
         self._check_decode = check_decoder.decode
+        #: a str/int enum inside: the check walks the value (see :func:`_class_change`)
+        self._walk = _holds_str_or_int_enum(msgspec.inspect.type_info(self._tp))
         loads = _migrating(
             decoder.decode,
             f"state {state!r}: a stored value does not fit the declared type {type_name(tp)}",
@@ -323,11 +327,11 @@ class TypedJsonCodec(ValueCodec):
             back = self._check_decode(raw)
         except (msgspec.EncodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
             raise self._refuse(value, state, str(exc)) from exc
-        if (
-            back.__class__ is not value.__class__
-            or back != value
-            or not _same_json(back, value, raw)
-        ):
+        if back.__class__ is not value.__class__ or back != value:
+            raise self._refuse(value, state, f"it would read back as {back!r}")
+        if self._walk and (where := _class_change(back, value)) is not None:
+            raise self._refuse(value, state, where)
+        if not _same_json(back, value, raw):
             raise self._refuse(value, state, f"it would read back as {back!r}")
         return raw
 
@@ -346,8 +350,13 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
     declared ``Decimal`` as ``Decimal('1')``): equal, yet an app formatting it
     prints ``1.0`` after a restore and ``1`` before. Their encodings differ.
     A set may iterate in another order once rebuilt, so unequal bytes get a
-    second, order-free look. A ``str``/``int`` *subclass* inside a container
-    (a plain ``"x"`` in a ``list[StrEnum]``) encodes the same and stays unseen.
+    second, order-free look. What equal bytes cannot see is a class that
+    JSON does not write: a plain ``"x"`` in a ``list[StrEnum]`` (it reads back
+    as the enum) is found by :func:`_class_change`, which the codec runs for
+    declared types holding a ``str``/``int`` enum. Left unseen: the reverse, a
+    ``str``/``int`` *subclass* (an enum member) where the declared type says
+    ``str``/``int``/``Any``: it reads back as its base class, and finding it
+    would take a walk of every value of every typed state.
     """
     if _json_encode(back) == raw:
         return True
@@ -358,6 +367,109 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
 
 
 _sorted_encode: Dumps = msgspec.json.Encoder(order="deterministic").encode
+
+
+def _holds_str_or_int_enum(info: msgspec.inspect.Type) -> bool:
+    """Whether a declared type (msgspec's view of it) has a ``str``/``int`` enum anywhere.
+
+    Why: such an enum's members encode as, and compare equal to, plain
+    ``str``/``int`` values, so only a walk of the value tells them apart.
+    """
+    seen: set[int] = set()
+    todo = [info]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:  # recursive types are cycles
+            continue
+        seen.add(id(t))
+        if isinstance(t, msgspec.inspect.EnumType) and issubclass(t.cls, str | int):
+            return True
+        for attr in ("item_type", "key_type", "value_type"):
+            if (sub := getattr(t, attr, None)) is not None:
+                todo.append(sub)
+        todo.extend(getattr(t, "item_types", None) or getattr(t, "types", None) or ())
+        todo.extend(f.type for f in getattr(t, "fields", None) or ())
+    return False
+
+
+def _class_change(back: Any, value: Any) -> str | None:
+    """Say where ``back`` (``value`` read back) holds another class than ``value``, or None.
+
+    Containers item by item (dict keys too, set elements paired by their
+    encoding), dataclasses, attrs classes and ``msgspec.Struct`` field by field.
+    """
+    path = _changed_at(back, value)
+    return None if path is None else "value" + "".join(reversed(path[1:])) + path[0]
+
+
+def _changed_at(back: Any, value: Any) -> list[str] | None:
+    """:func:`_class_change`'s walk: [what changed, innermost step, ..., outermost step]."""
+    cls = value.__class__
+    if back.__class__ is not cls:
+        return [f" is of type {cls.__name__}: it would read back as {back!r}"]
+    if cls is list or isinstance(value, tuple):  # a NamedTuple too
+        return _items_changed_at(list(back), list(value), lambda i: f"[{i}]")
+    if cls is dict:
+        keys = list(value)
+        return _items_changed_at(list(back), keys, lambda i: f" key {keys[i]!r}") or (
+            _items_changed_at(list(back.values()), list(value.values()), lambda i: f"[{keys[i]!r}]")
+        )
+    if cls is set or cls is frozenset:
+        items = list(value)
+        by_bytes = {_sorted_encode(b): b for b in back}
+        paired = [by_bytes.get(_sorted_encode(v), _MISSING) for v in items]
+        return _items_changed_at(paired, items, lambda i: f" element {items[i]!r}")
+    fields = _field_names(cls)
+    if not fields:
+        return None
+    return _items_changed_at(
+        [getattr(back, f) for f in fields],
+        [getattr(value, f) for f in fields],
+        lambda i: f".{fields[i]}",
+    )
+
+
+def _items_changed_at(
+    backs: list[Any], values: list[Any], step: Callable[[int], str]
+) -> list[str] | None:
+    """Compare the classes of items in C, and walk into the items that hold more."""
+    classes = [*map(type, values)]
+    if [*map(type, backs)] == classes and not any(map(_holds_items, {*classes})):
+        return None
+    for i, (b, v) in enumerate(zip(backs, values, strict=True)):
+        if (path := _changed_at(b, v)) is not None:
+            path.append(step(i))
+            return path
+    return None
+
+
+def _holds_items(cls: type) -> bool:
+    return cls in _CONTAINERS or issubclass(cls, tuple) or bool(_field_names(cls))
+
+
+_CONTAINERS = frozenset({list, dict, set, frozenset})
+_MISSING = object()
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """Return the fields msgspec encodes of a dataclass, attrs class or Struct; () for others.
+
+    Cached by class: looking for them on an enum class costs ~10 us (its
+    metaclass's ``__getattr__``), more than the rest of a value's check.
+    """
+    names = _FIELDS.get(cls)
+    if names is None:
+        if dataclasses.is_dataclass(cls):
+            names = tuple(f.name for f in dataclasses.fields(cls))
+        elif (struct := getattr(cls, "__struct_fields__", None)) is not None:
+            names = tuple(struct)
+        else:
+            names = tuple(a.name for a in getattr(cls, "__attrs_attrs__", ()))
+        _FIELDS[cls] = names
+    return names
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 class PickleCodec(ValueCodec):

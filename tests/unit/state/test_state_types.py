@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import field, make_dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Optional
 
 import orjson
@@ -340,3 +340,66 @@ def test_rescale_merges_handles_where_one_instance_never_declared_the_type(env) 
         for key in keys.values():
             r.key_context.key = key
             assert s.value() == datetime(2026, 1, 1)
+
+
+class Shade(StrEnum):
+    DARK = "dark"
+
+
+Swatch = make_dataclass("Swatch", [("shade", Shade), ("level", Level)])
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (list[Shade], ["dark"]),
+        (dict[str, Level], {"a": 1}),
+        (dict[Level, int], {1: 5}),
+        (tuple[int, Shade], (1, "dark")),
+        (set[Shade], {"dark"}),
+        (Swatch, Swatch("dark", Level.LOW)),
+        (list[Swatch], [Swatch(Shade.DARK, 1)]),
+        (list[Shade | None], [None, "dark"]),
+    ],
+    ids=["list", "dict-value", "dict-key", "tuple", "set", "field", "nested-field", "optional"],
+)
+def test_typed_state_refuses_a_plain_str_or_int_where_a_str_or_int_enum_is_declared(
+    env, tp, value
+) -> None:
+    """A plain "dark" in a list[Shade] (a StrEnum) encodes as Shade.DARK does and
+    compares equal to it, but reads back as Shade.DARK after a restore: its type
+    changed. Refused at the write, with where it is (fails on the code before it)."""
+    b = env.backend()
+    b.key_context.key = "k"
+    v = b.create_state(ValueStateDescriptor("shades", tp))
+    with pytest.raises(StateTypeError, match=r"state 'shades' is declared .*read back as"):
+        v.update(value)
+    assert v.value() is None
+    lst = b.create_state(ListStateDescriptor("l", tp))
+    with pytest.raises(StateTypeError, match=r"state 'l' is declared"):
+        lst.add(value)
+    m = b.create_state(MapStateDescriptor("m", str, tp))
+    with pytest.raises(StateTypeError, match=r"state 'm' is declared"):
+        m.put("a", value)
+
+
+@pytest.mark.parametrize(
+    ("tp", "value"),
+    [
+        (list[Shade], [Shade.DARK]),
+        (dict[Level, Shade], {Level.LOW: Shade.DARK}),
+        (set[Shade], {Shade.DARK}),
+        (Swatch, Swatch(Shade.DARK, Level.LOW)),
+        (list[Shade | None], [None, Shade.DARK]),
+    ],
+    ids=["list", "dict", "set", "fields", "optional"],
+)
+def test_declared_str_and_int_enums_in_containers_read_back_as_themselves(env, tp, value) -> None:
+    b = env.backend()
+    b.key_context.key = "k"
+    d = ValueStateDescriptor("shades", tp)
+    b.create_state(d).update(value)
+    r = _restored(env, env.checkpoint(b, 1))
+    r.key_context.key = "k"
+    got = r.create_state(d).value()
+    assert got == value and repr(got) == repr(value)
