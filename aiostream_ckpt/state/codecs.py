@@ -24,10 +24,13 @@ that checks each value when it is written:
   ``time``/``timedelta``, ``UUID``, ``Decimal``, ``bytes``, tuples, sets,
   frozensets, dataclasses, enums, ``msgspec.Struct`` and ``typing`` generics
   of these (``dict[str, tuple[int, datetime]]``). The check encodes and decodes
-  the value and compares: whatever does not come back equal and of the same
-  type is refused. JSON, not msgpack, because the bytes are the untyped
-  codec's: a checkpoint written before a type was declared (by orjson, older
-  versions) restores into the declared type.
+  the value and compares: whatever does not come back equal, of the same
+  type and encoding the same is refused; a value equal to nothing (an
+  ``eq=False`` dataclass, ``Decimal('NaN')``) passes when its read-back has its
+  classes all the way down and its bytes (see :func:`_same_json`). JSON, not
+  msgpack, because the bytes are the untyped codec's: a checkpoint written
+  before a type was declared (by orjson, older versions) restores into the
+  declared type.
 * **pickle** (``serializer="pickle"``, opt-in: unpickling checkpoint bytes runs
   code): any picklable value; an unpicklable one is refused at the write.
 
@@ -327,9 +330,15 @@ class TypedJsonCodec(ValueCodec):
             back = self._check_decode(raw)
         except (msgspec.EncodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
             raise self._refuse(value, state, str(exc)) from exc
-        if back.__class__ is not value.__class__ or back != value:
+        if back.__class__ is not value.__class__:
             raise self._refuse(value, state, f"it would read back as {back!r}")
-        if self._walk and (where := _class_change(back, value)) is not None:
+        try:
+            equal = back == value
+        except ArithmeticError:  # Decimal('sNaN') signals when compared
+            equal = False
+        # unequal yet maybe the same: an eq=False dataclass equals only itself, a NaN
+        # nothing; the same classes all the way down and the same bytes are the same
+        if (not equal or self._walk) and (where := _class_change(back, value)) is not None:
             raise self._refuse(value, state, where)
         if not _same_json(back, value, raw):
             raise self._refuse(value, state, f"it would read back as {back!r}")
@@ -350,7 +359,9 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
     declared ``Decimal`` as ``Decimal('1')``): equal, yet an app formatting it
     prints ``1.0`` after a restore and ``1`` before. Their encodings differ.
     A set may iterate in another order once rebuilt, so unequal bytes get a
-    second, order-free look. What equal bytes cannot see is a class that
+    second, order-free look. Equal bytes and classes stand in for equality
+    where ``==`` cannot say (an ``eq=False`` dataclass, ``Decimal('NaN')``).
+    What equal bytes cannot see is a class that
     JSON does not write: a plain ``"x"`` in a ``list[StrEnum]`` (it reads back
     as the enum) is found by :func:`_class_change`, which the codec runs for
     declared types holding a ``str``/``int`` enum. Left unseen: the reverse, a
