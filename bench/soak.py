@@ -8,7 +8,11 @@ of each worker's process tree, bytes on disk of its working state
 descriptors and the files in both directories, and its events read (the
 source task's ``records_in`` from the REST API). After the warm-up each series
 gets a least-squares slope, reported as growth in % of its mean per 10 minutes;
-the target is under 1 % for every series. A leak shows as a positive slope
+the target is under 1 % for every series. Each worker's CPU (its process
+tree's user + system seconds per wall second, in % of a core) is sampled too
+and reported with its slope, not judged: at a steady paced load it should be
+small and flat (a spinning event loop or a per-record cost that grows with
+history shows there first). A leak shows as a positive slope
 however noisy the samples are; a sawtooth (checkpoint chains: a full snapshot
 every 10, two retained) averages out only over many periods, so each series'
 peak in the later half after the warm-up is also compared with its peak in
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.monitor import _rss_kb, process_tree
+from bench.monitor import _rss_kb, _stat_cpu, process_tree
 from bench.runner import say
 from bench.systems import ours_env_cwd
 
@@ -56,6 +60,8 @@ class Worker:
     samples: list[tuple[float, float, float, float, int]] = field(default_factory=list)
     #: (minutes since start, open fds of the process tree, files in checkpoint dir, in state dir)
     counts: list[tuple[float, int, int, int]] = field(default_factory=list)
+    #: (minutes since start, CPU seconds of the process tree so far)
+    cpu: list[tuple[float, float]] = field(default_factory=list)
     url: str | None = None
 
     @property
@@ -80,6 +86,25 @@ def disk_mb(root: Path) -> float:
 def file_count(root: Path) -> int:
     """Files under ``root`` (a leak of files shows here before it shows in bytes)."""
     return sum(len(files) for _dirpath, _dirs, files in os.walk(root))
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds ``pids`` have used (0 for a process that is gone)."""
+    total = 0.0
+    for pid in pids:
+        own = _stat_cpu(pid)
+        if own is not None:
+            total += own[0]
+    return total
+
+
+def cpu_pct(cpu: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """% of a core used between consecutive samples, at the midpoint (minutes)."""
+    out = []
+    for (t0, c0), (t1, c1) in itertools.pairwise(cpu):
+        if t1 > t0:
+            out.append(((t0 + t1) / 2, round(100 * (c1 - c0) / ((t1 - t0) * 60), 3)))
+    return out
 
 
 def fd_count(pids: list[int]) -> int:
@@ -182,6 +207,7 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
         "events_per_s": rate_pts,
     }
     slopes = {k: slope_pct_per_10min(v) for k, v in series.items()}
+    cpu = [p for p in cpu_pct(w.cpu) if p[0] >= warmup_min]
     # a sawtooth (checkpoint chains) is judged by its peaks: the later half's against the earlier
     peaks = {k: [_peak(p[: len(p) // 2]), _peak(p[len(p) // 2 :])] for k, p in series.items()}
     means = {k: round(sum(v for _, v in p) / len(p), 3) if p else None for k, p in series.items()}
@@ -206,6 +232,11 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
         "slope_pct_per_10min": slopes,
         "max_first_second_half": peaks,
         "flat": flat,
+        #: % of a core after the warm-up (mean, slope in % of the mean per 10 min): reported
+        "cpu_pct": {
+            "mean": round(sum(v for _, v in cpu) / len(cpu), 2) if cpu else None,
+            "slope_pct_per_10min": slope_pct_per_10min(cpu),
+        },
         #: no resource's peak in the later half above its earlier peak (+1 %)
         "bounded": not grown,
         #: [[min, max] earlier half, [min, max] later half] of fds and file counts
@@ -215,6 +246,7 @@ def summarize(w: Worker, warmup_min: float) -> dict[str, Any]:
             "working_state_mb": [(t, s) for t, _, s, _, _ in w.samples],
             "checkpoint_dir_mb": [(t, c) for t, _, _, c, _ in w.samples],
             "events_per_s": rates(w.samples),
+            "cpu_pct": cpu_pct(w.cpu),
         },
     }
 
@@ -260,6 +292,7 @@ def run_soak(
                 w.counts.append(
                     (at, fd_count(tree), file_count(w.ckpt_dir), file_count(w.state_dir))
                 )
+                w.cpu.append((at, cpu_seconds(tree)))
             if int(now * 60 / SAMPLE_S) % 12 == 0 and workers[0].samples:
                 say("  " + "; ".join(_line(w) for w in workers if w.samples))
             time.sleep(SAMPLE_S)
@@ -309,6 +342,13 @@ def table(doc: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     for a in doc["apps"]:
+        cpu = a.get("cpu_pct") or {}
+        if cpu.get("mean") is not None:
+            slope = cpu["slope_pct_per_10min"]
+            lines.append(
+                f"{a['app']} CPU after warm-up: {cpu['mean']:.1f} % of a core"
+                + ("" if slope is None else f" (slope {slope:+.2f} %/10min)")
+            )
         counts = a.get("counts_first_second_half", {})
         lines.append(
             f"{a['app']} counts, earlier / later half: "

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import orjson
 
-from bench.soak import fd_count, file_count, is_flat, rates, slope_pct_per_10min
+from bench.soak import (
+    cpu_pct,
+    cpu_seconds,
+    fd_count,
+    file_count,
+    is_flat,
+    rates,
+    slope_pct_per_10min,
+)
 from bench.windowed import (
     SESSION_GAP_MS,
     TUMBLING_MS,
@@ -47,6 +55,17 @@ def test_the_last_10_percent_ends_when_the_input_is_read() -> None:
 def test_rates_between_samples() -> None:
     samples = [(0.0, 0, 0, 0, 0), (0.5, 0, 0, 0, 30_000), (1.0, 0, 0, 0, 90_000)]
     assert rates(samples) == [(0.25, 1000.0), (0.75, 2000.0)]
+
+
+def test_cpu_percent_of_a_core_between_samples() -> None:
+    # 3 s of CPU in the first 60 s, 30 s in the next 60 s (a spinning loop)
+    assert cpu_pct([(0.0, 1.0), (1.0, 4.0), (2.0, 34.0)]) == [(0.5, 5.0), (1.5, 50.0)]
+    spent = cpu_seconds([os.getpid()])
+    deadline = os.times()[0] + 0.05
+    while os.times()[0] < deadline:
+        pass
+    assert cpu_seconds([os.getpid()]) > spent
+    assert cpu_seconds([2**22 + 1]) == 0.0  # no such process
 
 
 def test_file_and_fd_counts(tmp_path: Path) -> None:
