@@ -14,19 +14,16 @@ with checkpoints off no barrier comes, and long windows (a process window's
 element lists) would otherwise all stay in memory until they fire. The
 default bound (50,000) is past what most jobs keep open.
 
-A process window already in the state is only appended to, as Flink's
-``ListState.add``: its list stays where it was written, and each later write
-adds the elements buffered since as a chunk of their own to the
-:data:`WINDOW_APPENDS` map state, ``(start, end, n) -> elements``; they are
-read, in order, only when the window fires. Why: re-reading and re-writing
-the whole list made a record's cost grow with its window's length once the
-bound was passed, and every barrier re-encoded each open window whole
-(10,000 process windows, bound 2,000, ``bench.window_held``: ~50 elements
-each 40 CPU s, ~100 each 123 s; now 13 s and 29 s, what a count window pays
-per record past its bound). A checkpoint of the one-list layout restores as
-is (windows without chunks); restored under another assigner or size, the
-chunks are folded into their lists at open
-(:meth:`TumblingWindowBuffer._merge_appends`), for the general path.
+A process window already in the state is only appended to: each later write
+adds the elements buffered since as a chunk, folded with the newest chunks
+as in a log-structured merge (:mod:`~aiostream_ckpt.runtime.window_chunks`),
+read once when the window fires. Why: re-reading and re-writing the whole list
+made a record's cost grow with its window's length once the bound was passed,
+and every barrier re-encoded each open window whole (10,000 process windows,
+bound 2,000, ``bench.window_held``: ~100 elements each 123 CPU s, appended 29 s).
+A checkpoint of the one-list layout restores as is (windows without chunks);
+restored under another assigner or size, the chunks are folded into their
+lists at open (:meth:`~AppendedWindows._merge_appends`), for the general path.
 
 A record's window is found from its timestamp, and a timer's window from its
 time (:meth:`TumblingWindowBuffer._add_tumbling`,
@@ -44,14 +41,11 @@ from typing import Any
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.windows import TimeWindow, TumblingEventTimeWindows
 from aiostream_ckpt.runtime.operators import RecordFailed
-from aiostream_ckpt.runtime.window_base import MISSING, WINDOW_CONTENTS, WindowOperatorBase
-
-#: The map state of the elements appended to process windows already in
-#: :data:`WINDOW_CONTENTS`: ``(start, end, n) -> elements``, n = 1, 2, ... in arrival order.
-WINDOW_APPENDS = "window-appends"
+from aiostream_ckpt.runtime.window_base import MISSING, WINDOW_CONTENTS
+from aiostream_ckpt.runtime.window_chunks import WINDOW_APPENDS, AppendedWindows
 
 
-class TumblingWindowBuffer(WindowOperatorBase):
+class TumblingWindowBuffer(AppendedWindows):
     """The window operator's tumbling windows: the buffer, its flush and the fast paths.
 
     Every path falls back to :class:`WindowOperatorBase`'s when ``_tumbling``
@@ -73,8 +67,6 @@ class TumblingWindowBuffer(WindowOperatorBase):
         #: tumbling: ``(key, start)`` of the windows in the map state (written or restored)
         #: -> how many chunks were appended to each (process windows; else 0)
         self._stored: dict[tuple[Any, int], int] = {}
-        #: process windows: the :data:`WINDOW_APPENDS` map state (set at ``open``), else None
-        self._appends: Any = None
 
     def _index_stored(self) -> None:
         """Tumbling: note the windows restored in state; another size turns the fast path off.
@@ -86,6 +78,7 @@ class TumblingWindowBuffer(WindowOperatorBase):
         """
         self._buffer = {}
         stored = self._stored = {}
+        self._chunk_sizes = {}
         assert self.backend is not None
         kc, backend = self._kc, self.backend
         if self._tumbling is not None:
@@ -109,22 +102,6 @@ class TumblingWindowBuffer(WindowOperatorBase):
                 for start, _end, n in list(appends.keys()):
                     stored[key, start] = max(n, stored.get((key, start), 0))
         kc.key = None
-
-    def _merge_appends(self) -> None:
-        """Fold every appended chunk into its window's list: the general path reads one list."""
-        assert self.backend is not None
-        kc, contents, appends = self._kc, self._contents, self._appends
-        for key in list(self.backend.keys(WINDOW_APPENDS)):
-            kc.key = key
-            merged: dict[tuple[int, int], list[Any]] = {}
-            for (start, end, _n), chunk in sorted(appends.items()):
-                window = (start, end)
-                if window not in merged:
-                    merged[window] = list(contents.get(window, ()))
-                merged[window].extend(chunk)
-            for window, elements in merged.items():
-                contents.put(window, elements)
-            appends.clear()
 
     # -- records ------------------------------------------------------------------------
 
@@ -234,18 +211,20 @@ class TumblingWindowBuffer(WindowOperatorBase):
             return
         assert self._tumbling is not None
         size, kc, put, stored = self._tumbling[0], self._kc, self._contents.put, self._stored
-        append = None if self._appends is None else self._appends.put_unread
+        process = self._appends is not None
         current = kc.key
         for kw, value in buffer.items():
             key, start = kw
             kc.key = key
             n = stored.get(kw)
-            if n is None or append is None:
+            if not process:
                 put((start, start + size), value)
                 stored[kw] = 0
+            elif n is None:
+                self._stored_list(kw, (start, start + size), value)
+                stored[kw] = 0
             else:
-                stored[kw] = n = n + 1
-                append((start, start + size, n), value)
+                stored[kw] = self._append(kw, (start, start + size), value, n)
         self._buffer = {}
         kc.key = current
 
@@ -263,22 +242,12 @@ class TumblingWindowBuffer(WindowOperatorBase):
         window = (start, start + size)
         if self._appends is None:  # a single value: the buffered one is the newest
             return self._contents.get(window, MISSING) if value is MISSING else value
-        stored = self._contents.get(window, [])
         if not n and value is MISSING:
-            return stored
-        get = self._appends.get
-        elements = list(stored)
-        for i in range(1, n + 1):
-            elements.extend(get((*window, i)))
+            return self._contents.get(window, [])
+        elements = self._read_window(window, n)
         if value is not MISSING:
             elements.extend(value)
         return elements
-
-    def _remove_stored(self, start: int, end: int, appended: int) -> None:
-        """Remove the current key's window ``[start, end)`` and its appended chunks from state."""
-        self._contents.remove((start, end))
-        for n in range(1, appended + 1):
-            self._appends.remove((start, end, n))
 
     # -- time ---------------------------------------------------------------------------
 
@@ -305,5 +274,5 @@ class TumblingWindowBuffer(WindowOperatorBase):
         self._buffer.pop((key, start), None)
         appended = stored.pop((key, start), None)
         if appended is not None:
-            self._remove_stored(start, start + size, appended)
+            self._remove_chunks((key, start), (start, start + size), appended)
             fired.discard((key, start + size - 1))

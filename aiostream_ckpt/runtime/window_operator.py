@@ -28,8 +28,9 @@ from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind
 from aiostream_ckpt.jobspec.window_functions import ProcessWindowFunction
 from aiostream_ckpt.runtime.session_timers import SessionTimers
-from aiostream_ckpt.runtime.tumbling_windows import WINDOW_APPENDS, TumblingWindowBuffer
+from aiostream_ckpt.runtime.tumbling_windows import TumblingWindowBuffer
 from aiostream_ckpt.runtime.window_base import MAX_HELD, WINDOW_CONTENTS
+from aiostream_ckpt.runtime.window_chunks import WINDOW_APPENDS
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
 from aiostream_ckpt.time.timers import (
     EVENT_TIMERS,
@@ -199,5 +200,5 @@ class WindowOperator(TumblingWindowBuffer):
         for window in list(self._contents.keys()):
             if window[1] - 1 == max_ts:
                 appended = self._stored.pop((key, window[0]), 0)
-                self._remove_stored(window[0], window[1], appended)
+                self._remove_chunks((key, window[0]), window, appended)
                 self._buffer.pop((key, window[0]), None)

@@ -1,13 +1,13 @@
 """A stored process window is appended to: a record's cost does not follow its window's length.
 
 Past the held bound (or at each barrier) the tumbling path writes its buffer
-to keyed state; a process window already there gets only the elements
-buffered since, as a chunk of its own (``WINDOW_APPENDS``), read once when
-the window fires. These tests count the elements written to and read from
-keyed state, compare the output with an unbounded operator's, and restore
-the appended layout: as is, under another window size (folded into one list
-for the general path), with fired windows dropped at open, and from a
-checkpoint of the one-list layout.
+to keyed state; a process window already there gets the elements buffered
+since as a chunk (``WINDOW_APPENDS``, folded with the newest chunks: see
+test_window_chunks), read once when the window fires. These tests count the
+elements written to and read from keyed state, compare the output with an
+unbounded operator's, and restore the appended layout: as is, under another
+window size (folded into one list for the general path), with fired windows
+dropped at open, and from a checkpoint of the one-list layout.
 """
 
 from __future__ import annotations
@@ -42,7 +42,12 @@ class _CountingElements:
         self._inner.put_unread(map_key, value)
 
     def get(self, map_key: Any, default: Any = None) -> Any:
-        value = self._inner.get(map_key, default)
+        return self._read(self._inner.get(map_key, default))
+
+    def get_unread(self, map_key: Any, default: Any = None) -> Any:
+        return self._read(self._inner.get_unread(map_key, default))
+
+    def _read(self, value: Any) -> Any:
         if isinstance(value, list):
             self._counts["read"] += len(value)
         return value
@@ -65,14 +70,17 @@ def _round(r: int) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("written_at", ["held bound", "barrier"])
-def test_a_stored_window_gets_only_its_new_elements_and_is_read_once_when_it_fires(
+def test_a_stored_window_is_appended_to_and_read_once_when_it_fires(
     tmp_path: Path, written_at: str
 ) -> None:
     # 20 keys, one open process window each, written after every round of one record per
     # key: past the held bound (a state cache of 8: no barrier), or at a barrier per round.
-    # Before: each round read every window's whole list back and wrote it again (round r:
-    # 20 lists of r elements written, of r - 1 read: 16,400 written over 40 rounds); now 20
-    # written per round, none read until the windows fire, and then each element once.
+    # Before appending: each round read every window's whole list back and wrote it again
+    # (round r: 20 lists of r elements written, of r - 1 read: 16,400 written over 40
+    # rounds). Appended: 20 new elements per round, folded with the newest chunks as a
+    # binary counter (test_window_chunks): 40 rounds write 132 elements a window (each
+    # element ~3.3 times, at most 1 + log5/3(40)), reading back what they fold, at most
+    # 5 chunks a window; when the windows fire each element is read once.
     cache = 8 if written_at == "held bound" else 1_000_000
     op = _operator(
         tmp_path,
@@ -83,16 +91,15 @@ def test_a_stored_window_gets_only_its_new_elements_and_is_read_once_when_it_fir
     )
     unbounded = _operator(tmp_path, session=False, kind=WindowKind.PROCESS, lateness=0)
     counts = _count(op)
-    per_round = []
     for r in range(ROUNDS):
         assert op.process_batch(_round(r)) == unbounded.process_batch(_round(r)) == []
         if written_at == "barrier":
             op.prepare_snapshot_pre_barrier(r + 1)
         op.end_batch()
         assert op._buffer == {}  # every round's window went into state
-        per_round.append(dict(counts))
-        counts.update(written=0, read=0)
-    assert per_round == [{"written": KEYS, "read": 0}] * ROUNDS
+        assert all(n <= 4 for n in op._stored.values())  # chunks past the list
+    assert counts == {"written": KEYS * 132, "read": KEYS * (132 - ROUNDS)}
+    counts.update(written=0, read=0)
     assert _windows(op) == _windows(unbounded)
     fired = op.process_watermark(499)
     assert sorted(fired) == sorted(unbounded.process_watermark(499))
@@ -105,7 +112,11 @@ def test_a_stored_window_gets_only_its_new_elements_and_is_read_once_when_it_fir
 
 
 def _appended(tmp: Path, lateness: int = 0) -> Any:
-    """An operator whose keys a and b have a window [0, 500) of a list and two chunks."""
+    """An operator whose keys a, b and c have a window [0, 500): a list of 4 and chunks of 2, 1.
+
+    Written in rounds of 4, 2 and 1 records a key (values 0-3, 4-5, 6): each
+    smaller than 2/3 of the one before, so none is folded into another.
+    """
     op = _operator(
         tmp,
         session=False,
@@ -113,8 +124,8 @@ def _appended(tmp: Path, lateness: int = 0) -> Any:
         lateness=lateness,
         backend=window_backend(tmp, "w", 2),
     )
-    for v in range(3):
-        op.process_batch([{"k": k, "ts": 100 * v, "v": v} for k in "abc"])
+    for values in ([0, 1, 2, 3], [4, 5], [6]):
+        op.process_batch([{"k": k, "ts": 50 * v, "v": v} for v in values for k in "abc"])
         op.end_batch()  # 3 windows > max_held 2: written, then appended to
     assert op._stored == {("a", 0): 2, ("b", 0): 2, ("c", 0): 2}
     return op
@@ -122,19 +133,20 @@ def _appended(tmp: Path, lateness: int = 0) -> Any:
 
 def test_appended_windows_restore_as_they_were_and_fire_once(tmp_path: Path) -> None:
     op = _appended(tmp_path)
-    op.process_batch([{"k": "a", "ts": 400, "v": 3}])  # buffered, in no chunk yet
+    op.process_batch([{"k": "a", "ts": 400, "v": 7}])  # buffered, in no chunk yet
     held = _windows(op)
     restored = _snapshot_restore(op, tmp_path, 1)
     op.backend.close()
     after = _operator(
         tmp_path, session=False, kind=WindowKind.PROCESS, lateness=0, backend=restored
     )
-    assert after._stored == {("a", 0): 3, ("b", 0): 2, ("c", 0): 2}
+    # a's element, flushed for the snapshot, folded its chunks into its list (4, 2, 1, 1)
+    assert after._stored == {("a", 0): 0, ("b", 0): 2, ("c", 0): 2}
     assert _windows(after) == held
     assert sorted(after.process_watermark(499)) == [
-        ("a", 0, 500, [0, 1, 2, 3]),
-        ("b", 0, 500, [0, 1, 2]),
-        ("c", 0, 500, [0, 1, 2]),
+        ("a", 0, 500, [0, 1, 2, 3, 4, 5, 6, 7]),
+        ("b", 0, 500, [0, 1, 2, 3, 4, 5, 6]),
+        ("c", 0, 500, [0, 1, 2, 3, 4, 5, 6]),
     ]
     assert list(restored.keys(WINDOW_APPENDS)) == []
     restored.close()
@@ -153,9 +165,9 @@ def test_appended_windows_restored_with_another_size_are_one_list_again(tmp_path
     assert list(restored.keys(WINDOW_APPENDS)) == []
     out = after.process_batch([{"k": "a", "ts": 450, "v": 9}])
     assert sorted(out + after.process_watermark(499)) == [
-        ("a", 0, 500, [0, 1, 2, 9]),
-        ("b", 0, 500, [0, 1, 2]),
-        ("c", 0, 500, [0, 1, 2]),
+        ("a", 0, 500, [0, 1, 2, 3, 4, 5, 6, 9]),
+        ("b", 0, 500, [0, 1, 2, 3, 4, 5, 6]),
+        ("c", 0, 500, [0, 1, 2, 3, 4, 5, 6]),
     ]
     restored.close()
 
