@@ -27,8 +27,14 @@ from aiostream_ckpt.jobspec.broadcast import BroadcastSpec
 from aiostream_ckpt.jobspec.functions import Context, OnTimerContext, RuntimeContext, TimeDomain
 from aiostream_ckpt.runtime.co_process import CoProcessOperator, KeyedCoProcessOperator
 from aiostream_ckpt.runtime.operators import RecordFailed
-from aiostream_ckpt.state.codecs import MapKeyCodec, check_type_change, declared_types, value_codec
+from aiostream_ckpt.state.codecs import MapKeyCodec, value_codec
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, StateDescriptor
+from aiostream_ckpt.state.evolution import (
+    check_class_change,
+    check_type_change,
+    declared_classes,
+    declared_types,
+)
 from aiostream_ckpt.state.serde import decode_key
 
 BROADCAST_KEY = "broadcast"
@@ -198,10 +204,18 @@ class BroadcastStates:
             )
         if new["serializer"] == "json":
             check_type_change(name, "map", old["types"], new["types"])
+            check_class_change(name, old.get("classes"), self.states[name].descriptor)
 
 
 def _describe(descriptor: MapStateDescriptor[Any, Any]) -> dict[str, Any]:
-    return {"serializer": descriptor.serializer, "types": declared_types(descriptor)}
+    """Return a map's serializer and types; each checkpoint rewrites all entries under them."""
+    described: dict[str, Any] = {
+        "serializer": descriptor.serializer,
+        "types": declared_types(descriptor),
+    }
+    if classes := declared_classes(descriptor):
+        described["classes"] = classes
+    return described
 
 
 class _ReadOnlyStates:

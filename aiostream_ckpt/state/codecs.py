@@ -52,8 +52,7 @@ import dataclasses
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, get_origin
 
 import msgspec
 import msgspec.inspect
@@ -590,68 +589,3 @@ def json_encoder(descriptor: Any) -> Callable[[Any], bytes]:
         return bytes(entry) if entry.__class__ is bytearray else codec.dumps(entry)
 
     return encode
-
-
-def declared_types(descriptor: Any) -> list[str | None]:
-    """Return ``[map key type, value type]`` of ``descriptor`` as :func:`type_key` names.
-
-    Kept with each state in the checkpoint, so that a restore can tell whether
-    the job still declares the types its stored bytes were written under.
-    """
-    stored, one = descriptor.value_types()
-    return [type_key(descriptor.map_key_type()), type_key(stored if one is None else one)]
-
-
-def type_key(tp: Any) -> str | None:
-    """Name a declared type the same way in every process and run; None: untyped.
-
-    Classes by qualified name without their module (an app's module name may
-    differ between runs), generics by origin and arguments, unions order-free
-    (``int | None`` is ``Optional[int]``), ``Annotated`` by its type.
-
-    >>> type_key(dict[str, tuple[int, ...]]), type_key(int | None) == type_key(None | int)
-    ('dict[str,tuple[int,...]]', True)
-    """
-    if tp is None:
-        return None
-    origin = get_origin(tp)
-    if origin is None:
-        if tp is Ellipsis:
-            return "..."
-        name = getattr(tp, "__qualname__", None)
-        return name if isinstance(name, str) else repr(tp)
-    args = get_args(tp)
-    if origin is Annotated:
-        return type_key(args[0])
-    if origin is Literal:
-        return f"Literal[{','.join(sorted(repr(a) for a in args))}]"
-    parts = [type_key(a) or "None" for a in args]
-    if origin is Union or origin is UnionType:
-        return f"Union[{','.join(sorted(parts))}]"
-    return f"{type_key(origin)}[{','.join(parts)}]"
-
-
-def check_type_change(name: str, kind: str, old: Any, new: list[str | None]) -> None:
-    """Refuse a restore whose descriptor declares other types than its state was written with.
-
-    Why: stored bytes decode into whatever type is declared now, and often
-    without complaint (a ``datetime`` read as ``str``, a ``tuple`` as ``list``,
-    an ``IntEnum`` key as ``int``, a typed value as its JSON once the type is
-    dropped): the app would read another type after a restore than before it.
-    Flink refuses an incompatible serializer the same way. What passes: the
-    same types (a dataclass keeps its name and may gain fields with defaults
-    or lose fields), a type declared where none was (the JSON read into it),
-    and checkpoints from before the types were recorded (``old`` None).
-    """
-    if old is None:
-        return
-    parts = ("map key", "list element" if kind == "list" else "value")
-    for part, was, now in zip(parts, old, new, strict=True):
-        if was == now or was is None:
-            continue
-        raise StateMigrationError(
-            f"state {name!r}: its checkpoint holds {part}s written as {was}, the job now "
-            f"declares {now or 'no type'}: they would read back as another type. Keep "
-            f"the declared type (a dataclass may gain fields with defaults or lose "
-            f"fields), or give the state a new name to start it empty"
-        )

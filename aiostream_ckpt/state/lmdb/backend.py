@@ -70,14 +70,15 @@ from aiostream_ckpt.state.backend import (
     SnapshotTarget,
     StateHandle,
 )
-from aiostream_ckpt.state.codecs import (
-    UNTYPED_KEYS,
-    StreamKeyCodec,
-    check_type_change,
-    declared_types,
-    json_encoder,
-)
+from aiostream_ckpt.state.codecs import UNTYPED_KEYS, StreamKeyCodec, json_encoder
 from aiostream_ckpt.state.descriptors import StateDescriptor
+from aiostream_ckpt.state.evolution import (
+    check_class_change,
+    check_type_change,
+    declared_classes,
+    declared_types,
+    merge_classes,
+)
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
 from aiostream_ckpt.state.lmdb.map_state import MapStateImpl, TtlMapState
@@ -319,6 +320,8 @@ class LmdbStateBackend:
         self._check_open()
         existing = self._states.get(descriptor.name)
         if existing is not None:
+            if existing.descriptor == descriptor:  # asked again (per record, in some apps)
+                return existing
             if self._describe(existing.descriptor) != self._describe(descriptor):
                 raise StateError(
                     f"state {descriptor.name!r} was already created as "
@@ -335,6 +338,9 @@ class LmdbStateBackend:
         old = self._meta.get(descriptor.name)
         if old is not None and old != wanted:
             self._migrate(descriptor, old, wanted)
+            if old.get("classes") and wanted["serializer"] == "json":
+                # fields lost since stay known: values not rewritten still hold them
+                wanted["classes"] = merge_classes(old["classes"], wanted.get("classes"))
         state = cls(
             descriptor,
             host=self,
@@ -353,12 +359,15 @@ class LmdbStateBackend:
 
     @staticmethod
     def _describe(d: StateDescriptor) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "kind": d.kind,
             "serializer": d.serializer,
             "ttl": d.ttl is not None,
             "types": declared_types(d),
         }
+        if classes := declared_classes(d):
+            described["classes"] = classes
+        return described
 
     def _migrate(
         self, descriptor: StateDescriptor, old: dict[str, Any], new: dict[str, Any]
@@ -372,6 +381,7 @@ class LmdbStateBackend:
         if old["serializer"] == new["serializer"]:
             if new["serializer"] == "json":  # pickled bytes do not depend on the declared type
                 check_type_change(name, new["kind"], old.get("types"), new["types"])
+                check_class_change(name, old.get("classes"), descriptor)
             return
         if (old["serializer"], new["serializer"]) != ("pickle", "json"):
             raise StateMigrationError(

@@ -21,6 +21,7 @@ import lmdb
 
 from aiostream_ckpt.errors import CorruptCheckpointError, StateError, StateMigrationError
 from aiostream_ckpt.state.backend import StateHandle
+from aiostream_ckpt.state.evolution import merge_classes
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record, read_delta, verify_file
 from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, name_part
@@ -99,12 +100,28 @@ def _merged(name: str, seen: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     if seen == meta:
         return seen
     old_types, new_types = seen.get("types"), meta.get("types")
-    if {**seen, "types": None} == {**meta, "types": None}:
-        if old_types is None or new_types is None:
-            return seen if new_types is None else dict(meta)
-        if all(a == b or a is None or b is None for a, b in zip(old_types, new_types, strict=True)):
-            return {**seen, "types": [a or b for a, b in zip(old_types, new_types, strict=True)]}
-    raise StateMigrationError(f"state {name!r} differs between handles: {seen} {meta}")
+    if {**seen, "types": None, "classes": None} == {**meta, "types": None, "classes": None}:
+        merged = dict(meta) if old_types is None else dict(seen)
+        if old_types is not None and new_types is not None:
+            pairs = list(zip(old_types, new_types, strict=True))
+            if any(a != b and a is not None and b is not None for a, b in pairs):
+                raise _differs(name, seen, meta)
+            merged["types"] = [a or b for a, b in pairs]
+        if seen.get("classes") or meta.get("classes"):
+            # one instance's class may have gained or lost fields since the other's
+            # record was written: both kinds of stored values are in the restore
+            try:
+                merged["classes"] = merge_classes(seen.get("classes"), meta.get("classes"))
+            except ValueError as exc:
+                raise _differs(name, seen, meta, f" ({exc})") from exc
+        return merged
+    raise _differs(name, seen, meta)
+
+
+def _differs(
+    name: str, seen: dict[str, Any], meta: dict[str, Any], why: str = ""
+) -> StateMigrationError:
+    return StateMigrationError(f"state {name!r} differs between handles{why}: {seen} {meta}")
 
 
 def apply(env: lmdb.Environment, restore_plan: RestorePlan, own: KeyGroupRange) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,40 @@ def test_restore_refuses_a_broadcast_state_whose_type_changed(now: Any, what: st
     new = BroadcastProcessOperator("bc", BroadcastSpec(Seen(), (now,)))
     with pytest.raises(StateMigrationError, match=rf"'limits'.*{what}"):
         new.restore_state(ckpt, 0, 1)
+
+
+Lim = make_dataclass("Lim", [("n", int)])
+
+
+@pytest.mark.parametrize(
+    ("now", "what"),
+    [
+        (make_dataclass("Lim", [("n", float)]), "field 'n' was written as int, .* declares float"),
+        (make_dataclass("Lim", [("n", int), ("at", int)]), "without field 'at'"),
+    ],
+    ids=["field-type", "required-field"],
+)
+def test_restore_refuses_a_broadcast_class_whose_fields_changed(now: Any, what: str) -> None:
+    """A dataclass that keeps its name but not its fields' types: its stored entries
+    read back as another type (Lim(1) as Lim(1.0)), or failed the restore's decode
+    naming neither state's types. Fails on the code before (restored; another error)."""
+    op = _operator(0, 1, MapStateDescriptor("lims", str, Lim))
+    op.broadcast_states.get(MapStateDescriptor("lims", str, Lim)).put("a", Lim(1))
+    ckpt = completed_checkpoint("bc", 1, {0: {"operator": op.snapshot_state()}})
+    new = BroadcastProcessOperator(
+        "bc", BroadcastSpec(Seen(), (MapStateDescriptor("lims", str, now),))
+    )
+    with pytest.raises(StateMigrationError, match=rf"state 'lims': .*Lim values .*{what}"):
+        new.restore_state(ckpt, 0, 1)
+    grown = make_dataclass("Lim", [("n", int), ("at", int, field(default=0))])
+    new = BroadcastProcessOperator(
+        "bc", BroadcastSpec(Seen(), (MapStateDescriptor("lims", str, grown),))
+    )
+    new.restore_state(ckpt, 0, 1)
+    new.open(_ctx(0, 1))
+    assert dict(new.broadcast_states.get(MapStateDescriptor("lims", str, grown)).items()) == {
+        "a": grown(1, 0)
+    }
 
 
 def test_values_are_checked_at_put() -> None:

@@ -81,6 +81,30 @@ class Env:
         """Index of the instance (of ``parallelism``) that owns ``key``."""
         return key_group_for(serialize_key(key), MAXP) * parallelism // MAXP
 
+    def checkpoint_instances(
+        self,
+        parallelism: int,
+        cid: int,
+        act: Callable[[LmdbStateBackend, str, int], Any],
+        restore: list[StateHandle] | None = None,
+    ) -> list[StateHandle]:
+        """Checkpoint ``cid`` of each instance after ``act(backend, its key, index)``.
+
+        Each instance is restored from ``restore`` first, when given; its key is
+        the first ``k<n>`` it owns (the key context is set to it).
+        """
+        handles = []
+        for i in range(parallelism):
+            b = self.backend(index=i, parallelism=parallelism)
+            if restore is not None:
+                b.restore(self.root, restore)
+            b.key_context.key = key = next(
+                k for k in (f"k{n}" for n in range(999)) if self.owner(k, parallelism) == i
+            )
+            act(b, key, i)
+            handles.append(self.checkpoint(b, cid))
+        return handles
+
     @staticmethod
     def dump(b: LmdbStateBackend, states: dict[str, Any]) -> dict[str, dict[Any, Any]]:
         return _dump(b, states)

@@ -314,22 +314,18 @@ def test_rescale_merges_handles_where_one_instance_never_declared_the_type(env) 
     (none, or none recorded by an older version): a rescale must take the other's
     declaration, not refuse the handles as differing (fails without the merge)."""
     day = "2026-01-01T00:00:00"
-    keys = {
-        i: next(k for k in (f"k{n}" for n in range(99)) if env.owner(k, 2) == i) for i in (0, 1)
-    }
-    first = []
-    for i in (0, 1):
-        b = env.backend(index=i, parallelism=2)
-        b.key_context.key = keys[i]
+    keys = []
+
+    def write(b: Any, key: str, i: int) -> None:
+        keys.append(key)
         b.create_state(ValueStateDescriptor("seen")).update(day)  # untyped: the str
-        first.append(env.checkpoint(b, 1))
-    second = []
-    for i in (0, 1):
-        b = env.backend(index=i, parallelism=2)
-        b.restore(env.root, first)
+
+    def declare(b: Any, key: str, i: int) -> None:
         if i == 0:  # instance 1 sees no record of this state's in its run: never creates it
             b.create_state(ValueStateDescriptor("seen", datetime))
-        second.append(env.checkpoint(b, 2))
+
+    first = env.checkpoint_instances(2, 1, write)
+    second = env.checkpoint_instances(2, 2, declare, restore=first)
     assert second[1]["states"]["seen"]["types"] == [None, None]
     old_format = [dict(h, states={"seen": {**h["states"]["seen"]}}) for h in second]
     del old_format[1]["states"]["seen"]["types"]  # as a handle written before types were
@@ -337,7 +333,7 @@ def test_rescale_merges_handles_where_one_instance_never_declared_the_type(env) 
         r = env.backend()
         r.restore(env.root, handles)
         s = r.create_state(ValueStateDescriptor("seen", datetime))
-        for key in keys.values():
+        for key in keys:
             r.key_context.key = key
             assert s.value() == datetime(2026, 1, 1)
 

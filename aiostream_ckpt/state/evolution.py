@@ -1,0 +1,262 @@
+"""State schema evolution: what a checkpoint records of a state's types, and what a restore takes.
+
+Why: stored bytes decode into whatever type the job declares now, and often
+without complaint (a ``datetime`` read as ``str``, a ``tuple`` as ``list``, an
+``IntEnum`` key as ``int``, a dataclass field written as ``float`` read into
+``str`` or failing only at the first read of a key): the app would read
+another type after a restore than before it. Flink refuses an incompatible
+serializer at restore; so does this. Each state's description in a
+checkpoint holds
+
+* ``types``: its ``[map key type, value type]`` by name (:func:`type_key`);
+  another name is refused (:func:`check_type_change`);
+* ``classes`` (when its types have any): each dataclass, attrs class,
+  ``msgspec.Struct``, ``NamedTuple`` and ``TypedDict`` its types reach, with
+  its layout and its fields' types by name as msgspec decodes them, fields
+  the class lost in earlier runs included (stored bytes may still hold
+  them). A field of another type, a new field without a default and another
+  layout are refused (:func:`check_class_change`); a field gained with a
+  default, or lost, passes.
+
+Checkpoints from before either record restore as they did.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import msgspec.inspect as mi
+
+from aiostream_ckpt.errors import StateMigrationError
+
+#: One class of a ``classes`` record: {"layout": "object"|"array", "fields": [[name, type]]}.
+ClassRecord = dict[str, Any]
+
+
+def declared_types(descriptor: Any) -> list[str | None]:
+    """Return ``[map key type, value type]`` of ``descriptor`` as :func:`type_key` names.
+
+    Kept with each state in the checkpoint, so that a restore can tell whether
+    the job still declares the types its stored bytes were written under.
+    """
+    return [type_key(tp) for tp in _declared(descriptor)]
+
+
+def _declared(descriptor: Any) -> tuple[Any, Any]:
+    stored, one = descriptor.value_types()
+    return descriptor.map_key_type(), stored if one is None else one
+
+
+def type_key(tp: Any) -> str | None:
+    """Name a declared type the same way in every process and run; None: untyped.
+
+    Classes by qualified name without their module (an app's module name may
+    differ between runs), generics by origin and arguments, unions order-free
+    (``int | None`` is ``Optional[int]``), ``Annotated`` by its type.
+
+    >>> type_key(dict[str, tuple[int, ...]]), type_key(int | None) == type_key(None | int)
+    ('dict[str,tuple[int,...]]', True)
+    """
+    if tp is None:
+        return None
+    origin = get_origin(tp)
+    if origin is None:
+        if tp is Ellipsis:
+            return "..."
+        name = getattr(tp, "__qualname__", None)
+        return name if isinstance(name, str) else repr(tp)
+    args = get_args(tp)
+    if origin is Annotated:
+        return type_key(args[0])
+    if origin is Literal:
+        return f"Literal[{','.join(sorted(repr(a) for a in args))}]"
+    parts = [type_key(a) or "None" for a in args]
+    if origin is Union or origin is UnionType:
+        return f"Union[{','.join(sorted(parts))}]"
+    return f"{type_key(origin)}[{','.join(parts)}]"
+
+
+def check_type_change(name: str, kind: str, old: Any, new: list[str | None]) -> None:
+    """Refuse a restore whose descriptor declares other types than its state was written with.
+
+    What passes: the same types (a dataclass keeps its name: its fields are
+    :func:`check_class_change`'s), a type declared where none was (the JSON
+    read into it), and checkpoints from before the types were recorded
+    (``old`` None).
+    """
+    if old is None:
+        return
+    parts = ("map key", "list element" if kind == "list" else "value")
+    for part, was, now in zip(parts, old, new, strict=True):
+        if was == now or was is None:
+            continue
+        raise StateMigrationError(
+            f"state {name!r}: its checkpoint holds {part}s written as {was}, the job now "
+            f"declares {now or 'no type'}: they would read back as another type. Keep "
+            f"the declared type (a dataclass may gain fields with defaults or lose "
+            f"fields), or give the state a new name to start it empty"
+        )
+
+
+def declared_classes(descriptor: Any) -> dict[str, ClassRecord]:
+    """Return the ``classes`` record of ``descriptor``'s declared types (json states)."""
+    return dict(_classes(descriptor)[1])
+
+
+def _classes(descriptor: Any) -> tuple[dict[str, ClassRecord], dict[str, ClassRecord]]:
+    """Return the classes the declared types reach: (fields as [name, type, required], stored).
+
+    Cached by type: msgspec's view of a dataclass takes ~0.2 ms, and
+    ``create_state`` describes a state on every call, also for one that exists.
+    """
+    types = _declared(descriptor)
+    if descriptor.serializer != "json" or types == (None, None):
+        return _NONE  # pickled bytes do not depend on the declared type
+    try:
+        return _cached_classes(types)
+    except TypeError:  # an unhashable type (Annotated metadata)
+        return _find_classes(types)
+
+
+def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[str, ClassRecord]]:
+    found: dict[str, ClassRecord] = {}
+    seen: set[int] = set()
+    try:
+        todo = [mi.type_info(tp) for tp in types if tp is not None]
+    except TypeError:  # not a type msgspec supports: the state's codec says so, naming it
+        return _NONE
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:  # recursive types are cycles
+            continue
+        seen.add(id(t))
+        todo.extend(_parts(t))
+        fields = getattr(t, "fields", None)
+        if fields is not None:
+            array = isinstance(t, mi.NamedTupleType) or getattr(t, "array_like", False)
+            found[type_key(getattr(t, "cls", None)) or "?"] = {
+                "layout": "array" if array else "object",
+                "fields": [[f.encode_name, _info_key(f.type), f.required] for f in fields],
+            }
+            todo.extend(f.type for f in fields)
+    stored = {
+        k: {"layout": r["layout"], "fields": [f[:2] for f in r["fields"]]} for k, r in found.items()
+    }
+    return found, stored
+
+
+_cached_classes = functools.lru_cache(maxsize=256)(_find_classes)
+_NONE: tuple[dict[str, ClassRecord], dict[str, ClassRecord]] = ({}, {})
+
+
+def _parts(t: mi.Type) -> list[mi.Type]:
+    parts = [getattr(t, a) for a in ("item_type", "key_type", "value_type") if hasattr(t, a)]
+    return [*parts, *(getattr(t, "item_types", None) or getattr(t, "types", None) or ())]
+
+
+def _info_key(t: mi.Type) -> str:
+    """Name a field's type as msgspec decodes it: ``int``, ``list[Point]``, ``Union[None,str]``."""
+    cls = getattr(t, "cls", None)
+    if cls is not None:
+        return type_key(cls) or "?"
+    if isinstance(t, mi.LiteralType):
+        return f"Literal[{','.join(sorted(repr(v) for v in t.values))}]"
+    if isinstance(t, mi.UnionType):
+        return f"Union[{','.join(sorted(_info_key(x) for x in t.types))}]"
+    kind = type(t).__name__.removesuffix("Type")
+    if isinstance(t, mi.VarTupleType):
+        return f"tuple[{_info_key(t.item_type)},...]"
+    parts = _parts(t)
+    if parts:
+        return f"{_GENERIC.get(kind, kind)}[{','.join(_info_key(p) for p in parts)}]"
+    return _SCALARS.get(kind, kind)
+
+
+_GENERIC = {
+    "List": "list",
+    "Set": "set",
+    "FrozenSet": "frozenset",
+    "Tuple": "tuple",
+    "Dict": "dict",
+}
+_SCALARS = {
+    **{k: k.lower() for k in ("Int", "Str", "Float", "Bool", "Bytes", "ByteArray", "Date", "Time")},
+    "DateTime": "datetime",
+    "TimeDelta": "timedelta",
+    "MemoryView": "memoryview",
+}
+
+
+def check_class_change(name: str, old: dict[str, Any] | None, descriptor: Any) -> None:
+    """Refuse a restore where a class keeps its name but its stored fields would not read back.
+
+    A field of another type (``y: float`` now ``y: str``: its stored values
+    would read back as another type, or fail at the first read), a field
+    gained without a default (stored values lack it), another layout, or a
+    positional class (``NamedTuple``, ``array_like`` Struct) that lost or
+    reordered fields. ``old`` None: a checkpoint without the record.
+    """
+    if not old:
+        return
+    for cls, now in _classes(descriptor)[0].items():
+        was = old.get(cls)
+        if was is None:
+            continue
+        why = _field_change(was, now)
+        if why is not None:
+            raise StateMigrationError(
+                f"state {name!r}: its checkpoint holds {cls} values {why}: they would not "
+                f"read back as written. Keep the field's type (a class may gain fields with "
+                f"defaults or lose fields), give the field a new name, or give the state a "
+                f"new name to start it empty"
+            )
+
+
+def _field_change(was: ClassRecord, now: ClassRecord) -> str | None:
+    """Say how ``now`` (a live record) cannot read what was stored under ``was``, or None."""
+    if was["layout"] != now["layout"]:
+        return f"stored as an {was['layout']}, the job now declares an {now['layout']}"
+    old_types = dict(was["fields"])
+    if now["layout"] == "array":
+        old_names, names = [f[0] for f in was["fields"]], [f[0] for f in now["fields"]]
+        if names[: len(old_names)] != old_names:
+            return f"with fields {old_names} in this order, the job now declares {names}"
+    for field, tp, required in now["fields"]:
+        if field not in old_types:
+            if required:
+                return f"without field {field!r}, which the job now declares with no default"
+        elif old_types[field] != tp:
+            return (
+                f"whose field {field!r} was written as {old_types[field]}, the job now "
+                f"declares {tp}"
+            )
+    return None
+
+
+def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any]:
+    """Return the ``classes`` record that covers stored values written under both.
+
+    A class's fields are the union (fields lost since stay known: stored
+    values may still hold them); classes only one side knows are kept.
+    ValueError where they disagree on a field's type or a class's layout.
+    """
+    merged = dict(old or {})
+    for cls, rec in (new or {}).items():
+        was = merged.get(cls)
+        if was is None or was == rec:
+            merged[cls] = rec
+            continue
+        if was["layout"] != rec["layout"]:
+            raise ValueError(f"{cls} is stored as an {was['layout']} and an {rec['layout']}")
+        fields = dict(was["fields"])
+        for field, tp in rec["fields"]:
+            if fields.setdefault(field, tp) != tp:
+                raise ValueError(f"{cls}.{field} is stored as {fields[field]} and {tp}")
+        names = [f for f, _ in rec["fields"]] + [f for f, _ in was["fields"]]
+        merged[cls] = {
+            "layout": rec["layout"],
+            "fields": [[f, fields[f]] for f in dict.fromkeys(names)],
+        }
+    return merged

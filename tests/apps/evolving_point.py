@@ -1,0 +1,71 @@
+"""A keyed state of a dataclass whose fields change between runs, for restore tests.
+
+Each event ``{"k", "seq"}`` reads its key's ``Point``, emits what it read (the
+fields and the type of ``y``) and writes ``Point(seq, seq / 2)``.
+``app.variant`` picks the class, named ``Point`` in every variant:
+
+- ``base``: ``x: int, y: float``;
+- ``grown``: ``base`` plus ``label: str = "-"`` (written as ``"grown"``): a
+  compatible change, the stored points read back with the default label;
+- ``retyped``: ``y: str``: refused at restore (the stored ``y`` are floats;
+  without the check the first read of one failed);
+- ``widened``: ``x: float``: refused at restore (without the check the stored
+  ``x`` silently read back as floats, ``3.0`` for ``3``).
+
+``app.rate``: read the input at most that many events per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field, make_dataclass
+from operator import itemgetter
+from typing import Any
+
+from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
+from aiostream_ckpt.api.functions import Collector, Context, RuntimeContext
+from aiostream_ckpt.connectors.files import ExactlyOnceFileSink, JsonLinesFileSource
+
+POINTS: dict[str, Any] = {
+    "base": make_dataclass("Point", [("x", int), ("y", float)]),
+    "grown": make_dataclass(
+        "Point", [("x", int), ("y", float), ("label", str, field(default="-"))]
+    ),
+    "retyped": make_dataclass("Point", [("x", int), ("y", str)]),
+    "widened": make_dataclass("Point", [("x", float), ("y", float)]),
+}
+
+
+class Track(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
+    def __init__(self, variant: str) -> None:
+        self.variant = variant
+        self.point = POINTS[variant]
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.state = ctx.get_state(ValueStateDescriptor("point", self.point))
+
+    def process_element(
+        self, value: dict[str, Any], ctx: Context, out: Collector[dict[str, Any]]
+    ) -> None:
+        prev = self.state.value()
+        read = None
+        if prev is not None:
+            read = {"x": prev.x, "y": prev.y, "y_type": type(prev.y).__name__}
+            read["label"] = getattr(prev, "label", None)
+        out.collect({"k": value["k"], "seq": value["seq"], "read": read})
+        seq = int(value["seq"])
+        if self.variant == "grown":
+            self.state.update(self.point(seq, seq / 2, "grown"))
+        else:
+            self.state.update(
+                self.point(seq, str(seq / 2) if self.variant == "retyped" else seq / 2)
+            )
+
+
+def build(env: StreamEnvironment) -> None:
+    p = env.params
+    rate = float(p["rate"]) if "rate" in p else None
+    events = env.from_source(JsonLinesFileSource(str(p["input"]), rate=rate), uid="events")
+    track = Track(str(p.get("variant", "base")))
+    events.key_by(itemgetter("k")).process(track, uid="track").sink_to(
+        ExactlyOnceFileSink(str(p["output"])), uid="track-sink"
+    )

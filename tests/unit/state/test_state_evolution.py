@@ -1,0 +1,151 @@
+"""A restore refuses a class whose stored fields would not read back; compatible evolution passes.
+
+A checkpoint records, per state, the fields of each dataclass (attrs class,
+Struct, NamedTuple, TypedDict) its declared types reach, as msgspec decodes
+them. A class that keeps its name but changes a field's type (``y: float``
+now ``y: str``) read its stored values into the new type, or failed only at
+the first read of a key; now the restore fails with a StateMigrationError
+naming the state, the class, the field and both types (Flink refuses an
+incompatible serializer at restore). A field gained with a default, or
+lost, still passes, and checkpoints without the record restore as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field, make_dataclass
+from typing import Any, NamedTuple
+
+import pytest
+
+from aiostream_ckpt.errors import StateMigrationError
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
+
+VS, LS, MS = ValueStateDescriptor, ListStateDescriptor, MapStateDescriptor
+
+
+def _pt(*fields: Any) -> Any:
+    return make_dataclass("Pt", list(fields))
+
+
+X, Y = ("x", int), ("y", float)
+Pt = _pt(X, Y)
+Inner = make_dataclass("Inner", [("n", int)])
+InnerStr = make_dataclass("Inner", [("n", str)])
+Outer = make_dataclass("Outer", [("inner", Inner)])
+OuterStr = make_dataclass("Outer", [("inner", InnerStr)])
+
+
+class Pair(NamedTuple):
+    a: int
+    b: float
+
+
+class Swapped(NamedTuple):
+    b: float
+    a: int
+
+
+Swapped.__qualname__ = Pair.__qualname__  # the same class name, fields reordered
+
+
+def _write(env: Any, d: Any, value: Any) -> Any:
+    b = env.backend()
+    b.key_context.key = "k"
+    s = b.create_state(d)
+    if d.kind == "map":
+        s.put("m", value)
+    elif d.kind == "list":
+        s.add(value)
+    else:
+        s.update(value)
+    return env.checkpoint(b, 1)
+
+
+def _restored(env: Any, *handles: Any) -> Any:
+    r = env.backend()
+    r.restore(env.root, list(handles))
+    r.key_context.key = "k"
+    return r
+
+
+@pytest.mark.parametrize(
+    ("before", "value", "after", "what"),
+    [
+        (VS("v", Pt), Pt(1, 2.5), VS("v", _pt(X, ("y", str))), "field 'y' .* float, .* str"),
+        (VS("v", Pt), Pt(1, 2.5), VS("v", _pt(X, ("y", int))), "field 'y' .* float, .* int"),
+        (LS("v", Outer), Outer(Inner(1)), LS("v", OuterStr), "Inner .*field 'n' .* int, .* str"),
+        (MS("v", str, Pt), Pt(1, 2.5), MS("v", str, _pt(("x", str), Y)), "field 'x' .* int"),
+        (VS("v", list[Pt]), [Pt(1, 2.5)], VS("v", list[_pt(X, ("y", list[int]))]), "list"),
+        (VS("v", Pt), Pt(1, 2.5), VS("v", _pt(X, Y, ("z", int))), "without field 'z'"),
+        (VS("v", Pair), Pair(1, 2.5), VS("v", Swapped), r"\['a', 'b'\] in this order"),
+    ],
+    ids=["float-str", "float-int", "nested", "map-value", "generic", "required", "order"],
+)
+def test_restore_refuses_a_class_whose_field_type_changed(env, before, value, after, what):
+    """Fails on the code before (restored; the first read failed or read another type)."""
+    r = _restored(env, _write(env, before, value))
+    with pytest.raises(StateMigrationError, match=rf"state 'v': its checkpoint holds .*{what}"):
+        r.create_state(after)
+
+
+def test_restore_takes_a_class_that_gained_a_defaulted_field_or_lost_one(env) -> None:
+    handle = _write(env, VS("v", Pt), Pt(1, 2.5))
+    grown = _pt(X, Y, ("label", str, field(default="-")))
+    assert _restored(env, handle).create_state(VS("v", grown)).value() == grown(1, 2.5, "-")
+    shrunk = _pt(X)
+    assert _restored(env, handle).create_state(VS("v", shrunk)).value() == shrunk(1)
+
+
+def test_a_lost_field_stays_known_to_the_next_checkpoints(env) -> None:
+    """Values not rewritten since a field was dropped still hold it: bringing it back
+    under another type is refused; under its old type it reads back."""
+    b = _restored(env, _write(env, VS("v", Pt), Pt(1, 2.5)))
+    b.create_state(VS("v", _pt(X)))  # y dropped; the stored value is not rewritten
+    handle = env.checkpoint(b, 2)
+    with pytest.raises(StateMigrationError, match=r"field 'y' was written as float"):
+        _restored(env, handle).create_state(VS("v", _pt(X, ("y", str, field(default="")))))
+    back = _pt(X, ("y", float, field(default=0.0)))
+    assert _restored(env, handle).create_state(VS("v", back)).value() == back(1, 2.5)
+
+
+def test_checkpoints_without_the_class_record_restore_as_before(env) -> None:
+    handle = _write(env, VS("v", Pt), Pt(1, 2.5))
+    del handle["states"]["v"]["classes"]  # as written before the record was kept
+    r = _restored(env, handle)
+    s = r.create_state(VS("v", _pt(X, ("y", str))))  # not refused: nothing to compare
+    with pytest.raises(StateMigrationError, match="does not fit"):
+        s.value()  # ... and the first read fails, as it did
+
+
+def test_rescale_merges_class_records_of_instances_that_saw_other_versions(env) -> None:
+    """Instance 0 creates the state with a grown class, instance 1 never creates it
+    (keeps the record it restored): a restore at p=1 takes both kinds of stored
+    values, and still refuses a field whose type changed."""
+    grown = _pt(X, Y, ("label", str, field(default="-")))
+    keys = []
+
+    def write(b: Any, key: str, i: int) -> None:
+        keys.append(key)
+        b.create_state(VS("v", Pt)).update(Pt(i, 2.5))
+
+    def grow(b: Any, key: str, i: int) -> None:
+        if i == 0:
+            b.create_state(VS("v", grown)).update(grown(0, 2.5, "new"))
+
+    second = env.checkpoint_instances(2, 2, grow, restore=env.checkpoint_instances(2, 1, write))
+    r = env.backend()
+    r.restore(env.root, second)
+    s = r.create_state(VS("v", grown))
+    got = []
+    for key in keys:
+        r.key_context.key = key
+        got.append(s.value())
+    assert got == [grown(0, 2.5, "new"), grown(1, 2.5, "-")]
+    r = env.backend()
+    r.restore(env.root, second)
+    with pytest.raises(StateMigrationError, match=r"field 'label' was written as str"):
+        r.create_state(VS("v", _pt(X, Y, ("label", int, field(default=0)))))
