@@ -18,7 +18,12 @@ checkpoint holds
   layout are refused (:func:`check_class_change`); a field gained with a
   default, or lost, passes.
 
-Checkpoints from before either record restore as they did.
+A type may also widen where its stored values read back unchanged
+(:func:`reads_as`): ``int`` now ``int | None``, ``list[int]`` now
+``list[int | None]``, ``Literal['a']`` now ``Literal['a', 'b']``. Making a
+field optional is the commonest upgrade; refusing it would stop a daemon
+whose checkpoints read back exactly as before. Checkpoints from before
+either record restore as they did.
 """
 
 from __future__ import annotations
@@ -84,19 +89,20 @@ def check_type_change(name: str, kind: str, old: Any, new: list[str | None]) -> 
     What passes: the same types (a dataclass keeps its name: its fields are
     :func:`check_class_change`'s), a type declared where none was (the JSON
     read into it), and checkpoints from before the types were recorded
-    (``old`` None).
+    (``old`` None), and a widened type (:func:`reads_as`).
     """
     if old is None:
         return
     parts = ("map key", "list element" if kind == "list" else "value")
     for part, was, now in zip(parts, old, new, strict=True):
-        if was == now or was is None:
+        if was is None or (now is not None and reads_as(was, now)):
             continue
         raise StateMigrationError(
             f"state {name!r}: its checkpoint holds {part}s written as {was}, the job now "
             f"declares {now or 'no type'}: they would read back as another type. Keep "
-            f"the declared type (a dataclass may gain fields with defaults or lose "
-            f"fields), or give the state a new name to start it empty"
+            f"the declared type or widen it (int -> int | None; a dataclass may gain "
+            f"fields with defaults or lose fields), or give the state a new name to "
+            f"start it empty"
         )
 
 
@@ -208,9 +214,9 @@ def check_class_change(name: str, old: dict[str, Any] | None, descriptor: Any) -
         if why is not None:
             raise StateMigrationError(
                 f"state {name!r}: its checkpoint holds {cls} values {why}: they would not "
-                f"read back as written. Keep the field's type (a class may gain fields with "
-                f"defaults or lose fields), give the field a new name, or give the state a "
-                f"new name to start it empty"
+                f"read back as written. Keep the field's type or widen it (int -> int | None; "
+                f"a class may gain fields with defaults or lose fields), give the field a "
+                f"new name, or give the state a new name to start it empty"
             )
 
 
@@ -227,7 +233,7 @@ def _field_change(was: ClassRecord, now: ClassRecord) -> str | None:
         if field not in old_types:
             if required:
                 return f"without field {field!r}, which the job now declares with no default"
-        elif old_types[field] != tp:
+        elif not reads_as(old_types[field], tp):
             return (
                 f"whose field {field!r} was written as {old_types[field]}, the job now "
                 f"declares {tp}"
@@ -239,8 +245,9 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
     """Return the ``classes`` record that covers stored values written under both.
 
     A class's fields are the union (fields lost since stay known: stored
-    values may still hold them); classes only one side knows are kept.
-    ValueError where they disagree on a field's type or a class's layout.
+    values may still hold them), a field's type the wider of the two
+    (:func:`wider`); classes only one side knows are kept. ValueError where
+    they disagree on a field's type or a class's layout.
     """
     merged = dict(old or {})
     for cls, rec in (new or {}).items():
@@ -252,11 +259,136 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
             raise ValueError(f"{cls} is stored as an {was['layout']} and an {rec['layout']}")
         fields = dict(was["fields"])
         for field, tp in rec["fields"]:
-            if fields.setdefault(field, tp) != tp:
-                raise ValueError(f"{cls}.{field} is stored as {fields[field]} and {tp}")
+            both = fields.setdefault(field, tp)
+            fields[field] = wider(both, tp)
+            if fields[field] is None:
+                raise ValueError(f"{cls}.{field} is stored as {both} and {tp}")
         names = [f for f, _ in rec["fields"]] + [f for f, _ in was["fields"]]
         merged[cls] = {
             "layout": rec["layout"],
             "fields": [[f, fields[f]] for f in dict.fromkeys(names)],
         }
     return merged
+
+
+def merge_types(old: list[str | None], new: list[str | None]) -> list[str | None]:
+    """Return declared types that read values stored under both (:func:`wider`).
+
+    None (untyped in one record) takes the other's. ValueError where neither
+    reads the other's values.
+    """
+    merged = []
+    for a, b in zip(old, new, strict=True):
+        both = a or b if a is None or b is None else wider(a, b)
+        if both is None and (a, b) != (None, None):
+            raise ValueError(f"a type is stored as {a} and {b}")
+        merged.append(both)
+    return merged
+
+
+def wider(a: str, b: str) -> str | None:
+    """Return whichever of two recorded types reads the other's stored values, or None."""
+    return b if reads_as(a, b) else a if reads_as(b, a) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def reads_as(was: str, now: str) -> bool:
+    """Whether values stored under type name ``was`` read back unchanged as ``now``.
+
+    The same name, or ``now`` widens it: a union that holds each of ``was``'s
+    members, the same generic over wider arguments, a ``Literal`` with more
+    values. A class is its own name (its fields are compared by
+    :func:`check_class_change`), and no union gains a class beside one it had:
+    msgspec tells the classes of a union apart by a tag, which stored values of
+    a class untagged when written lack.
+
+    >>> reads_as("int", "Union[None,int]"), reads_as("list[int]", "list[Union[NoneType,int]]")
+    (True, True)
+    >>> reads_as("int", "float"), reads_as("Union[None,int]", "int"), reads_as("A", "Union[A,B]")
+    (False, False, False)
+    """
+    return was == now or _reads(_parse(was), _parse(now))
+
+
+#: A parsed type name: (head, arguments); a name without brackets has none.
+_Node = tuple[str, tuple[Any, ...] | None]
+
+_BUILTINS = frozenset(
+    {
+        "None",
+        "NoneType",
+        "Any",
+        "int",
+        "float",
+        "str",
+        "bool",
+        "bytes",
+        "bytearray",
+        "datetime",
+        "date",
+        "time",
+        "timedelta",
+        "UUID",
+        "Decimal",
+        "memoryview",
+        "Literal",
+        "list",
+        "set",
+        "frozenset",
+        "tuple",
+        "dict",
+    }
+)
+
+
+def _reads(was: _Node, now: _Node) -> bool:
+    if was == now:
+        return True
+    olds, news = _members(was), _members(now)
+    if len(olds) > 1 or len(news) > 1:
+        if any(n[0] not in _BUILTINS for n in news if n not in olds) and any(
+            o[0] not in _BUILTINS for o in olds
+        ):
+            return False  # a class in a union with another class: see reads_as
+        return all(any(_reads(o, n) for n in news) for o in olds)
+    (head, args), (now_head, now_args) = was, now
+    if head != now_head or args is None or now_args is None:
+        return False
+    if head == "Literal":
+        return set(args) <= set(now_args)
+    return len(args) == len(now_args) and all(map(_reads, args, now_args))
+
+
+def _members(node: _Node) -> tuple[_Node, ...]:
+    return node[1] or () if node[0] == "Union" else (node,)
+
+
+def _parse(name: str) -> _Node:
+    """Parse a :func:`type_key`/record name: ``dict[str,Union[None,int]]``."""
+    node, end = _parse_at(name, 0)
+    return node if end == len(name) else (name, None)  # not ours: compare whole
+
+
+def _parse_at(name: str, i: int) -> tuple[_Node, int]:
+    start, quote = i, ""
+    while i < len(name):  # a head, or a Literal's value (a repr: may hold , [ ])
+        c = name[i]
+        if quote:
+            i += 2 if c == "\\" else 1
+            quote = "" if c == quote else quote
+            continue
+        if c in "'\"":
+            quote = c
+        elif c in ",[]":
+            break
+        i += 1
+    head = name[start:i]
+    if i == len(name) or name[i] != "[":
+        return (head, None), i
+    args = []
+    while name[i] in "[,":
+        arg, i = _parse_at(name, i + 1)
+        args.append(arg)
+        if i == len(name):
+            return (name[start:], None), i
+    return (head, tuple(args)), i + 1

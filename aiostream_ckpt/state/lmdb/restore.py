@@ -21,7 +21,7 @@ import lmdb
 
 from aiostream_ckpt.errors import CorruptCheckpointError, StateError, StateMigrationError
 from aiostream_ckpt.state.backend import StateHandle
-from aiostream_ckpt.state.evolution import merge_classes
+from aiostream_ckpt.state.evolution import merge_classes, merge_types
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record, read_delta, verify_file
 from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, name_part
@@ -95,25 +95,24 @@ def _merged(name: str, seen: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     Declared types may be known to one and not the other: an instance that
     never created the state in its run kept what it restored (no types from
     before they were recorded, or none declared yet), and the other's
-    declaration holds for both (the stored bytes are the same JSON).
+    declaration holds for both (the stored bytes are the same JSON). One may
+    have widened a type or field since (``int`` now ``int | None``): the
+    wider reads both.
     """
     if seen == meta:
         return seen
     old_types, new_types = seen.get("types"), meta.get("types")
     if {**seen, "types": None, "classes": None} == {**meta, "types": None, "classes": None}:
         merged = dict(meta) if old_types is None else dict(seen)
-        if old_types is not None and new_types is not None:
-            pairs = list(zip(old_types, new_types, strict=True))
-            if any(a != b and a is not None and b is not None for a, b in pairs):
-                raise _differs(name, seen, meta)
-            merged["types"] = [a or b for a, b in pairs]
-        if seen.get("classes") or meta.get("classes"):
-            # one instance's class may have gained or lost fields since the other's
-            # record was written: both kinds of stored values are in the restore
-            try:
+        try:
+            if old_types is not None and new_types is not None:
+                merged["types"] = merge_types(old_types, new_types)
+            if seen.get("classes") or meta.get("classes"):
+                # one instance's class may have gained, lost or widened fields since
+                # the other's record was written: both kinds of values are restored
                 merged["classes"] = merge_classes(seen.get("classes"), meta.get("classes"))
-            except ValueError as exc:
-                raise _differs(name, seen, meta, f" ({exc})") from exc
+        except ValueError as exc:
+            raise _differs(name, seen, meta, f" ({exc})") from exc
         return merged
     raise _differs(name, seen, meta)
 

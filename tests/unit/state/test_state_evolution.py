@@ -13,7 +13,8 @@ lost, still passes, and checkpoints without the record restore as before.
 from __future__ import annotations
 
 from dataclasses import field, make_dataclass
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any, Literal, NamedTuple, Optional
 
 import pytest
 
@@ -149,3 +150,57 @@ def test_rescale_merges_class_records_of_instances_that_saw_other_versions(env) 
     r.restore(env.root, second)
     with pytest.raises(StateMigrationError, match=r"field 'label' was written as str"):
         r.create_state(VS("v", _pt(X, Y, ("label", int, field(default=0)))))
+
+
+Stamped, Ints, Letter = _pt(("at", datetime)), _pt(("xs", list[int])), _pt(("c", Literal["a"]))
+
+
+@pytest.mark.parametrize(
+    ("before", "value", "after"),
+    [
+        (VS("v", Pt), Pt(1, 2.5), VS("v", _pt(("x", Optional[int]), Y))),  # noqa: UP045 (both spellings)
+        (VS("v", Pt), Pt(1, 2.5), VS("v", _pt(X, ("y", float | None, field(default=None))))),
+        (VS("v", Stamped), Stamped(datetime(2026, 1, 2)), VS("v", _pt(("at", datetime | None)))),
+        (VS("v", Ints), Ints([1]), VS("v", _pt(("xs", list[int | None])))),
+        (MS("v", str, Letter), Letter("a"), MS("v", str, _pt(("c", Literal["a", "b"])))),
+        (VS("v", int), 3, VS("v", int | None)),
+        (LS("v", tuple[int, str]), (1, "a"), LS("v", tuple[int, str | None])),
+    ],
+    ids=["optional", "or-none", "datetime", "list-item", "literal", "state-type", "tuple-item"],
+)
+def test_restore_takes_a_widened_type_and_keeps_it(env, before, value, after) -> None:
+    """Fails on the code before (StateMigrationError: int now Union[None,int]). Stored
+    values read back as written; the record keeps the wider type, so narrowing it
+    back, once values of the wider type may be stored, is refused."""
+    r = _restored(env, _write(env, before, value))
+    s = r.create_state(after)
+    got = s.get("m") if after.kind == "map" else s.get() if after.kind == "list" else s.value()
+    want = [value] if after.kind == "list" else value
+    assert repr(list(got) if after.kind == "list" else got) == repr(want)  # after's class
+    with pytest.raises(StateMigrationError, match="its checkpoint holds"):
+        _restored(env, env.checkpoint(r, 2)).create_state(before)
+
+
+def test_rescale_merges_a_widened_type_with_an_instance_that_kept_the_old(env) -> None:
+    """Instance 0 widens x to int | None, instance 1 never creates the state (keeps
+    the record it restored): a restore at p=1 takes the wider type."""
+    wide = _pt(("x", int | None), Y)
+
+    def write(b: Any, key: str, i: int) -> None:
+        b.create_state(VS("v", Pt)).update(Pt(i, 2.5))
+        b.create_state(VS("n", int)).update(i)
+
+    def widen(b: Any, key: str, i: int) -> None:
+        if i == 0:
+            b.create_state(VS("v", wide)).update(wide(None, 0.5))
+            b.create_state(VS("n", int | None)).update(None)
+
+    second = env.checkpoint_instances(2, 2, widen, restore=env.checkpoint_instances(2, 1, write))
+    r = env.backend()
+    r.restore(env.root, second)
+    r.create_state(VS("v", wide))
+    r.create_state(VS("n", int | None))
+    r = env.backend()
+    r.restore(env.root, second)
+    with pytest.raises(StateMigrationError, match=r"field 'x' was written as Union\[None,int\]"):
+        r.create_state(VS("v", Pt))
