@@ -184,7 +184,7 @@ class WindowOperatorBase(StreamOperator):
         ks = self._key_selector
         tsf = self._ts
         bounds = self.spec.assigner.bounds
-        contents = self._contents
+        base, write = self._fold_base, self._write
         fold, fold_owned = self._fold, self._fold_owned
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
         folded: dict[tuple[Any, tuple[int, int]], Any] = {}
@@ -200,14 +200,13 @@ class WindowOperatorBase(StreamOperator):
                     skipped = False
                     if max_ts <= watermark:  # due: fires now, with this record in it
                         kc.key = key
-                        contents.put(window, fold(contents.get(window, MISSING), rec))
-                        self._after_add(window)
+                        self._add_due(key, window, rec)
                         continue
                     kw = (key, window)
                     acc = folded.get(kw, MISSING)
                     if acc is MISSING:
                         kc.key = key
-                        acc = contents.get(window, MISSING)
+                        acc = base(key, window)
                         if acc is MISSING:
                             self._set_timers(max_ts)
                         folded[kw] = fold(acc, rec)
@@ -220,8 +219,23 @@ class WindowOperatorBase(StreamOperator):
         finally:
             for (key, window), acc in folded.items():
                 kc.key = key
-                contents.put(window, acc)
+                write(key, window, acc)
         return out
+
+    def _fold_base(self, key: Any, window: tuple[int, int]) -> Any:
+        """Return the current key's window to fold a batch's records into (``MISSING``: new)."""
+        return self._contents.get(window, MISSING)
+
+    def _write(self, key: Any, window: tuple[int, int], value: Any) -> None:
+        """Write what a batch folded into the current key's window (from :meth:`_fold_base`)."""
+        self._contents.put(window, value)
+
+    def _add_due(self, key: Any, window: tuple[int, int], record: Any) -> None:
+        """Add ``record`` to the current key's window, due already, and fire it (late firing)."""
+        contents = self._contents
+        value = self._fold(contents.get(window, MISSING), record)
+        contents.put(window, value)
+        self._fire_due(window[0], window[1], value)
 
     def _fire_due(self, start: int, end: int, value: Any) -> None:
         """Fire a due window (a record came before its cleanup); keep its cleanup timer set."""
@@ -258,14 +272,6 @@ class WindowOperatorBase(StreamOperator):
             current.append(record)
             return current
         return self._fold(current, record)
-
-    def _after_add(self, window: tuple[int, int]) -> None:
-        """Set the window's timers, or fire it now if its time has passed (late firing)."""
-        max_ts = window[1] - 1
-        if max_ts > self.watermark:
-            self._set_timers(max_ts)
-            return
-        self._fire_due(window[0], window[1], self._contents.get(window))
 
     def _set_timers(self, max_ts: int) -> None:
         """Set a window's timers: fire at ``max_ts``, clean up after the lateness."""
@@ -311,11 +317,19 @@ class WindowOperatorBase(StreamOperator):
             window = TimeWindow(*raw)
             max_ts = window.end - 1
             if max_ts == timestamp and not (fired and (key, max_ts) in fired):
-                self._fire(window, value)
+                self._fire(window, self._whole(key, raw, value))
             if max_ts + lateness == timestamp:
-                contents.remove(raw)
+                self._remove(key, raw)
                 fired.discard((key, max_ts))
         return None
+
+    def _whole(self, key: Any, window: tuple[int, int], stored: Any) -> Any:
+        """Return the current key's window whole, given its stored value."""
+        return stored
+
+    def _remove(self, key: Any, window: tuple[int, int]) -> None:
+        """Remove the current key's window from state."""
+        self._contents.remove(window)
 
     def _fire(self, window: TimeWindow, value: Any) -> None:
         spec = self.spec

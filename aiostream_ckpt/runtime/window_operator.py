@@ -199,6 +199,9 @@ class WindowOperator(TumblingWindowBuffer):
         """Drop ``key``'s window ending at ``max_ts`` (the key context is set to ``key``)."""
         for window in list(self._contents.keys()):
             if window[1] - 1 == max_ts:
-                appended = self._stored.pop((key, window[0]), 0)
-                self._remove_chunks((key, window[0]), window, appended)
-                self._buffer.pop((key, window[0]), None)
+                if self._tumbling is None:
+                    self._remove(key, window)
+                else:
+                    appended = self._stored.pop((key, window[0]), 0)
+                    self._remove_chunks((key, window[0]), window, appended)
+                    self._buffer.pop((key, window[0]), None)

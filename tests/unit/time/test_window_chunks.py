@@ -15,13 +15,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aiostream_ckpt.jobspec.graph import WindowKind
+from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.runtime.window_operator import WINDOW_APPENDS
 from aiostream_ckpt.state.descriptors import MapStateDescriptor
-from tests.unit.time.support import window_backend
+from aiostream_ckpt.time import SlidingEventTimeWindows
+from tests.unit.time.support import open_window_operator, window_backend
 from tests.unit.time.test_window_appends import _count, _NothingHeld
 from tests.unit.time.test_window_buffer import _snapshot_restore
-from tests.unit.time.test_window_fast_paths import _operator, _windows
+from tests.unit.time.test_window_fast_paths import CountElements, _operator, _windows
 
 
 def _process(tmp: Path, backend: Any = None) -> Any:
@@ -121,3 +122,97 @@ def test_a_checkpoint_of_a_chunk_per_write_is_folded_at_its_first_append(tmp_pat
     assert op._chunk_sizes == {("a", 0): [42]}
     assert op.process_watermark(499) == [("a", 0, 500, list(range(42)))]
     restored.close()
+
+
+def _sliding(tmp: Path, lateness: int = 0, *, one_list: bool = False, cache: int = 10**6) -> Any:
+    """A process operator of sliding windows (size 500, slide 250): the general path."""
+    spec = WindowSpec(
+        assigner=SlidingEventTimeWindows.of(500, 250),
+        kind=WindowKind.PROCESS,
+        timestamp_assigner=lambda e: e["ts"],
+        function=CountElements(),
+        allowed_lateness=lateness,
+    )
+    op = open_window_operator(spec, lambda e: e["k"], window_backend(tmp, "s", cache))
+    op.side_output = []
+    if one_list:
+        op._appends = None  # each write rewrites the window's list, as before appending
+    return op
+
+
+def test_sliding_windows_append_each_batch_and_fire_what_one_list_fires(tmp_path: Path) -> None:
+    # one record a batch into windows [-250, 250) and [0, 500) of key a: the general path
+    # rewrote each window's whole list per batch (300 batches: 45,150 elements written a
+    # window); appended and folded, ~5 writes per element and at most log1.5(n) + 1 entries.
+    n = 300
+    op, reference = _sliding(tmp_path / "op"), _sliding(tmp_path / "ref", one_list=True)
+    counts = _count(op)
+    for v in range(n):
+        batch = [{"k": "a", "ts": v % 250, "v": v}]
+        assert op.process_batch(batch) == reference.process_batch(batch) == []
+        op.backend.key_context.key = "a"
+        for start, end in ((-250, 250), (0, 500)):
+            chunks = getattr(op, "_appended", {}).get(("a", start, end), 0)
+            assert chunks + 1 <= _bound(v + 1)
+    assert counts["written"] < 2 * 6 * n  # old: 2 * n * (n + 1) / 2
+    counts.update(written=0, read=0)
+    fired = op.process_watermark(499)
+    assert fired == reference.process_watermark(499)
+    assert [f[1:3] for f in fired] == [(-250, 250), (0, 500)]
+    assert fired[0][3] == fired[1][3] == list(range(n))
+    assert counts == {"written": 0, "read": 2 * n}
+    assert list(op.backend.keys(WINDOW_APPENDS)) == []
+    op.backend.close()
+    reference.backend.close()
+
+
+def test_sliding_windows_past_the_state_cache_read_only_what_they_fold(tmp_path: Path) -> None:
+    # keys a and b in turn, a state cache of one key: each batch's key was evicted. The
+    # general path read each window's whole list back per batch (old: 2 windows x 2 keys x
+    # 99 x 100 / 2 elements read); now a window written in this run is known stored without
+    # a read, and only what a fold takes in is read back.
+    n = 100
+    op = _sliding(tmp_path / "op", cache=1)
+    reference = _sliding(tmp_path / "ref", one_list=True)
+    counts = _count(op)
+    for v in range(n):
+        for k in "ab":
+            batch = [{"k": k, "ts": v % 250, "v": v}]
+            assert op.process_batch(batch) == reference.process_batch(batch) == []
+    assert counts["read"] < counts["written"] < 2 * 2 * 6 * n
+    assert sorted(op.process_watermark(499)) == sorted(reference.process_watermark(499))
+    op.backend.close()
+    reference.backend.close()
+
+
+def test_sliding_windows_fire_late_with_their_chunks_and_clean_them_up(tmp_path: Path) -> None:
+    # allowed lateness: records after a window's end fire it again at once, with its list
+    # and chunks; its cleanup removes the chunks; a restore folds them into the list
+    op, reference = (
+        _sliding(tmp_path / "op", 1_000),
+        _sliding(tmp_path / "ref", 1_000, one_list=True),
+    )
+    steps: list[Any] = [[{"k": "a", "ts": v, "v": v}] for v in range(10)]
+    steps += [499, [{"k": "a", "ts": 20, "v": 20}], [{"k": "a", "ts": 21, "v": 21}]]
+    for step in steps:
+        for o in (op, reference):
+            o.out = o.process_batch(step) if isinstance(step, list) else o.process_watermark(step)
+        assert op.out == reference.out
+    late = [*range(10), 20, 21]
+    assert sorted(op.out) == [("a", -250, 250, late), ("a", 0, 500, late)]
+    assert op._appended  # the late records were appended
+    restored = _snapshot_restore(op, tmp_path, 1)
+    op.backend.close()
+    spec_op = _sliding(tmp_path / "after", 1_000)
+    spec_op.backend.close()
+    after = open_window_operator(spec_op.spec, lambda e: e["k"], restored)
+    assert list(restored.keys(WINDOW_APPENDS)) == [] and after._appended == {}
+    after.restore_watermark(499)
+    batch = [{"k": "a", "ts": 22, "v": 22}]
+    assert after.process_batch(batch) == reference.process_batch(batch)
+    for o in (after, reference):
+        o.out = o.process_watermark(1_499)  # every cleanup
+    assert after.out == reference.out
+    assert list(restored.keys(WINDOW_APPENDS)) == list(restored.keys("window-contents")) == []
+    restored.close()
+    reference.backend.close()
