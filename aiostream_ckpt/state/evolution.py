@@ -127,30 +127,54 @@ def _classes(descriptor: Any) -> tuple[dict[str, ClassRecord], dict[str, ClassRe
 
 
 def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[str, ClassRecord]]:
-    found: dict[str, ClassRecord] = {}
-    seen: set[int] = set()
     try:
         todo = [mi.type_info(tp) for tp in types if tp is not None]
     except TypeError:  # not a type msgspec supports: the state's codec says so, naming it
         return _NONE
+    reached: list[mi.Type] = []
+    seen: set[int] = set()
     while todo:
         t = todo.pop()
         if id(t) in seen:  # recursive types are cycles
             continue
         seen.add(id(t))
+        reached.append(t)
         todo.extend(_parts(t))
+        todo.extend(f.type for f in getattr(t, "fields", None) or ())
+    names = _class_names([c for t in reached if (c := getattr(t, "cls", None)) is not None])
+    found: dict[str, ClassRecord] = {}
+    for t in reached:
         fields = getattr(t, "fields", None)
         if fields is not None:
             array = isinstance(t, mi.NamedTupleType) or getattr(t, "array_like", False)
-            found[type_key(getattr(t, "cls", None)) or "?"] = {
+            cls = getattr(t, "cls", None)
+            found[names.get(id(cls)) or type_key(cls) or "?"] = {
                 "layout": "array" if array else "object",
                 "fields": [[f.encode_name, _info_key(f.type), f.required] for f in fields],
             }
-            todo.extend(f.type for f in fields)
     stored = {
         k: {"layout": r["layout"], "fields": [f[:2] for f in r["fields"]]} for k, r in found.items()
     }
     return found, stored
+
+
+def _class_names(classes: list[Any]) -> dict[int, str]:
+    """Key the records of classes that share a :func:`type_key` by module too (by ``id``).
+
+    Two ``Point`` classes of two modules in one state shared one record, the
+    last one walked: reordering the fields that reach them (a compatible
+    change) swapped it and refused the restore. Field types keep the short
+    name, so that a module renamed between runs (``__main__``) refuses
+    nothing: such a record is then new, unchecked.
+    """
+    by_key: dict[str | None, dict[int, Any]] = {}
+    for cls in classes:
+        by_key.setdefault(type_key(cls), {})[id(cls)] = cls
+    names = {}
+    for key, same in by_key.items():
+        if len({getattr(c, "__module__", None) for c in same.values()}) > 1:
+            names.update({i: f"{c.__module__}.{key}" for i, c in same.items()})
+    return names
 
 
 _cached_classes = functools.lru_cache(maxsize=256)(_find_classes)

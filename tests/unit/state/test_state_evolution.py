@@ -204,3 +204,26 @@ def test_rescale_merges_a_widened_type_with_an_instance_that_kept_the_old(env) -
     r.restore(env.root, second)
     with pytest.raises(StateMigrationError, match=r"field 'x' was written as Union\[None,int\]"):
         r.create_state(VS("v", Pt))
+
+
+def _in(module: str, cls: Any) -> Any:
+    cls.__module__ = module
+    return cls
+
+
+GeoPt, GpsPt = _in("geo", _pt(X)), _in("gps", _pt(("lat", float)))
+
+
+def test_classes_of_one_name_in_two_modules_keep_a_record_each(env) -> None:
+    """Fails on the code before: both Pt classes shared one record, the last walked,
+    so reordering Outer's fields (compatible) refused the restore ("without field
+    'lat'"), and only that one class was checked."""
+    outer = make_dataclass("Outer", [("a", GeoPt), ("b", GpsPt)])
+    handle = _write(env, VS("v", outer), outer(GeoPt(1), GpsPt(2.5)))
+    swapped = make_dataclass("Outer", [("b", GpsPt), ("a", GeoPt)])
+    assert _restored(env, handle).create_state(VS("v", swapped)).value() == swapped(
+        GpsPt(2.5), GeoPt(1)
+    )
+    changed = make_dataclass("Outer", [("a", _in("geo", _pt(("x", str)))), ("b", GpsPt)])
+    with pytest.raises(StateMigrationError, match=r"geo\.Pt values whose field 'x'"):
+        _restored(env, handle).create_state(VS("v", changed))
