@@ -39,7 +39,6 @@ from aiostream_ckpt.runtime.task_report import (
     TaskSampler,
     task_figures,
     transaction_rows,
-    transactional_writers,
 )
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
 
@@ -150,8 +149,7 @@ class JobStats:
             await asyncio.sleep(self.sample_every)
 
     def sample(self) -> None:
-        for _, writer in transactional_writers(self._tasks):
-            writer.check_transaction_ages()
+        """Sample rates and backpressure; the sinks check their transactions' ages."""
         self._rates.sample()
 
     def rates(self, task: StreamTask) -> tuple[float, float, float]:
@@ -191,7 +189,7 @@ class JobStats:
 
     def transaction_rows(self) -> Iterator[dict[str, Any]]:
         """Open and pre-committed sink transactions, per task, oldest first."""
-        yield from transaction_rows(self._tasks)
+        yield from transaction_rows(self._rates.writers)
         if self._workers is not None:
             yield from self._workers.transaction_rows()
 
@@ -202,7 +200,7 @@ class JobStats:
 
     def transaction_ages(self) -> Iterator[tuple[str, int | None, float]]:
         """(task, worker, age of its oldest open transaction) of every transactional sink."""
-        for task, writer in transactional_writers(self._tasks):
+        for task, writer in self._rates.writers:
             yield task.task_id, None, writer.oldest_transaction_age()
         if self._workers is not None:
             yield from self._workers.transaction_ages()

@@ -81,9 +81,11 @@ def transactional_writers(
             yield task, writer
 
 
-def transaction_rows(tasks: Iterable[StreamTask]) -> Iterator[dict[str, Any]]:
-    """Open and pre-committed sink transactions, per task, oldest first."""
-    for task, writer in transactional_writers(tasks):
+def transaction_rows(
+    writers: Iterable[tuple[StreamTask, TransactionReporter]],
+) -> Iterator[dict[str, Any]]:
+    """Open and pre-committed sink transactions of ``writers``, per task, oldest first."""
+    for task, writer in writers:
         for row in writer.transactions():
             yield {"task": task.task_id, "sink": task.spec.sink_uid, **row}
 
@@ -97,18 +99,31 @@ class _Samples:
 
 
 class TaskSampler:
-    """Samples tasks' counters so rates and backpressure cover the last ``window`` seconds."""
+    """Samples tasks' counters so rates and backpressure cover the last ``window`` seconds.
+
+    Each sample also has the transactional sinks check their transactions'
+    ages. Which writers those are is found once per attempt (:meth:`watch`):
+    ``isinstance`` against a runtime-checkable protocol costs ~20 us, and at
+    ten samples a second per task that was a fifth of an idle daemon's CPU
+    (parallelism 8: 1.25 % of a core, 1.02 % without it).
+    """
 
     def __init__(self, monotonic: Callable[[], float], window: float = 5.0) -> None:
         self._monotonic = monotonic
         self.window = window
         self._samples: dict[str, _Samples] = {}
+        #: the watched tasks' transactional sink writers
+        self.writers: list[tuple[StreamTask, TransactionReporter]] = []
 
     def watch(self, tasks: Iterable[StreamTask]) -> None:
         """Sample ``tasks`` from now on (an attempt's), forgetting the earlier ones."""
+        tasks = list(tasks)
         self._samples = {t.task_id: _Samples(t) for t in tasks}
+        self.writers = list(transactional_writers(tasks))
 
     def sample(self) -> None:
+        for _, writer in self.writers:
+            writer.check_transaction_ages()
         now = self._monotonic()
         for s in self._samples.values():
             m = s.task.metrics

@@ -31,7 +31,6 @@ from aiostream_ckpt.runtime.task_report import (
     TaskSampler,
     task_figures,
     transaction_rows,
-    transactional_writers,
 )
 
 #: seconds between a worker's reports, and between its samples (rates, backpressure)
@@ -72,7 +71,7 @@ class MetricsReporter:
         """Send the figures now (before ``done`` or ``failed``: the final ones)."""
         self._soon = False
         self._last = self._monotonic()
-        writers = transactional_writers(self._tasks)
+        writers = self._sampler.writers
         ages = {t.task_id: w.oldest_transaction_age() for t, w in writers}
         self._control.send_message(
             {
@@ -80,7 +79,7 @@ class MetricsReporter:
                 "worker": self._index,
                 "pid": os.getpid(),
                 "tasks": [task_figures(t, self._sampler) for t in self._tasks],
-                "transactions": list(transaction_rows(self._tasks)),
+                "transactions": list(transaction_rows(writers)),
                 "transaction_ages": ages,
             }
         )
@@ -101,8 +100,6 @@ class MetricsReporter:
         """Sample every :data:`SAMPLE_EVERY`, report every :data:`REPORT_EVERY`; until cancelled."""
         while True:
             self._sampler.sample()
-            for _, writer in transactional_writers(self._tasks):
-                writer.check_transaction_ages()
             if self._monotonic() - self._last >= REPORT_EVERY:
                 self.report()
             await asyncio.sleep(SAMPLE_EVERY)
