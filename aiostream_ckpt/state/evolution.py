@@ -321,15 +321,18 @@ def reads_as(was: str, now: str) -> bool:
 
     The same name, or ``now`` widens it: a union that holds each of ``was``'s
     members, the same generic over wider arguments, a ``Literal`` with more
-    values. A class is its own name (its fields are compared by
-    :func:`check_class_change`), and no union gains a class beside one it had:
-    msgspec tells the classes of a union apart by a tag, which stored values of
-    a class untagged when written lack.
+    values, a fixed tuple now of any length. A class is its own name (its
+    fields are compared by :func:`check_class_change`), and a lone class
+    gains no class beside it: msgspec tells the classes of a union apart by a
+    tag, which values of a class untagged when written lack (a tagged union,
+    two classes or more, may gain members).
 
     >>> reads_as("int", "Union[None,int]"), reads_as("list[int]", "list[Union[NoneType,int]]")
     (True, True)
     >>> reads_as("int", "float"), reads_as("Union[None,int]", "int"), reads_as("A", "Union[A,B]")
     (False, False, False)
+    >>> reads_as("Union[A,B]", "Union[A,B,C]"), reads_as("tuple[int,int]", "tuple[int,...]")
+    (True, True)
     """
     return was == now or _reads(_parse(was), _parse(now))
 
@@ -370,17 +373,21 @@ def _reads(was: _Node, now: _Node) -> bool:
         return True
     olds, news = _members(was), _members(now)
     if len(olds) > 1 or len(news) > 1:
-        if any(n[0] not in _BUILTINS for n in news if n not in olds) and any(
-            o[0] not in _BUILTINS for o in olds
-        ):
-            return False  # a class in a union with another class: see reads_as
+        classes = sum(o[0] not in _BUILTINS for o in olds)
+        if classes == 1 and any(n[0] not in _BUILTINS for n in news if n not in olds):
+            return False  # a class gains a class beside it: see reads_as
         return all(any(_reads(o, n) for n in news) for o in olds)
     (head, args), (now_head, now_args) = was, now
     if head != now_head or args is None or now_args is None:
         return False
     if head == "Literal":
         return set(args) <= set(now_args)
+    if head == "tuple" and now_args[-1:] == (_ETC,) and args[-1:] != (_ETC,):
+        return all(_reads(a, now_args[0]) for a in args)  # tuple[int, int] -> tuple[int, ...]
     return len(args) == len(now_args) and all(map(_reads, args, now_args))
+
+
+_ETC: _Node = ("...", None)
 
 
 def _members(node: _Node) -> tuple[_Node, ...]:

@@ -16,6 +16,7 @@ from dataclasses import field, make_dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Optional
 
+import msgspec
 import pytest
 
 from aiostream_ckpt.errors import StateMigrationError
@@ -152,6 +153,18 @@ def test_rescale_merges_class_records_of_instances_that_saw_other_versions(env) 
         r.create_state(VS("v", _pt(X, Y, ("label", int, field(default=0)))))
 
 
+class Click(msgspec.Struct, tag=True):
+    n: int
+
+
+class View(msgspec.Struct, tag=True):
+    url: str
+
+
+class Buy(msgspec.Struct, tag=True):
+    cents: int
+
+
 Stamped, Ints, Letter = _pt(("at", datetime)), _pt(("xs", list[int])), _pt(("c", Literal["a"]))
 
 
@@ -165,8 +178,13 @@ Stamped, Ints, Letter = _pt(("at", datetime)), _pt(("xs", list[int])), _pt(("c",
         (MS("v", str, Letter), Letter("a"), MS("v", str, _pt(("c", Literal["a", "b"])))),
         (VS("v", int), 3, VS("v", int | None)),
         (LS("v", tuple[int, str]), (1, "a"), LS("v", tuple[int, str | None])),
+        (VS("v", tuple[int, int]), (1, 2), VS("v", tuple[int, ...])),
+        (LS("v", Click | View), Click(1), LS("v", Click | View | Buy)),
     ],
-    ids=["optional", "or-none", "datetime", "list-item", "literal", "state-type", "tuple-item"],
+    ids=[
+        *("optional", "or-none", "datetime", "list-item", "literal", "state-type"),
+        *("tuple-item", "any-length", "tagged-union"),
+    ],
 )
 def test_restore_takes_a_widened_type_and_keeps_it(env, before, value, after) -> None:
     """Fails on the code before (StateMigrationError: int now Union[None,int]). Stored
