@@ -14,9 +14,11 @@ checkpoint holds
   ``msgspec.Struct``, ``NamedTuple`` and ``TypedDict`` its types reach, with
   its layout and its fields' types by name as msgspec decodes them, fields
   the class lost in earlier runs included (stored bytes may still hold
-  them). A field of another type, a new field without a default and another
-  layout are refused (:func:`check_class_change`); a field gained with a
-  default, or lost, passes.
+  them), and those stored values may lack (``total=False``,
+  ``omit_defaults``). A field of another type, a field without a default
+  that stored values lack or may lack and another layout are refused
+  (:func:`check_class_change`); a field gained with a default, or lost,
+  passes.
 
 A type may also widen where its stored values read back unchanged
 (:func:`reads_as`): ``int`` now ``int | None``, ``list[int]`` now
@@ -36,7 +38,8 @@ import msgspec.inspect as mi
 
 from aiostream_ckpt.errors import StateMigrationError
 
-#: One class of a ``classes`` record: {"layout": "object"|"array", "fields": [[name, type]]}.
+#: One class of a ``classes`` record: {"layout": "object"|"array", "fields": [[name, type]]},
+#: and "absent": [name] where stored values may lack fields (see :func:`_absent`).
 ClassRecord = dict[str, Any]
 
 
@@ -151,11 +154,30 @@ def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[
             found[names.get(id(cls)) or type_key(cls) or "?"] = {
                 "layout": "array" if array else "object",
                 "fields": [[f.encode_name, _info_key(f.type), f.required] for f in fields],
+                "absent": _absent(t),
             }
-    stored = {
-        k: {"layout": r["layout"], "fields": [f[:2] for f in r["fields"]]} for k, r in found.items()
-    }
+    stored = {k: _stored(r) for k, r in found.items()}
     return found, stored
+
+
+def _absent(t: mi.Type) -> list[str]:
+    """Return the fields stored values may lack.
+
+    A ``total=False`` TypedDict's, or a Struct's defaulted ones under
+    ``omit_defaults``; a dataclass writes all its fields.
+    """
+    config = getattr(getattr(t, "cls", None), "__struct_config__", None)
+    if isinstance(t, mi.TypedDictType) or getattr(config, "omit_defaults", False):
+        return sorted(f.encode_name for f in getattr(t, "fields", ()) if not f.required)
+    return []
+
+
+def _stored(rec: ClassRecord) -> ClassRecord:
+    """Return a class record as a checkpoint keeps it: [name, type] fields; "absent" if any."""
+    stored = {"layout": rec["layout"], "fields": [f[:2] for f in rec["fields"]]}
+    if rec.get("absent"):
+        stored["absent"] = rec["absent"]
+    return stored
 
 
 def _class_names(classes: list[Any]) -> dict[int, str]:
@@ -253,11 +275,14 @@ def _field_change(was: ClassRecord, now: ClassRecord) -> str | None:
         old_names, names = [f[0] for f in was["fields"]], [f[0] for f in now["fields"]]
         if names[: len(old_names)] != old_names:
             return f"with fields {old_names} in this order, the job now declares {names}"
+    absent = was.get("absent", ())
     for field, tp, required in now["fields"]:
+        if required and (field not in old_types or field in absent):
+            how = "some without" if field in absent else "without"
+            return f"{how} field {field!r}, which the job now declares with no default"
         if field not in old_types:
-            if required:
-                return f"without field {field!r}, which the job now declares with no default"
-        elif not reads_as(old_types[field], tp):
+            continue
+        if not reads_as(old_types[field], tp):
             return (
                 f"whose field {field!r} was written as {old_types[field]}, the job now "
                 f"declares {tp}"
@@ -269,7 +294,8 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
     """Return the ``classes`` record that covers stored values written under both.
 
     A class's fields are the union (fields lost since stay known: stored
-    values may still hold them), a field's type the wider of the two
+    values may still hold them), as are fields values may lack ("absent"), a
+    field's type the wider of the two
     (:func:`wider`); classes only one side knows are kept. ValueError where
     they disagree on a field's type or a class's layout.
     """
@@ -288,10 +314,13 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
             if fields[field] is None:
                 raise ValueError(f"{cls}.{field} is stored as {both} and {tp}")
         names = [f for f, _ in rec["fields"]] + [f for f, _ in was["fields"]]
-        merged[cls] = {
-            "layout": rec["layout"],
-            "fields": [[f, fields[f]] for f in dict.fromkeys(names)],
-        }
+        merged[cls] = _stored(
+            {
+                "layout": rec["layout"],
+                "fields": [[f, fields[f]] for f in dict.fromkeys(names)],
+                "absent": sorted({*was.get("absent", ()), *rec.get("absent", ())}),
+            }
+        )
     return merged
 
 
