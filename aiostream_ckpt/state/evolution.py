@@ -350,8 +350,10 @@ def reads_as(was: str, now: str) -> bool:
 
     The same name, or ``now`` widens it: a union that holds each of ``was``'s
     members, the same generic over wider arguments, a ``Literal`` with more
-    values, a fixed tuple now of any length. A class is its own name (its
-    fields are compared by :func:`check_class_change`), and a lone class
+    values, a fixed tuple now of any length, an abstract collection spelled
+    as the one msgspec decodes it into (``Sequence[int]``: ``list[int]``). A
+    class is its own name (its fields are compared by
+    :func:`check_class_change`), and a lone class
     gains no class beside it: msgspec tells the classes of a union apart by a
     tag, which values of a class untagged when written lack (a tagged union,
     two classes or more, may gain members).
@@ -451,4 +453,13 @@ def _parse_at(name: str, i: int) -> tuple[_Node, int]:
         args.append(arg)
         if i == len(name):
             return (name[start:], None), i
-    return (head, tuple(args)), i + 1
+    return (_DECODED_AS.get(head, head), tuple(args)), i + 1
+
+
+#: Abstract collections by what msgspec decodes them into: ``list[int]`` now
+#: ``Sequence[int]`` (or back) reads the same lists.
+_DECODED_AS = {
+    **dict.fromkeys(["Sequence", "MutableSequence", "Collection"], "list"),
+    **dict.fromkeys(["Set", "MutableSet"], "set"),
+    **dict.fromkeys(["Mapping", "MutableMapping"], "dict"),
+}

@@ -12,6 +12,7 @@ lost, still passes, and checkpoints without the record restore as before.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import field, make_dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, Optional, TypedDict
@@ -197,6 +198,18 @@ def test_restore_takes_a_widened_type_and_keeps_it(env, before, value, after) ->
     assert repr(list(got) if after.kind == "list" else got) == repr(want)  # after's class
     with pytest.raises(StateMigrationError, match="its checkpoint holds"):
         _restored(env, env.checkpoint(r, 2)).create_state(before)
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "value"),
+    [(list[int], Sequence[int], [1]), (dict[str, int], Mapping[str, int], {"a": 1})],
+)
+def test_an_abstract_collection_restores_as_the_one_it_decodes_into(env, one, other, value):
+    """Fails on the code before (StateMigrationError: list[int] now Sequence[int]):
+    msgspec reads a Sequence as a list, a Mapping as a dict, either way round."""
+    for before, after in ((one, other), (other, one)):
+        r = _restored(env, _write(env, MS("v", str, before), value))
+        assert r.create_state(MS("v", str, after)).get("m") == value
 
 
 def test_rescale_merges_a_widened_type_with_an_instance_that_kept_the_old(env) -> None:
