@@ -252,8 +252,11 @@ def check_class_change(name: str, old: dict[str, Any] | None, descriptor: Any) -
     """
     if not old:
         return
+    moved: dict[str, Any] = {}  # by name without function, where that stays one class
+    for cls, rec in old.items():
+        moved[_unnested(cls)] = None if _unnested(cls) in moved else rec
     for cls, now in _classes(descriptor)[0].items():
-        was = old.get(cls)
+        was = old.get(cls) or moved.get(_unnested(cls))
         if was is None:
             continue
         why = _field_change(was, now)
@@ -444,7 +447,7 @@ def _parse_at(name: str, i: int) -> tuple[_Node, int]:
         elif c in ",[]":
             break
         i += 1
-    head = name[start:i]
+    head = _unnested(name[start:i])
     if i == len(name) or name[i] != "[":
         return (head, None), i
     args = []
@@ -454,6 +457,15 @@ def _parse_at(name: str, i: int) -> tuple[_Node, int]:
         if i == len(name):
             return (name[start:], None), i
     return (_DECODED_AS.get(head, head), tuple(args)), i + 1
+
+
+def _unnested(name: str) -> str:
+    """Drop the function a class was defined in: ``build.<locals>.Point`` is ``Point``.
+
+    Moving a class out of the function that defined it (or into one) leaves
+    its stored values as they were.
+    """
+    return name.rpartition("<locals>.")[2]
 
 
 #: Abstract collections by what msgspec decodes them into: ``list[int]`` now

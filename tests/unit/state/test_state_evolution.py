@@ -290,3 +290,23 @@ def test_restore_refuses_a_field_that_stored_values_may_lack_losing_its_default(
     handle = _write(env, VS("v", Sparse), Sparse())
     with pytest.raises(StateMigrationError, match="some without field 'n'"):
         _restored(env, handle).create_state(VS("v", Dense))
+
+
+def _local(*fields: Any) -> Any:
+    cls = _pt(*fields)
+    cls.__qualname__ = f"build.<locals>.{cls.__qualname__}"
+    return cls
+
+
+def test_a_class_moved_out_of_the_function_that_defined_it_restores(env) -> None:
+    """Fails on the code before ("written as build.<locals>.Pt, the job now declares
+    Pt"): the qualified name held the function; its fields are still compared."""
+    local = _local(X, Y)
+    outer = make_dataclass("Outer", [("p", local)])
+    handle = _write(env, LS("v", local), local(1, 2.5))
+    assert _restored(env, handle).create_state(LS("v", Pt)).get() == [Pt(1, 2.5)]
+    with pytest.raises(StateMigrationError, match="Pt values whose field 'y'"):
+        _restored(env, handle).create_state(LS("v", _pt(X, ("y", str))))
+    handle = _write(env, VS("o", outer), outer(local(1, 2.5)))
+    back = make_dataclass("Outer", [("p", Pt)])  # a field's type moved out too
+    assert _restored(env, handle).create_state(VS("o", back)).value() == back(Pt(1, 2.5))
