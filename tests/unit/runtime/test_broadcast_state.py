@@ -283,3 +283,19 @@ def test_the_broadcast_side_reaches_every_key_through_apply_to_keyed_state(
     assert sorted(out) == [("had", "a", 2), ("had", "b", 1), ("had", "c", 1)]
     assert op.process_batch(["a", "b", "c"]) == [("a", 1), ("b", 2), ("c", 1)]
     backend.close()
+
+
+def test_restore_takes_a_broadcast_map_whose_types_widened() -> None:
+    """int -> int | None, in the map's value type and in a class's field: its
+    entries read back as written. Fails on the code before (StateMigrationError)."""
+    op = _operator(0, 1, MapStateDescriptor("lims", str, Lim), MapStateDescriptor("caps", str, int))
+    op.broadcast_states.get(MapStateDescriptor("lims", str, Lim)).put("a", Lim(1))
+    op.broadcast_states.get(MapStateDescriptor("caps", str, int)).put("a", 2)
+    ckpt = completed_checkpoint("bc", 1, {0: {"operator": op.snapshot_state()}})
+    wide = make_dataclass("Lim", [("n", int | None)])
+    lims, caps = MapStateDescriptor("lims", str, wide), MapStateDescriptor("caps", str, int | None)
+    new = BroadcastProcessOperator("bc", BroadcastSpec(Seen(), (lims, caps)))
+    new.restore_state(ckpt, 0, 1)
+    new.open(_ctx(0, 1))
+    assert dict(new.broadcast_states.get(lims).items()) == {"a": wide(1)}
+    assert dict(new.broadcast_states.get(caps).items()) == {"a": 2}
