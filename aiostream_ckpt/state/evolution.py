@@ -92,13 +92,14 @@ def check_type_change(name: str, kind: str, old: Any, new: list[str | None]) -> 
     What passes: the same types (a dataclass keeps its name: its fields are
     :func:`check_class_change`'s), a type declared where none was (the JSON
     read into it), and checkpoints from before the types were recorded
-    (``old`` None), and a widened type (:func:`reads_as`).
+    (``old`` None), a widened type (:func:`reads_as`), and no type where the
+    type was plain JSON (``int``, ``list[str]``: untyped JSON reads it the same).
     """
     if old is None:
         return
     parts = ("map key", "list element" if kind == "list" else "value")
     for part, was, now in zip(parts, old, new, strict=True):
-        if was is None or (now is not None and reads_as(was, now)):
+        if was is None or (reads_as(was, now) if now is not None else _plain_json(was)):
             continue
         raise StateMigrationError(
             f"state {name!r}: its checkpoint holds {part}s written as {was}, the job now "
@@ -457,6 +458,23 @@ def _parse_at(name: str, i: int) -> tuple[_Node, int]:
         if i == len(name):
             return (name[start:], None), i
     return (_DECODED_AS.get(head, head), tuple(args)), i + 1
+
+
+def _plain_json(name: str) -> bool:
+    """Whether values of type ``name`` read back as they were from untyped JSON."""
+    return _plain(_parse(name))
+
+
+def _plain(node: _Node) -> bool:
+    head, args = node
+    if head in ("Union", "list"):
+        return all(map(_plain, args or ()))
+    if head == "dict":
+        return args is not None and args[0] == ("str", None) and _plain(args[1])
+    return (args is None and head in _JSON) or head == "Literal"
+
+
+_JSON = frozenset({"None", "NoneType", "Any", "int", "float", "str", "bool"})
 
 
 def _unnested(name: str) -> str:
