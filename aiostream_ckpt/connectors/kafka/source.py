@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 Deserializer = Callable[[bytes], Any]
 Starting = Literal["earliest", "latest"] | dict[str, int]
 
+#: The shortest fetch wait. ``poll_timeout_ms=0`` made an idle reader return at once,
+#: read again, and spin a core; 10 ms costs no latency (records end a wait) and bounds
+#: an idle reader to ~100 fetches a second.
+MIN_POLL_TIMEOUT_MS = 10
+
 
 class KafkaSource:
     """Events from Kafka topics; replayable from checkpointed offsets.
@@ -56,6 +61,11 @@ class KafkaSource:
     ``reinterpret_as_keyed(key)`` reads them without a shuffle (a parallelism
     at which a partition's key groups belong to two subtasks is refused; see
     :mod:`aiostream_ckpt.connectors.key_grouped`).
+
+    ``poll_timeout_ms`` is how long a fetch waits when no records are there
+    (records end the wait at once), and how long a reader without partitions
+    sleeps between looks: at least :data:`MIN_POLL_TIMEOUT_MS`, since a fetch
+    that does not wait spins the event loop on an idle topic.
     """
 
     def __init__(
@@ -88,8 +98,12 @@ class KafkaSource:
             raise ConfigError(f"starting must be earliest, latest or a timestamp: {starting!r}")
         if isolation_level not in ("read_committed", "read_uncommitted"):
             raise ConfigError(f"unknown isolation_level {isolation_level!r}")
-        if connect_timeout_s <= 0 or poll_timeout_ms < 0:
-            raise ConfigError("connect_timeout_s must be > 0 and poll_timeout_ms >= 0")
+        if connect_timeout_s <= 0 or poll_timeout_ms < MIN_POLL_TIMEOUT_MS:
+            raise ConfigError(
+                f"connect_timeout_s must be > 0 and poll_timeout_ms >= {MIN_POLL_TIMEOUT_MS} "
+                f"(a fetch that does not wait spins on an idle topic), got {connect_timeout_s} "
+                f"and {poll_timeout_ms}"
+            )
         self.starting = starting
         self.isolation_level = isolation_level
         self.deserializer = deserializer
