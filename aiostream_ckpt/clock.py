@@ -15,6 +15,11 @@ from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
+#: The shortest real sleep. An event loop's timers count whole milliseconds, and uvloop's
+#: returns from a sleep under 0.5 ms at once: a loop that waited for a deadline
+#: under a millisecond away (a paced source's next record at 5,000/s) spun the event loop.
+MIN_SLEEP = 0.001
+
 
 class Clock(Protocol):
     """Wall-clock and monotonic time, and a way to wait on them."""
@@ -33,7 +38,7 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock."""
+    """The real clock; a positive sleep lasts at least :data:`MIN_SLEEP`."""
 
     def time(self) -> float:
         return time.time()
@@ -42,7 +47,7 @@ class SystemClock:
         return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds))
+        await asyncio.sleep(0.0 if seconds <= 0 else max(seconds, MIN_SLEEP))
 
 
 class ManualClock:
