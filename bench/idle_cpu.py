@@ -48,21 +48,19 @@ class Situation:
 
 SITUATIONS = (
     Situation("idle", "apps.pv_count", {}, 0, 2.0),
-    Situation("idle, session windows", "apps.window_count", {"app.window": "session"}, 0, 2.0),
+    Situation("idle-sessions", "apps.window_count", {"app.window": "session"}, 0, 2.0),
     Situation(
-        "idle, 2 workers",
+        "idle-2-workers",
         "apps.pv_count",
         {"job.parallelism": "2", "job.workers": "2", "app.splits": "2"},
         0,
         2.0,
     ),
-    Situation(
-        "idle, parallelism 8", "apps.pv_count", {"job.parallelism": "8", "app.splits": "8"}, 0, 4.0
-    ),
-    Situation("paced 10/s", "apps.pv_count", {}, 10, 2.5),
-    Situation("paced 1000/s", "apps.pv_count", {}, 1000, None),
+    Situation("idle-p8", "apps.pv_count", {"job.parallelism": "8", "app.splits": "8"}, 0, 4.0),
+    Situation("paced-10", "apps.pv_count", {}, 10, 2.5),
+    Situation("paced-1000", "apps.pv_count", {}, 1000, None),
     # the pacer's old spin (6fb757c~1, 0.2 ms sleeps): 36-68 % of a core; now ~7 %
-    Situation("paced 5000/s", "apps.pv_count", {}, 5000, 25.0),
+    Situation("paced-5000", "apps.pv_count", {}, 5000, 25.0),
 )
 
 #: the rate of an "idle" row: a record now and then, so the source is read and paced
@@ -156,11 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per situation")
     p.add_argument("--warmup", type=float, default=6.0, help="seconds before measuring")
-    p.add_argument("--only", help="comma-separated situation names (default: all)")
+    names = ",".join(s.name for s in SITUATIONS)
+    p.add_argument("--only", help=f"comma-separated situations of {names} (default: all)")
     p.add_argument("--json", type=Path, help="write the rows here")
     p.add_argument("--engine-rev", help="run ours from this git revision (as `python -m bench`)")
     args = p.parse_args(argv)
-    chosen = [s for s in SITUATIONS if not args.only or s.name in args.only.split(",")]
+    wanted = args.only.split(",") if args.only else [s.name for s in SITUATIONS]
+    unknown = set(wanted) - {s.name for s in SITUATIONS}
+    if unknown:
+        p.error(f"--only: no situation {', '.join(sorted(unknown))}")
+    chosen = [s for s in SITUATIONS if s.name in wanted]
     work = Path(tempfile.mkdtemp(prefix="bench-idle-cpu-"))
     rows = []
     try:
