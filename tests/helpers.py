@@ -134,7 +134,7 @@ def run_app_under_kills(
     seed: int,
     at_least: int | None = None,
     inputs: Sequence[Path] | None = None,
-    parallelism: int = 1,
+    parallelism: int | Sequence[int] = 1,
     batch_size: int = 512,
     max_delay_after_checkpoint: float = 1.0,
     timeout: float = 300,
@@ -148,19 +148,25 @@ def run_app_under_kills(
     ``KEY=VALUE`` (``--set``) lines: the app's own, or one of these defaults overridden.
     With ``inputs`` the kills fall at fractions of them, else after
     checkpoints. Asserts the worker finished and was killed ``kills`` times,
-    or ``at_least`` times where a kill may find the job done.
+    or ``at_least`` times where a kill may find the job done. A sequence of
+    ``parallelism`` gives each run its own (restored at another: a rescale),
+    the last one for the runs past it.
     """
     sets = {
         "checkpoint.dir": str(tmp_path / "ckpt"),
         "checkpoint.interval": "50ms",
-        "job.parallelism": str(parallelism),
         "job.batch_size": str(batch_size),
         "rest.enabled": "false",
     }
     for line in settings:
         key, _, value = line.partition("=")
         sets[key] = value
-    cmd = cli_cmd("run", app, *(arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")))
+    each = [parallelism] if isinstance(parallelism, int) else list(parallelism)
+
+    def cmd(run: int) -> list[str]:
+        run_sets = {"job.parallelism": str(each[min(run, len(each)) - 1]), **sets}
+        return cli_cmd("run", app, *(a for k, v in run_sets.items() for a in ("--set", f"{k}={v}")))
+
     log = tmp_path / "worker.log"
     result = run_with_kills(
         cmd,

@@ -50,7 +50,7 @@ class ChaosResult:
 
 
 def run_with_kills(
-    cmd: Sequence[str],
+    cmd: Sequence[str] | Callable[[int], Sequence[str]],
     *,
     kills: int,
     seed: int,
@@ -77,6 +77,9 @@ def run_with_kills(
     ``hang_workers``: instead, each "kill" SIGSTOPs one worker process (never
     the main one): a worker hung alive, which the main process must see by
     its heartbeats (``job.heartbeat_timeout``), kill and restart.
+
+    ``cmd`` may be a function of the run's number (1, 2, ...) returning its
+    command: a restart with other settings (a rescale: ``job.parallelism``).
     """
     rng = random.Random(seed)
     started = time.monotonic()
@@ -93,8 +96,9 @@ def run_with_kills(
         while True:
             result.runs += 1
             checkpointed = threading.Event()
+            argv = list(cmd(result.runs) if callable(cmd) else cmd)
             proc = subprocess.Popen(
-                list(cmd),
+                argv,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env=env,
@@ -114,7 +118,7 @@ def run_with_kills(
                 if now > deadline:
                     proc.kill()
                     proc.wait()
-                    raise TimeoutError(f"{cmd[0]}: did not finish within {timeout}s")
+                    raise TimeoutError(f"{argv[0]}: did not finish within {timeout}s")
                 any_checkpoint = any_checkpoint or checkpointed.is_set()
                 if by_progress and want_kill:
                     read = read_fraction(proc.pid, sizes)
