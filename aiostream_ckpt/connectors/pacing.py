@@ -14,7 +14,7 @@ core that way.
 
 from __future__ import annotations
 
-from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.clock import MIN_SLEEP, Clock
 from aiostream_ckpt.errors import ConfigError
 
 #: Pacing never suspends longer than this, so a paced reader still answers soon.
@@ -22,8 +22,9 @@ MAX_PACING_SLEEP = 0.05
 #: Seconds of the rate a paced reader waits for before letting records out (when asked for
 #: that many): a few ms of latency, against a task-loop turn per record.
 MIN_PACING_SLICE = 0.005
-#: Shortest sleep: an event loop's timers count whole milliseconds (uvloop's a shorter one as 0).
-MIN_PACING_SLEEP = 0.001
+#: Shortest sleep: the clock's floor (:data:`~aiostream_ckpt.clock.MIN_SLEEP`), applied here
+#: too so that a reader on any clock (tests inject their own) waits whole milliseconds.
+MIN_PACING_SLEEP = MIN_SLEEP
 
 
 def check_rate(rate: float | None) -> float | None:
