@@ -202,7 +202,10 @@ def test_kill9_of_the_main_process_leaves_no_worker_and_a_rerun_recovers(
 def test_a_fail_point_kills_a_worker_of_the_first_attempt_only(tmp_path: Path) -> None:
     """The windows of tasks are hit in the workers: armed there, once per run of the command."""
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 20_000, seed=60 + i) for i in range(2)]
-    result = cli(*pv_args(tmp_path, inputs, 2), env={ENV_VAR: "sink_commit=kill@2"})
+    # paced: >= 1.3 s, 26 checkpoint intervals, on any machine; unpaced, an idle one read
+    # all 40 k events before its 2nd checkpoint (CI, 7fc1ecb): no 2nd commit, no kill
+    args = pv_args(tmp_path, inputs, 2, "--set", "app.rate=30000")
+    result = cli(*args, env={ENV_VAR: "sink_commit=kill@2"})
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stderr
     # one worker died at its 2nd commit (both may reach it at once), the restart was not armed
