@@ -15,10 +15,11 @@ checkpoint holds
   its layout and its fields' types by name as msgspec decodes them, fields
   the class lost in earlier runs included (stored bytes may still hold
   them), and those stored values may lack (``total=False``,
-  ``omit_defaults``). A field of another type, a field without a default
-  that stored values lack or may lack and another layout are refused
-  (:func:`check_class_change`); a field gained with a default, or lost,
-  passes.
+  ``omit_defaults``, a field lost or gained with a default in an earlier
+  run). A field of another type, a field without a default that stored
+  values lack, and another layout are refused (:func:`check_class_change`);
+  where they only *may* lack it, a scan of the stored values decides; a
+  field gained with a default, or lost, passes.
 
 A type may also widen where its stored values read back unchanged
 (:func:`reads_as`): ``int`` now ``int | None``, ``list[int]`` now
@@ -31,6 +32,7 @@ either record restore as they did.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -243,7 +245,12 @@ _SCALARS = {
 }
 
 
-def check_class_change(name: str, old: dict[str, Any] | None, descriptor: Any) -> None:
+def check_class_change(
+    name: str,
+    old: dict[str, Any] | None,
+    descriptor: Any,
+    scan: Callable[[], str | None] | None = None,
+) -> list[tuple[str, str]]:
     """Refuse a restore where a class keeps its name but its stored fields would not read back.
 
     A field of another type (``y: float`` now ``y: str``: its stored values
@@ -251,56 +258,92 @@ def check_class_change(name: str, old: dict[str, Any] | None, descriptor: Any) -
     gained without a default (stored values lack it), another layout, or a
     positional class (``NamedTuple``, ``array_like`` Struct) that lost or
     reordered fields. ``old`` None: a checkpoint without the record.
+
+    A field now without a default that the record says stored values *may*
+    lack (dropped or gained with a default in an earlier run, ``omit_defaults``,
+    ``total=False``) is a question only the stored values answer: ``scan``
+    decodes them into the job's type (None: all did; else the first error);
+    without one it is refused. Returns the ``(class, field)`` pairs the scan
+    cleared: every stored value holds them, so the record may say so.
     """
     if not old:
-        return
+        return []
     moved: dict[str, Any] = {}  # by name without function, where that stays one class
     for cls, rec in old.items():
         moved[unnested(cls)] = None if unnested(cls) in moved else rec
+    maybe: list[tuple[str, str]] = []
     for cls, now in _classes(descriptor)[0].items():
         was = old.get(cls) or moved.get(unnested(cls))
         if was is None:
             continue
-        why = _field_change(was, now)
+        why, lacking = _field_change(was, now)
         if why is not None:
-            raise StateMigrationError(
-                f"state {name!r}: its checkpoint holds {cls} values {why}: they would not "
-                f"read back as written. Keep the field's type or widen it (int -> int | None; "
-                f"a class may gain fields with defaults or lose fields), give the field a "
-                f"new name, or give the state a new name to start it empty"
-            )
+            raise _refused(name, cls, why)
+        maybe += [(cls, field) for field in lacking]
+    if not maybe:
+        return []
+    error = "no scan of the stored values" if scan is None else scan()
+    if error is None:
+        return maybe
+    cls, field = next((m for m in maybe if f"`{m[1]}`" in error), maybe[0])
+    why = f"some without field {field!r}, which the job now declares with no default"
+    raise _refused(name, cls, f"{why} (a stored value: {error})")
 
 
-def _field_change(was: ClassRecord, now: ClassRecord) -> str | None:
-    """Say how ``now`` (a live record) cannot read what was stored under ``was``, or None."""
+def _refused(name: str, cls: str, why: str) -> StateMigrationError:
+    return StateMigrationError(
+        f"state {name!r}: its checkpoint holds {cls} values {why}: they would not "
+        f"read back as written. Keep the field's type or widen it (int -> int | None; "
+        f"a class may gain fields with defaults or lose fields), give the field a "
+        f"new name, or give the state a new name to start it empty"
+    )
+
+
+def _field_change(was: ClassRecord, now: ClassRecord) -> tuple[str | None, list[str]]:
+    """Say how ``now`` (a live record) cannot read what was stored under ``was``, or None.
+
+    Also return the fields ``now`` requires that stored values may lack.
+    """
     if was["layout"] != now["layout"]:
-        return f"stored as an {was['layout']}, the job now declares an {now['layout']}"
+        return f"stored as an {was['layout']}, the job now declares an {now['layout']}", []
     old_types = dict(was["fields"])
     if now["layout"] == "array":
         old_names, names = [f[0] for f in was["fields"]], [f[0] for f in now["fields"]]
         if names[: len(old_names)] != old_names:
-            return f"with fields {old_names} in this order, the job now declares {names}"
+            return f"with fields {old_names} in this order, the job now declares {names}", []
     absent = was.get("absent", ())
+    maybe = []
     for field, tp, required in now["fields"]:
-        if required and (field not in old_types or field in absent):
-            how = "some without" if field in absent else "without"
-            return f"{how} field {field!r}, which the job now declares with no default"
         if field not in old_types:
+            if required:
+                return f"without field {field!r}, which the job now declares with no default", []
             continue
         if not reads_as(old_types[field], tp):
-            return (
-                f"whose field {field!r} was written as {old_types[field]}, the job now "
-                f"declares {tp}"
-            )
-    return None
+            why = f"whose field {field!r} was written as {old_types[field]}, the job now declares"
+            return f"{why} {tp}", []
+        if required and field in absent:
+            maybe.append(field)
+    return None, maybe
+
+
+def cleared(classes: dict[str, Any], fields: list[tuple[str, str]]) -> dict[str, Any]:
+    """Return ``classes`` without ``fields`` among those stored values may lack (scanned)."""
+    out = dict(classes)
+    for cls, field in fields:
+        rec = out.get(cls)
+        if rec is not None and field in rec.get("absent", ()):
+            out[cls] = _stored({**rec, "absent": [f for f in rec["absent"] if f != field]})
+    return out
 
 
 def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dict[str, Any]:
     """Return the ``classes`` record that covers stored values written under both.
 
     A class's fields are the union (fields lost since stay known: stored
-    values may still hold them), as are fields values may lack ("absent"), a
-    field's type the wider of the two
+    values may still hold them), as are fields values may lack ("absent"), to
+    which a field only one side has is added (values written under the other
+    lack it: a field dropped, or gained with a default), a field's type the
+    wider of the two
     (:func:`wider`); classes only one side knows are kept. ValueError where
     they disagree on a field's type or a class's layout.
     """
@@ -323,7 +366,10 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
             {
                 "layout": rec["layout"],
                 "fields": [[f, fields[f]] for f in dict.fromkeys(names)],
-                "absent": sorted({*was.get("absent", ()), *rec.get("absent", ())}),
+                "absent": sorted(
+                    {*was.get("absent", ()), *rec.get("absent", ())}
+                    | {f for f, _ in was["fields"]} ^ {f for f, _ in rec["fields"]}
+                ),
             }
         )
     return merged

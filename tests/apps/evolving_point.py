@@ -10,7 +10,11 @@ fields and the type of ``y``) and writes ``Point(seq, seq / 2)``.
 - ``retyped``: ``y: str``: refused at restore (the stored ``y`` are floats;
   without the check the first read of one failed);
 - ``widened``: ``x: float``: refused at restore (without the check the stored
-  ``x`` silently read back as floats, ``3.0`` for ``3``).
+  ``x`` silently read back as floats, ``3.0`` for ``3``);
+- ``dropped``: ``x: int`` only: a compatible change, but the points it writes
+  lack ``y``, so ``base`` after it is refused at restore (without the check
+  the first read of such a point failed); ``defaulted`` (``y: float = 0.0``)
+  reads them.
 
 ``app.rate``: read the input at most that many events per second.
 """
@@ -32,6 +36,8 @@ POINTS: dict[str, Any] = {
     ),
     "retyped": make_dataclass("Point", [("x", int), ("y", str)]),
     "widened": make_dataclass("Point", [("x", float), ("y", float)]),
+    "dropped": make_dataclass("Point", [("x", int)]),
+    "defaulted": make_dataclass("Point", [("x", int), ("y", float, field(default=0.0))]),
 }
 
 
@@ -49,12 +55,15 @@ class Track(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
         prev = self.state.value()
         read = None
         if prev is not None:
-            read = {"x": prev.x, "y": prev.y, "y_type": type(prev.y).__name__}
+            y = getattr(prev, "y", None)
+            read = {"x": prev.x, "y": y, "y_type": type(y).__name__}
             read["label"] = getattr(prev, "label", None)
         out.collect({"k": value["k"], "seq": value["seq"], "read": read})
         seq = int(value["seq"])
         if self.variant == "grown":
             self.state.update(self.point(seq, seq / 2, "grown"))
+        elif self.variant == "dropped":
+            self.state.update(self.point(seq))
         else:
             self.state.update(
                 self.point(seq, str(seq / 2) if self.variant == "retyped" else seq / 2)

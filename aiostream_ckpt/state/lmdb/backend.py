@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.durable import child_path
@@ -75,6 +76,7 @@ from aiostream_ckpt.state.descriptors import StateDescriptor
 from aiostream_ckpt.state.evolution import (
     check_class_change,
     check_type_change,
+    cleared,
     declared_classes,
     declared_types,
     merge_classes,
@@ -337,10 +339,11 @@ class LmdbStateBackend:
         wanted = self._describe(descriptor)
         old = self._meta.get(descriptor.name)
         if old is not None and old != wanted:
-            self._migrate(descriptor, old, wanted)
+            scanned = self._migrate(descriptor, old, wanted)
             if old.get("classes") and wanted["serializer"] == "json":
                 # fields lost since stay known: values not rewritten still hold them
-                wanted["classes"] = merge_classes(old["classes"], wanted.get("classes"))
+                merged = merge_classes(old["classes"], wanted.get("classes"))
+                wanted["classes"] = cleared(merged, scanned)
         state = cls(
             descriptor,
             host=self,
@@ -371,18 +374,24 @@ class LmdbStateBackend:
 
     def _migrate(
         self, descriptor: StateDescriptor, old: dict[str, Any], new: dict[str, Any]
-    ) -> None:
-        """Accept a changed descriptor only where the stored bytes can be converted safely."""
+    ) -> list[tuple[str, str]]:
+        """Accept a changed descriptor only where the stored bytes can be converted safely.
+
+        Returns the class fields a scan of the stored values found in every one
+        (see :func:`check_class_change`).
+        """
         name = descriptor.name
         if old["kind"] != new["kind"] or old["ttl"] != new["ttl"]:
             raise StateMigrationError(
                 f"state {name!r} was snapshotted as {old}, the job now declares {new}"
             )
         if old["serializer"] == new["serializer"]:
-            if new["serializer"] == "json":  # pickled bytes do not depend on the declared type
-                check_type_change(name, new["kind"], old.get("types"), new["types"])
-                check_class_change(name, old.get("classes"), descriptor)
-            return
+            if new["serializer"] != "json":  # pickled bytes do not depend on the declared type
+                return []
+            check_type_change(name, new["kind"], old.get("types"), new["types"])
+            return check_class_change(
+                name, old.get("classes"), descriptor, lambda: self._misfit(descriptor, old)
+            )
         if (old["serializer"], new["serializer"]) != ("pickle", "json"):
             raise StateMigrationError(
                 f"state {name!r} was snapshotted with serializer {old['serializer']!r}, "
@@ -401,6 +410,23 @@ class LmdbStateBackend:
                 txn, name, self.key_group_range, old["ttl"], changed, json_encoder(descriptor)
             )
         self._drop_rtxn()
+        return []
+
+    def _misfit(self, descriptor: StateDescriptor, old: dict[str, Any]) -> str | None:
+        """Decode every stored value of a state into its declared type: the first error, or None.
+
+        Only where the record cannot say (a field now required that values
+        written in earlier runs may lack): a scan of this instance's values.
+        """
+        self.flush()
+        decode = msgspec.json.Decoder(descriptor.value_types()[0]).decode
+        own = self.key_group_range
+        for raw in restore_mod.stored_values(self.read_txn(), descriptor.name, own, old["ttl"]):
+            try:
+                decode(raw)
+            except msgspec.ValidationError as exc:
+                return str(exc)
+        return None
 
     # -- write sets ------------------------------------------------------------------
     def _freeze(self) -> list[tuple[KeyedStateBase, Any]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,25 +185,41 @@ def convert_pickle_to_json(
     ``encode`` is the json descriptor's, with its check: a value that would not
     read back the same (a tuple for an untyped state) is refused, not converted.
     """
-    part = name_part(name)
     head = TS_SIZE if ttl else 0
     converted: list[Put] = []
-    cur = txn.cursor()
-    for kg in range(own.start, own.end + 1):
-        prefix = key_group_bytes(kg) + part
-        if not cur.set_range(prefix):
-            break
-        for key, raw in cur:
-            if not key.startswith(prefix):
-                break
-            value = pickle.loads(raw[head:])
-            try:
-                converted.append((key, raw[:head] + encode(value)))
-            except StateError as exc:
-                raise StateMigrationError(
-                    f"state {name!r}: a pickled value cannot be converted to json: {exc}"
-                ) from exc
+    for key, raw in _entries(txn, name, own):
+        value = pickle.loads(raw[head:])
+        try:
+            converted.append((key, raw[:head] + encode(value)))
+        except StateError as exc:
+            raise StateMigrationError(
+                f"state {name!r}: a pickled value cannot be converted to json: {exc}"
+            ) from exc
     txn.cursor().putmulti(converted)
     if changed is not None:
         changed.add(name, converted)
     return len(converted)
+
+
+def stored_values(
+    txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange, ttl: bool
+) -> Iterator[bytes]:
+    """Yield the encoded values of state ``name`` in key groups ``own`` (each map entry's)."""
+    head = TS_SIZE if ttl else 0
+    for _, raw in _entries(txn, name, own):
+        yield raw[head:]
+
+
+def _entries(
+    txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange
+) -> Iterator[tuple[bytes, bytes]]:
+    part = name_part(name)
+    cur = txn.cursor()
+    for kg in range(own.start, own.end + 1):
+        prefix = key_group_bytes(kg) + part
+        if not cur.set_range(prefix):
+            return
+        for key, raw in cur:
+            if not key.startswith(prefix):
+                break
+            yield key, raw

@@ -13,6 +13,7 @@ back, its label the default; the committed output is exactly once.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -26,14 +27,19 @@ pytestmark = pytest.mark.integration
 EVENTS, KEYS = 20_000, 20
 
 
-def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_path: Path) -> None:
+Run = Callable[..., tuple[int, str]]
+
+
+def _runner(tmp_path: Path) -> tuple[Run, Path]:
+    """Write the input; return a CLI run of the app with a variant (and env), and its output."""
     events = [{"k": f"k{i % KEYS}", "seq": i} for i in range(EVENTS)]
     path = tmp_path / "in.jsonl"
     path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in events))
     out = tmp_path / "out"
 
-    def run(variant: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    def run(variant: str, env: dict[str, str] | None = None, **more: str) -> tuple[int, str]:
         sets = {
+            **{f"app.{k}": v for k, v in more.items()},
             "app.input": str(path),
             "app.output": str(out),
             "app.variant": variant,
@@ -48,6 +54,11 @@ def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_pa
         done = cli("run", "tests.apps.evolving_point", *args, env=env)
         return done.returncode, done.stderr
 
+    return run, out
+
+
+def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_path: Path) -> None:
+    run, out = _runner(tmp_path)
     code, log = run("base", {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"})
     assert code == -9, log[-2000:]
     committed = sorted(p.name for p in out.glob("part-*"))
@@ -80,3 +91,29 @@ def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_pa
         assert read["label"] in (None, "-", "grown"), r
         restored += read["label"] == "-"
     assert restored == KEYS, restored  # each key's point from the checkpoint read back once
+
+
+def test_a_dropped_field_brought_back_required_is_refused_after_kill9(tmp_path: Path) -> None:
+    """Fails on the code before (restored, then the first read of a point written
+    without y failed). Killed in a run that dropped ``y`` (having rewritten every
+    point without it), the job started with ``y`` required again is refused at the
+    restore, naming the state, class and field; with ``y`` defaulted it restores."""
+    run, out = _runner(tmp_path)
+    kill = {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"}
+    for variant in ("base", "dropped"):
+        code, log = run(variant, kill)
+        assert code == -9, log[-2000:]
+    committed = sorted(p.name for p in out.glob("part-*"))
+    code, log = run("base")
+    assert code not in (0, -9), log[-2000:]
+    assert (
+        "StateMigrationError: state 'point': its checkpoint holds Point values some "
+        "without field 'y', which the job now declares with no default"
+    ) in log, log[-2000:]
+    assert sorted(p.name for p in out.glob("part-*")) == committed
+    code, log = run("defaulted")
+    assert code == 0, log[-2000:]
+    records = list(read_committed_output(out))
+    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    defaulted = [r for r in records if r["read"] and r["read"]["y"] == 0.0 and r["read"]["x"]]
+    assert len(defaulted) == KEYS, defaulted  # each key's point written without y, read once
