@@ -11,13 +11,15 @@ checkpoint holds
 * ``types``: its ``[map key type, value type]`` by name (:func:`type_key`);
   another name is refused (:func:`check_type_change`);
 * ``classes`` (when its types have any): each dataclass, attrs class,
-  ``msgspec.Struct``, ``NamedTuple`` and ``TypedDict`` its types reach, with
-  its layout and its fields' types by name as msgspec decodes them, fields
+  ``msgspec.Struct``, ``NamedTuple``, ``TypedDict`` and enum its types reach,
+  with its layout and its fields' types by name as msgspec decodes them (an
+  enum: whether its members are str or int; a Struct: its tag), fields
   the class lost in earlier runs included (stored bytes may still hold
   them), and those stored values may lack (``total=False``,
   ``omit_defaults``, a field lost or gained with a default in an earlier
   run). A field of another type, a field without a default that stored
-  values lack, and another layout are refused (:func:`check_class_change`);
+  values lack, another layout, an enum of int members now of str ones (or
+  back) and a Struct's tag changed are refused (:func:`check_class_change`);
   where they only *may* lack it, a scan of the stored values decides; a
   field gained with a default, or lost, passes.
 
@@ -149,17 +151,30 @@ def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[
         todo.extend(_parts(t))
         todo.extend(f.type for f in getattr(t, "fields", None) or ())
     names = _class_names([c for t in reached if (c := getattr(t, "cls", None)) is not None])
+    in_unions = {  # a union of Structs tells them apart by their tags
+        id(m)
+        for t in reached
+        if isinstance(t, mi.UnionType) and sum(isinstance(m, mi.StructType) for m in t.types) > 1
+        for m in t.types
+    }
     found: dict[str, ClassRecord] = {}
     for t in reached:
         fields = getattr(t, "fields", None)
-        if fields is not None:
+        cls = getattr(t, "cls", None)
+        name = names.get(id(cls)) or type_key(cls) or "?"
+        if isinstance(t, mi.EnumType):  # members are all str or all int (msgspec)
+            kind = "str" if any(isinstance(m.value, str) for m in t.cls) else "int"
+            found[name] = {"layout": "enum", "fields": [], "values": kind}
+        elif fields is not None:
             array = isinstance(t, mi.NamedTupleType) or getattr(t, "array_like", False)
-            cls = getattr(t, "cls", None)
-            found[names.get(id(cls)) or type_key(cls) or "?"] = {
+            found[name] = {
                 "layout": "array" if array else "object",
                 "fields": [[f.encode_name, _info_key(f.type), f.required] for f in fields],
                 "absent": _absent(t),
+                "union": id(t) in in_unions,
             }
+            if isinstance(t, mi.StructType) and t.tag is not None:
+                found[name]["tags"] = [[t.tag_field, t.tag]]
     stored = {k: _stored(r) for k, r in found.items()}
     return found, stored
 
@@ -177,10 +192,16 @@ def _absent(t: mi.Type) -> list[str]:
 
 
 def _stored(rec: ClassRecord) -> ClassRecord:
-    """Return a class record as a checkpoint keeps it: [name, type] fields; "absent" if any."""
+    """Return a class record as a checkpoint keeps it: [name, type] fields; others if any.
+
+    "values": an enum's members' kind (``str``, ``int``); "tags": the
+    ``[tag field, tag]`` a tagged Struct's stored values carry (``[None,
+    None]``: untagged ones, where a class gained or lost its tag).
+    """
     stored = {"layout": rec["layout"], "fields": [f[:2] for f in rec["fields"]]}
-    if rec.get("absent"):
-        stored["absent"] = rec["absent"]
+    for part in ("absent", "values", "tags"):
+        if rec.get(part):
+            stored[part] = rec[part]
     return stored
 
 
@@ -306,6 +327,10 @@ def _field_change(was: ClassRecord, now: ClassRecord) -> tuple[str | None, list[
     """
     if was["layout"] != now["layout"]:
         return f"stored as an {was['layout']}, the job now declares an {now['layout']}", []
+    if now["layout"] == "enum" and was.get("values") != now["values"]:
+        return f"of {was.get('values')} members, the job now declares {now['values']} ones", []
+    if (why := _tag_change(was, now)) is not None:
+        return why, []
     old_types = dict(was["fields"])
     if now["layout"] == "array":
         old_names, names = [f[0] for f in was["fields"]], [f[0] for f in now["fields"]]
@@ -324,6 +349,37 @@ def _field_change(was: ClassRecord, now: ClassRecord) -> tuple[str | None, list[
         if required and field in absent:
             maybe.append(field)
     return None, maybe
+
+
+def _tag_change(was: ClassRecord, now: ClassRecord) -> str | None:
+    """Say how a Struct's stored tags would not read under its tag now, or None."""
+    untagged = [None, None]
+    tag = (now.get("tags") or [untagged])[0]
+    for form in was.get("tags") or [untagged]:
+        if not _reads_tag(form, tag, now):
+            return f"tagged {_tag(form)}, the job now declares {_tag(tag)}"
+    return None
+
+
+def _reads_tag(form: list[Any], tag: list[Any], now: ClassRecord) -> bool:
+    """Whether a value stored with tag ``form`` decodes under ``tag`` (``[field, value]``).
+
+    An array's tag is its first item: any change misreads. An object's tag
+    lost is an unknown field, ignored; one gained, or under another field,
+    is missing from stored values, which only a union of Structs needs. The
+    same field with another value fails.
+    """
+    if form == tag:
+        return True
+    if now["layout"] == "array":
+        return False
+    if tag[0] is None:
+        return True
+    return form[0] != tag[0] and not now.get("union")
+
+
+def _tag(form: list[Any]) -> str:
+    return "with no tag" if form[0] is None else f"{form[0]}={form[1]!r}"
 
 
 def cleared(classes: dict[str, Any], fields: list[tuple[str, str]]) -> dict[str, Any]:
@@ -353,8 +409,8 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
         if was is None or was == rec:
             merged[cls] = rec
             continue
-        if was["layout"] != rec["layout"]:
-            raise ValueError(f"{cls} is stored as an {was['layout']} and an {rec['layout']}")
+        if was["layout"] != rec["layout"] or was.get("values") != rec.get("values"):
+            raise ValueError(f"{cls} is stored as {_form(was)} and {_form(rec)}")
         fields = dict(was["fields"])
         for field, tp in rec["fields"]:
             both = fields.setdefault(field, tp)
@@ -370,9 +426,21 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
                     {*was.get("absent", ()), *rec.get("absent", ())}
                     | {f for f, _ in was["fields"]} ^ {f for f, _ in rec["fields"]}
                 ),
+                "tags": _merged_tags(was, rec),
             }
         )
     return merged
+
+
+def _form(rec: ClassRecord) -> str:
+    return f"an {rec['layout']}" + (f" of {rec['values']}" if rec.get("values") else "")
+
+
+def _merged_tags(was: ClassRecord, rec: ClassRecord) -> list[list[Any]] | None:
+    """Return the tags values stored under either record carry (None: all untagged)."""
+    forms = [*(was.get("tags") or [[None, None]]), *(rec.get("tags") or [[None, None]])]
+    unique = {repr(f): f for f in forms}
+    return None if list(unique) == [repr([None, None])] else [unique[k] for k in sorted(unique)]
 
 
 def merge_types(old: list[str | None], new: list[str | None]) -> list[str | None]:
