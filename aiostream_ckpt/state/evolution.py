@@ -135,6 +135,14 @@ def _classes(descriptor: Any) -> tuple[dict[str, ClassRecord], dict[str, ClassRe
         return _find_classes(types)
 
 
+def class_records(tp: Any) -> dict[str, ClassRecord]:
+    """Return the ``classes`` record (as a checkpoint keeps it) of the classes ``tp`` reaches."""
+    try:
+        return _cached_classes((tp, None))[1]
+    except TypeError:  # an unhashable type (Annotated metadata)
+        return _find_classes((tp, None))[1]
+
+
 def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[str, ClassRecord]]:
     try:
         todo = [mi.type_info(tp) for tp in types if tp is not None]

@@ -16,6 +16,11 @@ fields and the type of ``y``) and writes ``Point(seq, seq / 2)``.
   the first read of such a point failed); ``defaulted`` (``y: float = 0.0``)
   reads them.
 
+``app.key`` picks the stream key: ``k`` (default: the event's ``"k"``,
+undeclared), ``int`` (its number, ``key_type=int``), ``int?`` (the same,
+``key_type=int | None``: widened) or ``str`` (its number as text,
+``key_type=str``: refused at restore after ``int``).
+
 ``app.rate``: read the input at most that many events per second.
 """
 
@@ -70,11 +75,24 @@ class Track(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
             )
 
 
+def _number(event: dict[str, Any]) -> int:
+    return int(event["k"][1:])
+
+
+KEYS: dict[str, tuple[Any, Any]] = {
+    "k": (itemgetter("k"), None),
+    "int": (_number, int),
+    "int?": (_number, int | None),
+    "str": (lambda e: e["k"][1:], str),
+}
+
+
 def build(env: StreamEnvironment) -> None:
     p = env.params
     rate = float(p["rate"]) if "rate" in p else None
     events = env.from_source(JsonLinesFileSource(str(p["input"]), rate=rate), uid="events")
     track = Track(str(p.get("variant", "base")))
-    events.key_by(itemgetter("k")).process(track, uid="track").sink_to(
+    selector, key_type = KEYS[str(p.get("key", "k"))]
+    events.key_by(selector, key_type=key_type).process(track, uid="track").sink_to(
         ExactlyOnceFileSink(str(p["output"])), uid="track-sink"
     )

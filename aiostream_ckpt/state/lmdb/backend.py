@@ -81,6 +81,7 @@ from aiostream_ckpt.state.evolution import (
     declared_types,
     merge_classes,
 )
+from aiostream_ckpt.state.key_evolution import check_key_change, described_keys
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
 from aiostream_ckpt.state.lmdb.map_state import MapStateImpl, TtlMapState
@@ -246,6 +247,8 @@ class LmdbStateBackend:
         self.key_context = KeyContext()
         #: ``key_by(..., key_type=)``: how keys are checked and read back (``keys()``, timers)
         self._stream_keys = UNTYPED_KEYS if key_type is None else StreamKeyCodec(key_type)
+        #: what a restore compares its ``key_type`` with (see :func:`check_key_change`)
+        self._keys_record = described_keys(key_type)
         self._clock: Clock = clock or SystemClock()
         #: entries the state caches may hold in all (``state.cache_max_entries``)
         self.cache_max_entries = cache_max_entries
@@ -605,6 +608,7 @@ class LmdbStateBackend:
             "kind": "full" if snap.full else "incremental",
             "key_group_range": self.key_group_range.to_json(),
             "max_parallelism": self.max_parallelism,
+            "keys": self._keys_record,
             "states": snap.states,
             "chain": chain,
             "files": [e["path"] for e in chain],
@@ -643,6 +647,8 @@ class LmdbStateBackend:
             self._rtxn.abort()
             self._rtxn = None
         plan = restore_mod.plan(root, handles, self.key_group_range, self.max_parallelism)
+        for keys in plan.keys:
+            check_key_change(self.operator_uid, keys, self._stream_keys.key_type)
         self._restored = True
         self._meta.update(plan.states)
         if plan.copy_base is not None:

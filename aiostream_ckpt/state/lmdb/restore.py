@@ -48,6 +48,8 @@ class _Source:
 @dataclass(slots=True)
 class RestorePlan:
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the handles' distinct ``keys`` records (see :mod:`~aiostream_ckpt.state.key_evolution`)
+    keys: list[dict[str, Any]] = field(default_factory=list)
     copy_base: Path | None = None
     sources: list[_Source] = field(default_factory=list)
 
@@ -67,6 +69,8 @@ def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> 
                 f"snapshot has max_parallelism {h['max_parallelism']}, the job {max_parallelism}; "
                 "key groups cannot be mapped"
             )
+        if (keys := h.get("keys")) is not None and keys not in result.keys:
+            result.keys.append(keys)
         for name, meta in h["states"].items():
             seen = result.states.get(name)
             result.states[name] = dict(meta) if seen is None else _merged(name, seen, meta)

@@ -117,3 +117,28 @@ def test_a_dropped_field_brought_back_required_is_refused_after_kill9(tmp_path: 
     assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
     defaulted = [r for r in records if r["read"] and r["read"]["y"] == 0.0 and r["read"]["x"]]
     assert len(defaulted) == KEYS, defaulted  # each key's point written without y, read once
+
+
+def test_a_key_type_change_is_refused_after_kill9_and_a_widened_one_restores(
+    tmp_path: Path,
+) -> None:
+    """Fails on the code before (the str run restored, found no stored point under
+    "3" for the stored 3 and started every key empty). Killed under key_type=int,
+    the job started with key_type=str is refused at the restore, naming the
+    operator and both types; with int | None it restores every key's point."""
+    run, out = _runner(tmp_path)
+    code, log = run("base", {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"}, key="int")
+    assert code == -9, log[-2000:]
+    committed = sorted(p.name for p in out.glob("part-*"))
+    code, log = run("base", key="str")
+    assert code not in (0, -9), log[-2000:]
+    assert (
+        "StateMigrationError: operator 'track': its checkpoint holds keys written as int, "
+        "the job now declares key_type str"
+    ) in log, log[-2000:]
+    assert sorted(p.name for p in out.glob("part-*")) == committed
+    code, log = run("base", key="int?")
+    assert code == 0, log[-2000:]
+    records = list(read_committed_output(out))
+    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    assert sum(r["read"] is None for r in records) == KEYS  # no key restored empty

@@ -1,0 +1,81 @@
+"""Stream key types across a restore: what a checkpoint records of ``key_by(key_type=)``.
+
+Why: keyed state is found by its key's JSON bytes (the key group hashes
+them), and read back (``ctx.current_key``, timers, window keys) by the
+declared key type. A job restored under another key type (``int`` keys now
+``str``: ``1`` is stored, ``"1"`` looked up) found nothing and started every
+key empty, without a word; a dataclass key that gained a field encodes
+every key otherwise. Flink checks the key serializer at restore; so does
+this. Each operator instance's handle holds ``keys``: the declared type by
+name (:func:`~aiostream_ckpt.state.evolution.type_key`, None: undeclared)
+and the classes it reaches (as a state's ``classes`` record). What passes:
+the same type, a widened one whose stored keys read back unchanged (``int``
+now ``int | None``), a type declared where none was (the JSON read into
+it), none where the type was plain JSON (``int``, ``str``), and a handle
+without the record (written before it was kept).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiostream_ckpt.errors import StateMigrationError
+from aiostream_ckpt.state.evolution import ClassRecord, class_records, type_key
+from aiostream_ckpt.state.type_names import plain_json, reads_as
+
+#: A handle's ``keys`` record: {"type": name or None, "classes": {name: record}}.
+KeyRecord = dict[str, Any]
+
+
+def described_keys(key_type: Any) -> KeyRecord:
+    """Return the ``keys`` record of a declared key type (None: undeclared)."""
+    record: KeyRecord = {"type": type_key(key_type)}
+    if key_type is not None and (classes := class_records(key_type)):
+        record["classes"] = classes
+    return record
+
+
+def check_key_change(operator_uid: str, old: KeyRecord | None, key_type: Any) -> None:
+    """Refuse a restore whose ``key_type`` would look up or read stored keys otherwise.
+
+    A class a key type reaches must keep its fields, their order and its
+    tag (any change re-encodes every key), their types may widen; an enum
+    keeps its kind of members. ``old`` None: a handle without the record.
+    """
+    if old is None:
+        return
+    was, now = old.get("type"), type_key(key_type)
+    why = None
+    if was is not None and not (reads_as(was, now) if now is not None else plain_json(was)):
+        why = f"keys written as {was}, the job now declares {_declared(now)}"
+    elif was is not None and now is not None:
+        why = _class_change(old.get("classes") or {}, described_keys(key_type).get("classes", {}))
+    if why is not None:
+        raise StateMigrationError(
+            f"operator {operator_uid!r}: its checkpoint holds {why}: its keyed state would "
+            f"be looked up under other keys or read back as another type. Keep the key "
+            f"type (key_by(..., key_type=)) or widen it (int -> int | None), or give the "
+            f"operator a new uid to start its state empty"
+        )
+
+
+def _declared(name: str | None) -> str:
+    return "no key_type" if name is None else f"key_type {name}"
+
+
+def _class_change(old: dict[str, ClassRecord], new: dict[str, ClassRecord]) -> str | None:
+    """Say how a key class's record changed so that its keys encode or read otherwise."""
+    for cls, now in new.items():
+        was = old.get(cls)
+        if was is None:
+            continue
+        for part in ("layout", "values", "tags"):
+            if was.get(part) != now.get(part):
+                return f"{cls} keys of {part} {was.get(part)}, the job now declares {now.get(part)}"
+        names, old_names = [f[0] for f in now["fields"]], [f[0] for f in was["fields"]]
+        if names != old_names:
+            return f"{cls} keys with fields {old_names}, the job now declares {names}"
+        for (field, tp), (_, now_tp) in zip(was["fields"], now["fields"], strict=True):
+            if not reads_as(tp, now_tp):
+                return f"{cls} keys whose field {field!r} was written as {tp}, now {now_tp}"
+    return None

@@ -1,0 +1,91 @@
+"""A restore refuses a ``key_by(key_type=)`` whose stored keys it would look up otherwise.
+
+Keyed state is found by its key's JSON bytes. Checkpointed under ``int``
+keys and restored by a job that declares ``str`` keys, every lookup of
+``"1"`` missed the stored ``1``: each key silently started empty (and
+``keys()`` failed, or read the wrong type). Each handle now records the
+key type and the classes it reaches; another one fails the restore with a
+StateMigrationError naming the operator and both types. The same type, a
+widened one, a first declaration, and handles without the record pass.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import field, make_dataclass
+from typing import Any
+
+import pytest
+
+from aiostream_ckpt.errors import StateMigrationError
+from aiostream_ckpt.state.descriptors import ValueStateDescriptor
+
+D = ValueStateDescriptor("n", int)
+Acct = make_dataclass("Acct", [("bank", str), ("n", int)], frozen=True)
+AcctGrown = make_dataclass(
+    "Acct", [("bank", str), ("n", int), ("branch", str, field(default=""))], frozen=True
+)
+AcctWide = make_dataclass("Acct", [("bank", str), ("n", int | None)], frozen=True)
+AcctSwapped = make_dataclass("Acct", [("n", int), ("bank", str)], frozen=True)
+Shade = enum.Enum("Shade", {"DARK": "dark"})
+IntShade = enum.Enum("Shade", {"DARK": 1})
+
+
+def _checkpoint(env: Any, key_type: Any, key: Any) -> Any:
+    b = env.backend(key_type=key_type)
+    b.key_context.key = key
+    b.create_state(D).update(5)
+    return env.checkpoint(b, 1)
+
+
+@pytest.mark.parametrize(
+    ("before", "key", "after", "what"),
+    [
+        (int, 1, str, "keys written as int, the job now declares key_type str"),
+        (str, "1", int, "written as str, the job now declares key_type int"),
+        (int | None, 1, int, r"Union\[NoneType,int\], the job now declares key_type int"),
+        (Shade, Shade.DARK, None, "written as Shade, the job now declares no key_type"),
+        (Acct, Acct("x", 1), AcctGrown, r"Acct keys with fields \['bank', 'n'\]"),
+        (Acct, Acct("x", 1), AcctSwapped, r"\['bank', 'n'\], the job now declares \['n', 'bank'\]"),
+        (Acct, Acct("x", 1), make_dataclass("Acct", [("bank", str), ("n", str)]), "field 'n'"),
+        (Shade, Shade.DARK, IntShade, "Shade keys of values str, the job now declares int"),
+    ],
+    ids=["int-str", "str-int", "narrowed", "enum-dropped", "grown", "order", "field", "enum"],
+)
+def test_restore_refuses_another_key_type(env, before, key, after, what) -> None:
+    """Fails on the code before (restored: the stored key was not found under the new
+    type's encoding, or read back as another type)."""
+    handle = _checkpoint(env, before, key)
+    r = env.backend(key_type=after)
+    with pytest.raises(StateMigrationError, match=rf"operator 'op': its checkpoint holds .*{what}"):
+        r.restore(env.root, [handle])
+
+
+@pytest.mark.parametrize(
+    ("before", "key", "after"),
+    [
+        (int, 1, int),
+        (int, 1, int | None),
+        (Acct, Acct("x", 1), AcctWide),
+        (None, 1, int),
+        (int, 1, None),
+        (Shade, Shade.DARK, Shade),
+    ],
+    ids=["same", "widened", "field-widened", "declared", "plain-dropped", "enum"],
+)
+def test_restore_takes_the_same_or_a_widened_key_type(env, before, key, after) -> None:
+    r = env.backend(key_type=after)
+    r.restore(env.root, [_checkpoint(env, before, key)])
+    [got] = list(r.keys("n"))
+    assert repr(got) == repr(key)  # an Acct of the declared class
+    r.key_context.key = got
+    assert r.create_state(D).value() == 5
+
+
+def test_a_handle_without_the_key_record_restores_as_before(env) -> None:
+    handle = _checkpoint(env, int, 1)
+    del handle["keys"]  # as written before the record was kept
+    r = env.backend(key_type=str)
+    r.restore(env.root, [handle])
+    r.key_context.key = "1"
+    assert r.create_state(D).value() is None  # not found: the silent miss of before
