@@ -170,6 +170,10 @@ class _Snapshot:
     full: bool
     pending: PendingSnapshot
     base_chain: list[dict[str, Any]]
+    base_id: int | None  # the completed checkpoint whose chain base_chain is
+    #: whether the base may be referenced as is if nothing changed since (not in a
+    #: savepoint, which is self-contained; not with full_every 1, which logs no changes)
+    may_reuse: bool
     change_logs: list[ChangeLog]  # an incremental one's delta, oldest first
     states: dict[str, dict[str, Any]]
     delta: PackedDelta | None = None  # packed by prepare(): the delta, or a full one's tail
@@ -457,6 +461,11 @@ class LmdbStateBackend:
             return writes.encoded_seq >= seq
 
         await self._in_slices(run, encode)
+        if snap.full and snap.may_reuse and not any(log.batches for log in snap.change_logs):
+            # due for a full copy (full_every, max_delta_ratio) but nothing changed since
+            # the base: it stays the restore point, with the chain its rules accepted
+            snap.full = False
+            run.drop_view()
         if snap.full:
             if run.txn is None:
                 run.pin(self._env, writes.unapplied_records(seq))
@@ -532,16 +541,20 @@ class LmdbStateBackend:
         if cid in self._runs or cid in self._tracker.pending:
             raise CheckpointError(f"snapshot {cid} of {self._file_stem} was already taken")
         pending, sink, full, base_chain, change_logs = self._tracker.begin(cid, target.is_savepoint)
+        may_reuse = bool(base_chain) and not target.is_savepoint and self._tracker.full_every > 1
         if target.pins is not None:
             self._pins = target.pins
-            if not full:
+            if may_reuse:  # a delta builds on it, or it is this snapshot (no change)
                 target.pins.pin(self._owner, cid, [e["path"] for e in base_chain])
         run = SnapshotRun(self._runs_cond, f"{cid} of {self._file_stem}")
         seq = self._writes.enqueue(self._freeze(), sink, run if full else None)
         with self._runs_cond:
             self._runs[cid] = run
         states = {name: dict(meta) for name, meta in self._meta.items()}
-        snap = _Snapshot(target, run, seq, full, pending, base_chain, change_logs, states)
+        base_id = self._tracker.base_id
+        snap = _Snapshot(
+            target, run, seq, full, pending, base_chain, base_id, may_reuse, change_logs, states
+        )
         return _LmdbSnapshotPart(self, snap)
 
     def _write(self, snap: _Snapshot) -> StateHandle:
@@ -571,6 +584,8 @@ class LmdbStateBackend:
         started = time.perf_counter()
         target = snap.target
         out_dir = target.exclusive_dir if target.is_savepoint else target.shared_dir
+        if not snap.full and not delta.records:  # nothing changed since the base
+            return self._handle(snap, snap.base_chain, [], 0, started)
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = f"{self._file_stem}-{target.checkpoint_id}-{self._token}"
 
@@ -598,8 +613,26 @@ class LmdbStateBackend:
             size, digest, records = write_packed_delta(delta, path)
             new = [entry(path, "delta", size, digest)]
             chain = [*snap.base_chain, *new]
+        return self._handle(snap, chain, new, records, started)
+
+    def _handle(
+        self,
+        snap: _Snapshot,
+        chain: list[dict[str, Any]],
+        new: list[dict[str, Any]],
+        records: int | None,
+        started: float,
+    ) -> StateHandle:
+        """Describe a snapshot whose ``chain`` ends in the ``new`` files it wrote.
+
+        No new file: nothing changed since the completed checkpoint
+        ``unchanged_since``, whose chain this one references as is (Flink's
+        shared state handles). An idle instance then writes and fsyncs
+        nothing, and its chain, so its restore cost, stays as it was.
+        """
+        target = snap.target
         snap.pending.chain = chain
-        return {
+        handle: StateHandle = {
             "backend": "lmdb",
             "format": HANDLE_FORMAT,
             "operator_uid": self.operator_uid,
@@ -617,6 +650,9 @@ class LmdbStateBackend:
             "delta_records": records,
             "write_seconds": round(time.perf_counter() - started, 6),
         }
+        if not new:
+            handle["unchanged_since"] = snap.base_id
+        return handle
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._tracker.complete(checkpoint_id)

@@ -56,13 +56,18 @@ class RunState(enum.Enum):
     CANCELLED = "cancelled"
 
 
+_LIVE = (RunState.PENDING, RunState.RUNNING)
+
+
 class SnapshotRun:
     """One snapshot's async part: its state, and for a full snapshot its pinned view and tail."""
 
-    __slots__ = ("cond", "label", "state", "tail", "txn")
+    __slots__ = ("cond", "label", "state", "tail", "txn", "wants_view")
 
     def __init__(self, cond: threading.Condition, label: str) -> None:
         self.txn: lmdb.Transaction[bytes] | None = None
+        #: False once the snapshot turned out to copy nothing (its state did not change)
+        self.wants_view = True
         #: records of the write sets up to this snapshot's own not yet in ``txn``'s view
         self.tail: list[ChangeLog] = []
         self.cond = cond
@@ -72,9 +77,15 @@ class SnapshotRun:
     def pin(self, env: lmdb.Environment, tail: list[ChangeLog]) -> None:
         """Pin the current view (on the event loop) unless pinned already or cancelled."""
         with self.cond:
-            if self.txn is None and self.state in (RunState.PENDING, RunState.RUNNING):
+            if self.txn is None and self.wants_view and self.state in _LIVE:
                 self.txn = env.begin(buffers=False)
                 self.tail = tail
+
+    def drop_view(self) -> None:
+        """Release the pinned view, and pin none later: the snapshot copies nothing."""
+        with self.cond:
+            self.wants_view = False
+            self._release()
 
     def start(self) -> bool:
         with self.cond:
