@@ -23,7 +23,14 @@ from tests.integration.kafka.test_kafka_pv_count import kafka_job as kafka_job  
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
-WORKERS = ("--set", "job.parallelism=2", "--set", "job.workers=2", "--set", "restart.delay=0s")
+#: Small batches: the first kill waits for a completed checkpoint, and its barrier comes
+#: after all the source had emitted (channels hold 8 batches): at the default 2,048 a
+#: batch, 45-54 % of map_async's 60 k events (30 % of pv_count's 120 k) were before it
+#: at load ~2, so a faster machine could end before the kill; at 256, 15-25 %.
+WORKERS = (
+    "--set", "job.parallelism=2", "--set", "job.workers=2", "--set", "restart.delay=0s",
+    "--set", "job.batch_size=256",
+)  # fmt: skip
 #: run_with_kills' seeded victims (2 workers): 8 takes worker 1, then the main process
 WORKER_THEN_MAIN = 8
 
@@ -31,7 +38,6 @@ WORKER_THEN_MAIN = 8
 def run_killing_workers(job: KafkaJob, *extra: str, app: str = "apps.pv_count"):
     log = job.work / "worker.log"
     result = run_with_kills(
-        # the first kill comes within 0.3 s of the start: before an idle machine's end
         job.cmd(*WORKERS, *extra, app=app, interval="100ms"),
         kills=2,
         seed=WORKER_THEN_MAIN,
