@@ -15,10 +15,12 @@ that checks each value when it is written:
   encoded anyway (see below), so it is checked by decoding that and comparing
   with the value, in C: a tuple, set, datetime, dataclass, non-``str`` key or
   NaN inside it does not compare equal (a walk in Python over a list of 100
-  records cost ~4-10x its encoding). The one thing equality cannot see is a
-  ``str``/``int`` subclass *inside* a container (it compares equal and comes
-  back as its base type). Anything else is a :class:`StateTypeError` that
-  names the state and the type and says to declare the type.
+  records cost ~4-10x its encoding). What equality cannot see, an enum
+  member (a ``str``/``int`` subclass) *inside* a container, which compares
+  equal and comes back as its base class, ``marshal`` does: it writes only
+  objects of exact built-in classes (:func:`~.class_check.exact_builtins`,
+  in C). Anything else is a :class:`StateTypeError` that names the state
+  and the type (and where in the value) and says to declare the type.
 * **typed** (the descriptor declares ``value_type``, ``element_type``,
   ``key_type``): msgspec's JSON codec with ``type=``: ``datetime``/``date``/
   ``time``/``timedelta``, ``UUID``, ``Decimal``, ``bytes``, tuples, sets,
@@ -27,7 +29,11 @@ that checks each value when it is written:
   the value and compares: whatever does not come back equal, of the same
   type and encoding the same is refused; a value equal to nothing (an
   ``eq=False`` dataclass, ``Decimal('NaN')``) passes when its read-back has its
-  classes all the way down and its bytes (see :func:`_same_json`). JSON, not
+  classes all the way down and its bytes (see :func:`_same_json`). An item of
+  another class that compares and encodes the same (an enum member where
+  ``str``, ``int`` or ``Any`` is declared, a plain ``"red"`` where a
+  ``StrEnum`` is) is found by a check compiled from the declared type
+  (:mod:`~aiostream_ckpt.state.class_check`), then located by a walk. JSON, not
   msgpack, because the bytes are the untyped codec's: a checkpoint written
   before a type was declared (by orjson, older versions) restores into the
   declared type.
@@ -55,9 +61,9 @@ from collections.abc import Callable
 from typing import Any, get_origin
 
 import msgspec
-import msgspec.inspect
 
 from aiostream_ckpt.errors import StateError, StateMigrationError
+from aiostream_ckpt.state.class_check import compile_check, exact_builtins
 from aiostream_ckpt.state.serde import decode_key
 
 Dumps = Callable[[Any], bytes]
@@ -110,7 +116,23 @@ def json_misfit(value: Any, where: str = "value") -> str | None:
             ):
                 return bad
         return None
+    if isinstance(value, str | int | float):
+        return subclass_misread(where, cls)
     return f"{where} is a {cls.__name__}"
+
+
+def subclass_misread(where: str, cls: type) -> str:
+    """Say that ``where``, of ``cls`` (a ``str``/``int``/``float`` subclass), reads as its base.
+
+    >>> subclass_misread("value[0]", bool)
+    'value[0] is of type bool (an int subclass): it would read back as int; declare it as bool'
+    """
+    base = next(b for b in (str, int, float) if issubclass(cls, b)).__name__
+    article = "an" if base == "int" else "a"
+    return (
+        f"{where} is of type {cls.__name__} ({article} {base} subclass): it would read back "
+        f"as {base}; declare it as {cls.__name__}"
+    )
 
 
 def key_misfit(key: Any, where: str = "map key") -> str | None:
@@ -266,8 +288,9 @@ class UntypedJsonCodec(ValueCodec):
                 raw = _json_encode(value)
             except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
                 pass
-            else:
-                if _json_decode(raw) == value:
+            else:  # equal, and no str/int/float subclass (an enum member) inside
+                items = value if cls is list else (value,)
+                if _json_decode(raw) == value and exact_builtins(items):
                     return bytearray(raw)
         raise self._refuse(value, state)
 
@@ -294,7 +317,7 @@ class UntypedJsonCodec(ValueCodec):
 class TypedJsonCodec(ValueCodec):
     """msgspec JSON with a declared type; ``check_type`` is what one value must be."""
 
-    __slots__ = ("_check_decode", "_tp", "_walk")
+    __slots__ = ("_check_decode", "_classes", "_tp")
 
     def __init__(self, tp: Any, check_type: Any = None, *, state: str = "") -> None:
         try:
@@ -306,8 +329,8 @@ class TypedJsonCodec(ValueCodec):
             ) from exc
         self._tp = tp if check_type is None else check_type
         self._check_decode = check_decoder.decode
-        #: a str/int enum inside: the check walks the value (see :func:`_class_change`)
-        self._walk = _holds_str_or_int_enum(msgspec.inspect.type_info(self._tp))
+        #: whether a value's items have the classes they read back as (else walked)
+        self._classes = compile_check(self._tp)
         loads = _migrating(
             decoder.decode,
             f"state {state!r}: a stored value does not fit the declared type {type_name(tp)}",
@@ -330,14 +353,18 @@ class TypedJsonCodec(ValueCodec):
         except (msgspec.EncodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
             raise self._refuse(value, state, str(exc)) from exc
         if back.__class__ is not value.__class__:
-            raise self._refuse(value, state, f"it would read back as {back!r}")
+            raise self._refuse(value, state, _class_change(back, value) or "")
         try:
             equal = back == value
         except ArithmeticError:  # Decimal('sNaN') signals when compared
             equal = False
         # unequal yet maybe the same: an eq=False dataclass equals only itself, a NaN
-        # nothing; the same classes all the way down and the same bytes are the same
-        if (not equal or self._walk) and (where := _class_change(back, value)) is not None:
+        # nothing; the same classes all the way down and the same bytes are the same.
+        # Equal yet maybe not: an enum member where str is declared (or back)
+        classes = self._classes
+        if (not equal or (classes is not None and not classes((value,)))) and (
+            where := _class_change(back, value)
+        ) is not None:
             raise self._refuse(value, state, where)
         if not _same_json(back, value, raw):
             raise self._refuse(value, state, f"it would read back as {back!r}")
@@ -360,13 +387,10 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
     A set may iterate in another order once rebuilt, so unequal bytes get a
     second, order-free look. Equal bytes and classes stand in for equality
     where ``==`` cannot say (an ``eq=False`` dataclass, ``Decimal('NaN')``).
-    What equal bytes cannot see is a class that
-    JSON does not write: a plain ``"x"`` in a ``list[StrEnum]`` (it reads back
-    as the enum) is found by :func:`_class_change`, which the codec runs for
-    declared types holding a ``str``/``int`` enum. Left unseen: the reverse, a
-    ``str``/``int`` *subclass* (an enum member) where the declared type says
-    ``str``/``int``/``Any``: it reads back as its base class, and finding it
-    would take a walk of every value of every typed state.
+    What equal bytes cannot see is a class that JSON does not write (a plain
+    ``"x"`` in a ``list[StrEnum]``, an enum member in a ``list[str]``): the
+    codec's compiled check (:mod:`~aiostream_ckpt.state.class_check`) and
+    :func:`_class_change` find it.
     """
     if _json_encode(back) == raw:
         return True
@@ -377,29 +401,6 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
 
 
 _sorted_encode: Dumps = msgspec.json.Encoder(order="deterministic").encode
-
-
-def _holds_str_or_int_enum(info: msgspec.inspect.Type) -> bool:
-    """Whether a declared type (msgspec's view of it) has a ``str``/``int`` enum anywhere.
-
-    Why: such an enum's members encode as, and compare equal to, plain
-    ``str``/``int`` values, so only a walk of the value tells them apart.
-    """
-    seen: set[int] = set()
-    todo = [info]
-    while todo:
-        t = todo.pop()
-        if id(t) in seen:  # recursive types are cycles
-            continue
-        seen.add(id(t))
-        if isinstance(t, msgspec.inspect.EnumType) and issubclass(t.cls, str | int):
-            return True
-        for attr in ("item_type", "key_type", "value_type"):
-            if (sub := getattr(t, attr, None)) is not None:
-                todo.append(sub)
-        todo.extend(getattr(t, "item_types", None) or getattr(t, "types", None) or ())
-        todo.extend(f.type for f in getattr(t, "fields", None) or ())
-    return False
 
 
 def _class_change(back: Any, value: Any) -> str | None:
@@ -416,6 +417,8 @@ def _changed_at(back: Any, value: Any) -> list[str] | None:
     """:func:`_class_change`'s walk: [what changed, innermost step, ..., outermost step]."""
     cls = value.__class__
     if back.__class__ is not cls:
+        if back.__class__ in (str, int, float) and isinstance(value, back.__class__):
+            return [subclass_misread("", cls)]
         return [f" is of type {cls.__name__}: it would read back as {back!r}"]
     if cls is list or isinstance(value, tuple):  # a NamedTuple too
         return _items_changed_at(list(back), list(value), lambda i: f"[{i}]")
