@@ -131,7 +131,7 @@ def exact_builtins(items: Iterable[Any]) -> bool:
     items = items if items.__class__ is list else list(items)
     try:
         marshal.dumps(items, 2 if items and items[0].__class__ is int else 4)
-    except ValueError:  # an object of another class, or nested too deep: walked
+    except ValueError:  # an object of another class (or nested deeper than msgspec takes)
         return False
     return True
 

@@ -311,12 +311,12 @@ def check_class_change(
         maybe += [(cls, field) for field in lacking]
     if not maybe:
         return []
-    error = "no scan of the stored values" if scan is None else scan()
+    error = "" if scan is None else scan()
     if error is None:
         return maybe
     cls, field = next((m for m in maybe if f"`{m[1]}`" in error), maybe[0])
     why = f"some without field {field!r}, which the job now declares with no default"
-    raise _refused(name, cls, f"{why} (a stored value: {error})")
+    raise _refused(name, cls, f"{why} (a stored value: {error})" if error else why)
 
 
 def _refused(name: str, cls: str, why: str) -> StateMigrationError:

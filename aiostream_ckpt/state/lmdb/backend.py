@@ -431,7 +431,7 @@ class LmdbStateBackend:
         for raw in restore_mod.stored_values(self.read_txn(), descriptor.name, own, old["ttl"]):
             try:
                 decode(raw)
-            except msgspec.ValidationError as exc:
+            except msgspec.DecodeError as exc:  # ValidationError too
                 return str(exc)
         return None
 

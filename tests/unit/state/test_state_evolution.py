@@ -25,6 +25,7 @@ from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
     MapStateDescriptor,
+    StateTtlConfig,
     ValueStateDescriptor,
 )
 
@@ -440,3 +441,34 @@ def test_restore_takes_a_struct_that_gained_or_lost_its_tag_or_an_enum_grown(env
         .value()
         is grown.RED
     )
+
+
+@pytest.mark.parametrize("kind", ["value-ttl", "list", "map"])
+def test_the_scan_reads_list_map_and_ttl_states(env, kind) -> None:
+    """The scan of stored values decodes each kind's records (a list's whole list, each
+    map entry, a TTL value after its timestamp): one lacking y refuses, none passes."""
+    ttl = StateTtlConfig(3600.0) if kind == "value-ttl" else None
+
+    def d(cls: Any) -> Any:
+        if kind == "list":
+            return LS("s", cls)
+        return MS("s", str, cls) if kind == "map" else VS("s", cls, ttl=ttl)
+
+    def write(b: Any, cls: Any, key: str, value: Any) -> None:
+        b.key_context.key = key
+        s = b.create_state(d(cls))
+        s.put("m", value) if kind == "map" else s.add(value) if kind == "list" else s.update(value)
+
+    b = env.backend()
+    write(b, Pt, "k", Pt(1, 2.5))
+    b = _restored(env, env.checkpoint(b, 1))
+    b.create_state(d(PtX))  # y dropped, nothing written: the record says values may lack y
+    handle = env.checkpoint(b, 2)
+    assert handle["states"]["s"]["classes"]["Pt"]["absent"] == ["y"]
+    r = _restored(env, handle)
+    r.create_state(d(Pt))  # the scan finds y in the one stored value
+    assert "absent" not in env.checkpoint(r, 3)["states"]["s"]["classes"]["Pt"]
+    b = _restored(env, handle)
+    write(b, PtX, "k3", PtX(3))
+    with pytest.raises(StateMigrationError, match="Pt values some without field 'y'"):
+        _restored(env, env.checkpoint(b, 4)).create_state(d(Pt))
