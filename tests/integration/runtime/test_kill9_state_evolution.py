@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -57,6 +58,23 @@ def _runner(tmp_path: Path) -> tuple[Run, Path]:
     return run, out
 
 
+def _refused(done: tuple[int, str], message: str, out: Path, committed: list[str]) -> None:
+    """The run failed with ``message`` in its log and committed nothing new."""
+    code, log = done
+    assert code not in (0, -9), log[-2000:]
+    assert f"StateMigrationError: {message}" in log, log[-2000:]
+    assert sorted(p.name for p in out.glob("part-*")) == committed
+
+
+def _exactly_once(done: tuple[int, str], out: Path) -> list[dict[str, Any]]:
+    """The run finished; every event's record is committed once: return them."""
+    code, log = done
+    assert code == 0, log[-2000:]
+    records = list(read_committed_output(out))
+    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))
+    return records
+
+
 def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_path: Path) -> None:
     run, out = _runner(tmp_path)
     code, log = run("base", {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"})
@@ -67,19 +85,13 @@ def test_field_type_change_refused_after_kill9_and_a_grown_class_restores(tmp_pa
         ("retyped", "y", "float", "str"),
         ("widened", "x", "int", "float"),
     ):
-        code, log = run(variant)
-        assert code not in (0, -9), log[-2000:]
-        assert "StateMigrationError" in log, log[-2000:]
-        assert (
+        message = (
             f"state 'point': its checkpoint holds Point values whose field {field!r} was "
             f"written as {was}, the job now declares {now}"
-        ) in log, log[-2000:]
-        assert sorted(p.name for p in out.glob("part-*")) == committed
+        )
+        _refused(run(variant), message, out, committed)
 
-    code, log = run("grown")
-    assert code == 0, log[-2000:]
-    records = list(read_committed_output(out))
-    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    records = _exactly_once(run("grown"), out)
     restored = 0
     for r in sorted(records, key=lambda r: r["seq"]):
         read, seq = r["read"], r["seq"]
@@ -104,17 +116,12 @@ def test_a_dropped_field_brought_back_required_is_refused_after_kill9(tmp_path: 
         code, log = run(variant, kill)
         assert code == -9, log[-2000:]
     committed = sorted(p.name for p in out.glob("part-*"))
-    code, log = run("base")
-    assert code not in (0, -9), log[-2000:]
-    assert (
-        "StateMigrationError: state 'point': its checkpoint holds Point values some "
-        "without field 'y', which the job now declares with no default"
-    ) in log, log[-2000:]
-    assert sorted(p.name for p in out.glob("part-*")) == committed
-    code, log = run("defaulted")
-    assert code == 0, log[-2000:]
-    records = list(read_committed_output(out))
-    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    message = (
+        "state 'point': its checkpoint holds Point values some without field 'y', which "
+        "the job now declares with no default"
+    )
+    _refused(run("base"), message, out, committed)
+    records = _exactly_once(run("defaulted"), out)
     defaulted = [r for r in records if r["read"] and r["read"]["y"] == 0.0 and r["read"]["x"]]
     assert len(defaulted) == KEYS, defaulted  # each key's point written without y, read once
 
@@ -130,15 +137,10 @@ def test_a_key_type_change_is_refused_after_kill9_and_a_widened_one_restores(
     code, log = run("base", {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"}, key="int")
     assert code == -9, log[-2000:]
     committed = sorted(p.name for p in out.glob("part-*"))
-    code, log = run("base", key="str")
-    assert code not in (0, -9), log[-2000:]
-    assert (
-        "StateMigrationError: operator 'track': its checkpoint holds keys written as int, "
-        "the job now declares key_type str"
-    ) in log, log[-2000:]
-    assert sorted(p.name for p in out.glob("part-*")) == committed
-    code, log = run("base", key="int?")
-    assert code == 0, log[-2000:]
-    records = list(read_committed_output(out))
-    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    message = (
+        "operator 'track': its checkpoint holds keys written as int, the job now declares "
+        "key_type str"
+    )
+    _refused(run("base", key="str"), message, out, committed)
+    records = _exactly_once(run("base", key="int?"), out)
     assert sum(r["read"] is None for r in records) == KEYS  # no key restored empty
