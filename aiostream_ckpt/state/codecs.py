@@ -63,7 +63,7 @@ from typing import Any, get_origin
 import msgspec
 
 from aiostream_ckpt.errors import StateError, StateMigrationError
-from aiostream_ckpt.state.class_check import compile_check, exact_builtins
+from aiostream_ckpt.state.class_check import Check, compile_check, exact_builtins
 from aiostream_ckpt.state.serde import decode_key
 
 Dumps = Callable[[Any], bytes]
@@ -183,7 +183,7 @@ class StreamKeyCodec:
     itself after a restore (in timers, ``ctx.current_key``, window results).
     """
 
-    __slots__ = ("key_type", "loads")
+    __slots__ = ("_classes", "key_type", "loads")
 
     def __init__(self, key_type: Any = None) -> None:
         self.key_type = key_type
@@ -192,6 +192,7 @@ class StreamKeyCodec:
             self.loads = decode_key
         else:
             self.loads = self._typed_loads(key_type)
+        self._classes = None if key_type is None else compile_check(key_type)
 
     @staticmethod
     def _typed_loads(key_type: Any) -> Loads:
@@ -208,7 +209,7 @@ class StreamKeyCodec:
             if key.__class__ is not str and key_misfit(key, "key") is not None:
                 raise key_type_error(key, key_bytes)
             return
-        why = _misread(self.loads, key, key_bytes)
+        why = _misread(self.loads, key, key_bytes, self._classes)
         if why is None:
             return
         raise StateTypeError(
@@ -220,15 +221,21 @@ class StreamKeyCodec:
 UNTYPED_KEYS = StreamKeyCodec()
 
 
-def _misread(loads: Loads, key: Any, key_bytes: bytes) -> str | None:
-    """Say how ``key`` (encoded as ``key_bytes``) would read back otherwise, or None."""
+def _misread(loads: Loads, key: Any, key_bytes: bytes, classes: Check | None) -> str | None:
+    """Say how ``key`` (encoded as ``key_bytes``) would read back otherwise, or None.
+
+    ``classes``: the declared type's check (an enum member in a ``tuple[str, int]``
+    key is equal, yet reads back as ``str``).
+    """
     try:
         back = loads(key_bytes)
     except (msgspec.ValidationError, ValueError, StateMigrationError) as exc:
         return str(exc.__cause__ or exc)
     if back.__class__ is key.__class__ and back == key:
-        return None
-    return f"it would read back as {back!r}"
+        if classes is None or classes((key,)):
+            return None
+        return _class_change(back, key, "key")
+    return _class_change(back, key, "key") or f"it would read back as {back!r}"
 
 
 def _migrating(decode: Loads, misfit: str) -> Loads:
@@ -403,14 +410,14 @@ def _same_json(back: Any, value: Any, raw: bytes) -> bool:
 _sorted_encode: Dumps = msgspec.json.Encoder(order="deterministic").encode
 
 
-def _class_change(back: Any, value: Any) -> str | None:
+def _class_change(back: Any, value: Any, root: str = "value") -> str | None:
     """Say where ``back`` (``value`` read back) holds another class than ``value``, or None.
 
     Containers item by item (dict keys too, set elements paired by their
     encoding), dataclasses, attrs classes and ``msgspec.Struct`` field by field.
     """
     path = _changed_at(back, value)
-    return None if path is None else "value" + "".join(reversed(path[1:])) + path[0]
+    return None if path is None else root + "".join(reversed(path[1:])) + path[0]
 
 
 def _changed_at(back: Any, value: Any) -> list[str] | None:
@@ -541,10 +548,11 @@ class MapKeyCodec:
     a declared ``key_type`` is decoded by msgspec from the same bytes.
     """
 
-    __slots__ = ("_tp", "loads")
+    __slots__ = ("_classes", "_tp", "loads")
 
     def __init__(self, key_type: Any, untyped_loads: Loads) -> None:
         self._tp = key_type
+        self._classes: Check | None = None
         if key_type is None:
             self.loads = untyped_loads
         else:
@@ -554,6 +562,7 @@ class MapKeyCodec:
                 raise StateError(
                     f"map key type {type_name(key_type)} is not supported: {exc}"
                 ) from exc
+            self._classes = compile_check(key_type)
 
     def check(self, key: Any, key_bytes: bytes, state: str) -> None:
         """Refuse ``key`` (encoded as ``key_bytes``) unless it reads back the same."""
@@ -563,7 +572,7 @@ class MapKeyCodec:
                 return
             why = f"{bad}; untyped map keys are int, str, bool, None, finite float, tuples"
         else:
-            misread = _misread(self.loads, key, key_bytes)
+            misread = _misread(self.loads, key, key_bytes, self._classes)
             if misread is None:
                 return
             why = misread
