@@ -13,15 +13,17 @@ checkpoint holds
 * ``classes`` (when its types have any): each dataclass, attrs class,
   ``msgspec.Struct``, ``NamedTuple``, ``TypedDict`` and enum its types reach,
   with its layout and its fields' types by name as msgspec decodes them (an
-  enum: whether its members are str or int; a Struct: its tag), fields
+  enum: whether its members are str or int, and their values; a Struct: its
+  tag), fields
   the class lost in earlier runs included (stored bytes may still hold
   them), and those stored values may lack (``total=False``,
   ``omit_defaults``, a field lost or gained with a default in an earlier
   run). A field of another type, a field without a default that stored
   values lack, another layout, an enum of int members now of str ones (or
   back) and a Struct's tag changed are refused (:func:`check_class_change`);
-  where they only *may* lack it, a scan of the stored values decides; a
-  field gained with a default, or lost, passes.
+  where they only *may* lack it, or an enum lost members stored values may
+  hold, a scan of the stored values decides; a field gained with a default,
+  or lost, passes.
 
 A type may also widen where its stored values read back unchanged
 (:func:`reads_as`): ``int`` now ``int | None``, ``list[int]`` now
@@ -171,8 +173,9 @@ def _find_classes(types: tuple[Any, Any]) -> tuple[dict[str, ClassRecord], dict[
         cls = getattr(t, "cls", None)
         name = names.get(id(cls)) or type_key(cls) or "?"
         if isinstance(t, mi.EnumType):  # members are all str or all int (msgspec)
-            kind = "str" if any(isinstance(m.value, str) for m in t.cls) else "int"
-            found[name] = {"layout": "enum", "fields": [], "values": kind}
+            members = sorted({m.value for m in t.cls})
+            kind = "str" if any(isinstance(m, str) for m in members) else "int"
+            found[name] = {"layout": "enum", "fields": [], "values": kind, "members": members}
         elif fields is not None:
             array = isinstance(t, mi.NamedTupleType) or getattr(t, "array_like", False)
             found[name] = {
@@ -202,12 +205,13 @@ def _absent(t: mi.Type) -> list[str]:
 def _stored(rec: ClassRecord) -> ClassRecord:
     """Return a class record as a checkpoint keeps it: [name, type] fields; others if any.
 
-    "values": an enum's members' kind (``str``, ``int``); "tags": the
+    "values": an enum's members' kind (``str``, ``int``), "members" their
+    values (stored values may hold any of them); "tags": the
     ``[tag field, tag]`` a tagged Struct's stored values carry (``[None,
     None]``: untagged ones, where a class gained or lost its tag).
     """
     stored = {"layout": rec["layout"], "fields": [f[:2] for f in rec["fields"]]}
-    for part in ("absent", "values", "tags"):
+    for part in ("absent", "values", "members", "tags"):
         if rec.get(part):
             stored[part] = rec[part]
     return stored
@@ -300,7 +304,7 @@ def check_class_change(
     moved: dict[str, Any] = {}  # by name without function, where that stays one class
     for cls, rec in old.items():
         moved[unnested(cls)] = None if unnested(cls) in moved else rec
-    maybe: list[tuple[str, str]] = []
+    maybe: list[tuple[str, str, str]] = []  # (class, field or MEMBERS, why)
     for cls, now in _classes(descriptor)[0].items():
         was = old.get(cls) or moved.get(unnested(cls))
         if was is None:
@@ -308,15 +312,30 @@ def check_class_change(
         why, lacking = _field_change(was, now)
         if why is not None:
             raise _refused(name, cls, why)
-        maybe += [(cls, field) for field in lacking]
+        maybe += [(cls, field, _may_lack(field, was, now)) for field in lacking]
     if not maybe:
         return []
     error = "" if scan is None else scan()
     if error is None:
-        return maybe
-    cls, field = next((m for m in maybe if f"`{m[1]}`" in error), maybe[0])
-    why = f"some without field {field!r}, which the job now declares with no default"
+        return [(cls, field) for cls, field, _ in maybe]
+    cls, _, why = next((m for m in maybe if _names(m[1], error)), maybe[0])
     raise _refused(name, cls, f"{why} (a stored value: {error})" if error else why)
+
+
+#: The "field" of an enum whose members the job no longer all declares (see check_class_change).
+MEMBERS = ""
+
+
+def _may_lack(field: str, was: ClassRecord, now: ClassRecord) -> str:
+    if field == MEMBERS:
+        gone = sorted(set(was["members"]) - set(now["members"]))
+        return f"some of members {gone}, which the job no longer declares"
+    return f"some without field {field!r}, which the job now declares with no default"
+
+
+def _names(field: str, error: str) -> bool:
+    """Whether msgspec's ``error`` is about ``field`` (or, MEMBERS, an enum's value)."""
+    return "Invalid enum value" in error if field == MEMBERS else f"`{field}`" in error
 
 
 def _refused(name: str, cls: str, why: str) -> StateMigrationError:
@@ -335,8 +354,10 @@ def _field_change(was: ClassRecord, now: ClassRecord) -> tuple[str | None, list[
     """
     if was["layout"] != now["layout"]:
         return f"stored as an {was['layout']}, the job now declares an {now['layout']}", []
-    if now["layout"] == "enum" and was.get("values") != now["values"]:
-        return f"of {was.get('values')} members, the job now declares {now['values']} ones", []
+    if now["layout"] == "enum":
+        if was.get("values") != now["values"]:
+            return f"of {was.get('values')} members, the job now declares {now['values']} ones", []
+        return None, [MEMBERS] if set(was.get("members", ())) - set(now["members"]) else []
     if (why := _tag_change(was, now)) is not None:
         return why, []
     old_types = dict(was["fields"])
@@ -390,12 +411,22 @@ def _tag(form: list[Any]) -> str:
     return "with no tag" if form[0] is None else f"{form[0]}={form[1]!r}"
 
 
-def cleared(classes: dict[str, Any], fields: list[tuple[str, str]]) -> dict[str, Any]:
-    """Return ``classes`` without ``fields`` among those stored values may lack (scanned)."""
+def cleared(
+    classes: dict[str, Any], fields: list[tuple[str, str]], live: dict[str, Any]
+) -> dict[str, Any]:
+    """Return ``classes`` without ``fields`` among those stored values may lack (scanned).
+
+    An enum's (MEMBERS) members are then the ``live`` record's: no stored
+    value holds one of the others.
+    """
     out = dict(classes)
     for cls, field in fields:
         rec = out.get(cls)
-        if rec is not None and field in rec.get("absent", ()):
+        if rec is None:
+            continue
+        if field == MEMBERS:
+            out[cls] = {**rec, "members": live[cls]["members"]}
+        elif field in rec.get("absent", ()):
             out[cls] = _stored({**rec, "absent": [f for f in rec["absent"] if f != field]})
     return out
 
@@ -435,6 +466,8 @@ def merge_classes(old: dict[str, Any] | None, new: dict[str, Any] | None) -> dic
                     | {f for f, _ in was["fields"]} ^ {f for f, _ in rec["fields"]}
                 ),
                 "tags": _merged_tags(was, rec),
+                "values": rec.get("values"),
+                "members": sorted({*was.get("members", ()), *rec.get("members", ())}),
             }
         )
     return merged

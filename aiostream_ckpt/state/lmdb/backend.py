@@ -350,7 +350,7 @@ class LmdbStateBackend:
             if old.get("classes") and wanted["serializer"] == "json":
                 # fields lost since stay known: values not rewritten still hold them
                 merged = merge_classes(old["classes"], wanted.get("classes"))
-                wanted["classes"] = cleared(merged, scanned)
+                wanted["classes"] = cleared(merged, scanned, wanted.get("classes") or {})
         state = cls(
             descriptor,
             host=self,
