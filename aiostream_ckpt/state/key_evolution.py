@@ -7,7 +7,7 @@ declared key type. A job restored under another key type (``int`` keys now
 key empty, without a word; a dataclass key that gained a field encodes
 every key otherwise. Flink checks the key serializer at restore; so does
 this. Each operator instance's handle holds ``keys``: the declared type by
-name (:func:`~aiostream_ckpt.state.evolution.type_key`, None: undeclared)
+name (:func:`~aiostream_ckpt.state.class_records.type_key`, None: undeclared)
 and the classes it reaches (as a state's ``classes`` record). What passes:
 the same type, a widened one whose stored keys read back unchanged (``int``
 now ``int | None``), a type declared where none was (the JSON read into
@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiostream_ckpt.errors import StateMigrationError
-from aiostream_ckpt.state.evolution import ClassRecord, class_records, type_key
+from aiostream_ckpt.state.class_records import ClassRecord, class_records, type_key
 from aiostream_ckpt.state.type_names import plain_json, reads_as
 
 #: A handle's ``keys`` record: {"type": name or None, "classes": {name: record}}.

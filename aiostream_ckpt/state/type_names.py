@@ -1,7 +1,7 @@
 """Recorded type names as a small grammar: which of them read another's stored values.
 
 A checkpoint records each state's declared types by name
-(:func:`~aiostream_ckpt.state.evolution.type_key`, ``dict[str,Union[None,int]]``)
+(:func:`~aiostream_ckpt.state.class_records.type_key`, ``dict[str,Union[None,int]]``)
 and a restore compares them with the job's (:mod:`aiostream_ckpt.state.evolution`).
 A name that differs may still read the stored values back unchanged: a union
 that holds the old type (``int`` now ``int | None``), a ``Literal`` with more
