@@ -59,6 +59,26 @@ def check_key_change(operator_uid: str, old: KeyRecord | None, key_type: Any) ->
         )
 
 
+def check_map_key_change(name: str, old: dict[str, ClassRecord] | None, key_type: Any) -> None:
+    """Refuse a restore whose map key classes would encode stored map keys otherwise.
+
+    A map's entries are found by their key's JSON bytes too, so a key class
+    that gained a field (even with a default), lost or reordered one misses
+    every stored entry; the value classes' looser rules do not hold for keys.
+    Keyed (LMDB) map state only: broadcast state rewrites its entries on
+    restore. ``old``: the state's ``classes`` record (None: none kept).
+    """
+    if not old or key_type is None:
+        return
+    why = _class_change(old, class_records(key_type))
+    if why is not None:
+        raise StateMigrationError(
+            f"state {name!r}: its checkpoint holds map {why}: its entries would be looked up "
+            f"under other keys. Keep the key class's fields and their order (a field's type "
+            f"may widen), or give the state a new name to start it empty"
+        )
+
+
 def _declared(name: str | None) -> str:
     return "no key_type" if name is None else f"key_type {name}"
 

@@ -81,7 +81,11 @@ from aiostream_ckpt.state.evolution import (
     declared_types,
     merge_classes,
 )
-from aiostream_ckpt.state.key_evolution import check_key_change, described_keys
+from aiostream_ckpt.state.key_evolution import (
+    check_key_change,
+    check_map_key_change,
+    described_keys,
+)
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
 from aiostream_ckpt.state.lmdb.map_state import MapStateImpl, TtlMapState
@@ -396,6 +400,7 @@ class LmdbStateBackend:
             if new["serializer"] != "json":  # pickled bytes do not depend on the declared type
                 return []
             check_type_change(name, new["kind"], old.get("types"), new["types"])
+            check_map_key_change(name, old.get("classes"), descriptor.map_key_type())
             return check_class_change(
                 name, old.get("classes"), descriptor, lambda: self._misfit(descriptor, old)
             )
