@@ -92,8 +92,10 @@ def test_a_handle_without_the_key_record_restores_as_before(env) -> None:
 
 
 def test_a_map_key_class_that_gained_a_field_is_refused(env) -> None:
-    """Fails on the code before (restored; get() of the stored key missed: the grown
-    class encodes it with "branch", so the entry read None). A widened field passes."""
+    """Fails on the code before (restored; the grown class encodes a key with "branch":
+    of a key's 100 entries, the 36 beyond the 64 loaded whole missed on get(), and a
+    put() of one stored a second record beside the old, which a restore read back
+    instead). A widened field passes."""
     b = env.backend()
     b.key_context.key = "k"
     b.create_state(MapStateDescriptor("m", Acct, int)).put(Acct("x", 1), 5)
