@@ -416,8 +416,8 @@ Tap, Other, ArrayTap = _struct("tap"), _also("Other"), _struct(array_like=True)
 def test_restore_refuses_an_enum_of_other_values_or_a_struct_of_another_tag(
     env, before, value, after, what
 ) -> None:
-    """Fails on the code before (restored; the first read failed: "Invalid enum
-    value 'red'", "Invalid value 'tap' - at `$.type`"): the record keeps an enum's
+    """Fails on the code before (restored; the first read failed: "Expected `int`,
+    got `str`", "Invalid value 'tap' - at `$.type`"): the record keeps an enum's
     kind of values and a Struct's tag."""
     r = _restored(env, _write(env, before, value))
     with pytest.raises(StateMigrationError, match=rf"state 'v': its checkpoint holds .*{what}"):
