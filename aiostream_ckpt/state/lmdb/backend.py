@@ -429,11 +429,13 @@ class LmdbStateBackend:
 
         Only where the record cannot say (a field now required that values
         written in earlier runs may lack): a scan of this instance's values.
+        Expired ones (TTL) are skipped: no read decodes them.
         """
         self.flush()
         decode = msgspec.json.Decoder(descriptor.value_types()[0]).decode
         own = self.key_group_range
-        for raw in restore_mod.stored_values(self.read_txn(), descriptor.name, own, old["ttl"]):
+        ttl = None if descriptor.ttl is None else (self._clock.time(), descriptor.ttl.ttl)
+        for raw in restore_mod.stored_values(self.read_txn(), descriptor.name, own, ttl):
             try:
                 decode(raw)
             except msgspec.DecodeError as exc:  # ValidationError too

@@ -24,7 +24,7 @@ from aiostream_ckpt.state.backend import StateHandle
 from aiostream_ckpt.state.evolution import merge_classes, merge_types
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record, read_delta, verify_file
-from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, name_part
+from aiostream_ckpt.state.serde import TS_SIZE, key_group_bytes, name_part, unpack_ts
 
 SUPPORTED_FORMATS = (1,)
 
@@ -206,12 +206,21 @@ def convert_pickle_to_json(
 
 
 def stored_values(
-    txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange, ttl: bool
+    txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange, ttl: tuple[float, float] | None
 ) -> Iterator[bytes]:
-    """Yield the encoded values of state ``name`` in key groups ``own`` (each map entry's)."""
-    head = TS_SIZE if ttl else 0
+    """Yield the encoded values of state ``name`` in key groups ``own`` (each map entry's).
+
+    ``ttl``: ``(now, ttl seconds)`` of a TTL state, whose expired values are
+    skipped: no read returns or decodes one (``TtlCodec._decode``).
+    """
+    if ttl is None:
+        for _, raw in _entries(txn, name, own):
+            yield raw
+        return
+    now, span = ttl
     for _, raw in _entries(txn, name, own):
-        yield raw[head:]
+        if now - unpack_ts(raw)[0] < span:
+            yield raw[TS_SIZE:]
 
 
 def _entries(
