@@ -121,6 +121,17 @@ def gone(pid: int) -> bool:
         return True
 
 
+def newest_checkpoint(ckpt: Path) -> int:
+    """The id a restart on ``ckpt`` restores: its newest completed checkpoint on disk.
+
+    What a test killed "after checkpoint N" restores from is this, not N: the
+    job may complete another one before the kill lands (a loaded machine).
+    """
+    newest = next(CheckpointStorage(ckpt, create=False).completed_newest_first(), None)
+    assert newest is not None, f"no completed checkpoint in {ckpt}"
+    return newest
+
+
 def cli_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "aiostream_ckpt.daemon.cli", *args]
 

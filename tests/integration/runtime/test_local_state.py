@@ -20,6 +20,7 @@ from tests.helpers import (
     check_pv_output,
     generated_counts,
     generated_pv_args,
+    newest_checkpoint,
 )
 
 pytestmark = pytest.mark.integration
@@ -42,9 +43,11 @@ def test_a_rerun_after_kill9_wipes_the_dead_runs_state_and_nothing_goes_to_temp(
         first.wait()
     (dead,) = local.glob("aiostream-state-*")
     assert any(dead.rglob("data.mdb"))  # the killed run's working LMDB copies
+    restored = newest_checkpoint(ckpt)
+    assert restored >= 2
 
     with DaemonProcess(*args, env=env) as second:
-        second.wait_for("restoring from checkpoint 2")
+        second.wait_for(f"restoring from checkpoint {restored} (")
         second.wait_for(" completed in ")
         assert not dead.exists()  # removed at start
         (live,) = local.iterdir()  # this run's state, nothing else
