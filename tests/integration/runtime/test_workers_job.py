@@ -202,9 +202,10 @@ def test_kill9_of_the_main_process_leaves_no_worker_and_a_rerun_recovers(
 def test_a_fail_point_kills_a_worker_of_the_first_attempt_only(tmp_path: Path) -> None:
     """The windows of tasks are hit in the workers: armed there, once per run of the command."""
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 20_000, seed=60 + i) for i in range(2)]
-    # paced: >= 1.3 s, 26 checkpoint intervals, on any machine; unpaced, an idle one read
-    # all 40 k events before its 2nd checkpoint (CI, 7fc1ecb): no 2nd commit, no kill
-    args = pv_args(tmp_path, inputs, 2, "--set", "app.rate=30000")
+    # paced (a rate per file, read by a subtask each): >= 1.3 s, 26 checkpoint intervals, on
+    # any machine; unpaced, an idle one read all 40 k events before its 2nd checkpoint (CI,
+    # 7fc1ecb): no 2nd commit, no kill
+    args = pv_args(tmp_path, inputs, 2, "--set", "app.rate=15000")
     result = cli(*args, env={ENV_VAR: "sink_commit=kill@2"})
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stderr
@@ -224,10 +225,11 @@ def test_parallelism_1_operators_are_placed_in_worker_0(tmp_path: Path, parallel
     Their worker is killed at its sink's 2nd commit: the restart is exact too.
     """
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 10_000, seed=70 + i) for i in range(2)]
-    # paced: >= 1.3 s, 26 checkpoint intervals, on any machine; unpaced, an idle one
-    # read all 20 k events before its 2nd checkpoint: no 2nd commit, no kill
+    # paced (a rate per file): >= 1.3 s, 26 checkpoint intervals, on any machine (at
+    # parallelism 1 one subtask reads both files: 2.7 s); unpaced, an idle one read all
+    # 20 k events before its 2nd checkpoint: no 2nd commit, no kill
     args = pv_args(
-        tmp_path, inputs, 2, "--set", f"job.parallelism={parallelism}", "--set", "app.rate=15000"
+        tmp_path, inputs, 2, "--set", f"job.parallelism={parallelism}", "--set", "app.rate=7500"
     )
     args[1] = "tests.apps.global_sink_count"
     result = cli(*args, env={ENV_VAR: "sink_commit=kill@2"})
