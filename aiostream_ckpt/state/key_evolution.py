@@ -10,17 +10,25 @@ this. Each operator instance's handle holds ``keys``: the declared type by
 name (:func:`~aiostream_ckpt.state.class_records.type_key`, None: undeclared)
 and the classes it reaches (as a state's ``classes`` record). What passes:
 the same type, a widened one whose stored keys read back unchanged (``int``
-now ``int | None``), a type declared where none was (the JSON read into
-it), none where the type was plain JSON (``int``, ``str``), and a handle
-without the record (written before it was kept).
+now ``int | None``), none where the type was plain JSON (``int``,
+``str``), and a type declared where none was (or where a handle has no
+record: written before it was kept) if every stored key reads back as the
+same bytes: untyped keys' kinds are not recorded, so the restore scans this
+instance's stored keys once (:func:`check_stored_keys`; ``5`` stored, now
+``key_type=str``, would look up ``"5"``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import msgspec
+import orjson
 
 from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.state.class_records import ClassRecord, class_records, type_key
+from aiostream_ckpt.state.codecs import type_name
 from aiostream_ckpt.state.type_names import plain_json, reads_as
 
 #: A handle's ``keys`` record: {"type": name or None, "classes": {name: record}}.
@@ -57,6 +65,38 @@ def check_key_change(operator_uid: str, old: KeyRecord | None, key_type: Any) ->
             f"type (key_by(..., key_type=)) or widen it (int -> int | None), or give the "
             f"operator a new uid to start its state empty"
         )
+
+
+def keys_unrecorded(records: Iterable[KeyRecord | None], key_type: Any) -> bool:
+    """Whether a restore under ``key_type`` must scan its stored keys (see the module doc)."""
+    return key_type is not None and any(r is None or r.get("type") is None for r in records)
+
+
+def check_stored_keys(operator_uid: str, key_type: Any, stored: Iterable[bytes]) -> None:
+    """Refuse a restore under ``key_type`` unless each stored key reads back as its bytes.
+
+    Each key is decoded into ``key_type`` (as the declared key codec reads
+    keys) and encoded again: other bytes (``5`` read as ``int | str``
+    stays ``5``, but ``float`` makes it ``5.0``) would hash and look it up
+    elsewhere. ``stored``: the instance's keys (its key groups only).
+    """
+    decode = msgspec.json.Decoder(key_type).decode
+    for kb in stored:
+        try:
+            back = orjson.dumps(decode(kb))
+            why = None if back == kb else f"it reads back as {back.decode()}"
+        except (msgspec.DecodeError, TypeError) as exc:  # ValidationError too
+            why = str(exc)
+        if why is not None:
+            raise StateMigrationError(
+                f"operator {operator_uid!r}: its checkpoint holds keys written without a "
+                f"key_type, the job now declares key_type {type_name(key_type)}, which a "
+                f"stored key does not fit: {kb.decode()} ({why}): its keyed state would be "
+                f"looked up under other keys. Keep the key selector and key type of before "
+                f"(declare a type its keys read back as unchanged); there is no state "
+                f"processor to rewrite stored keys, so other keys need a new operator uid "
+                f"(its state starts empty; --allow-non-restored-state drops the old)"
+            )
 
 
 def check_map_key_change(name: str, old: dict[str, ClassRecord] | None, key_type: Any) -> None:

@@ -17,9 +17,10 @@ fields and the type of ``y``) and writes ``Point(seq, seq / 2)``.
   reads them.
 
 ``app.key`` picks the stream key: ``k`` (default: the event's ``"k"``,
-undeclared), ``int`` (its number, ``key_type=int``), ``int?`` (the same,
-``key_type=int | None``: widened) or ``str`` (its number as text,
-``key_type=str``: refused at restore after ``int``).
+undeclared), ``n`` (its number, undeclared), ``int`` (its number,
+``key_type=int``), ``int?`` (the same, ``key_type=int | None``: widened)
+or ``str`` (its number as text, ``key_type=str``: refused at restore after
+``int`` or ``n``).
 
 ``app.rate``: read the input at most that many events per second.
 """
@@ -81,6 +82,7 @@ def _number(event: dict[str, Any]) -> int:
 
 KEYS: dict[str, tuple[Any, Any]] = {
     "k": (itemgetter("k"), None),
+    "n": (_number, None),
     "int": (_number, int),
     "int?": (_number, int | None),
     "str": (lambda e: e["k"][1:], str),

@@ -84,7 +84,9 @@ from aiostream_ckpt.state.evolution import (
 from aiostream_ckpt.state.key_evolution import (
     check_key_change,
     check_map_key_change,
+    check_stored_keys,
     described_keys,
+    keys_unrecorded,
 )
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
@@ -701,6 +703,10 @@ class LmdbStateBackend:
             shutil.copyfile(plan.copy_base, self._dir / "data.mdb")
             self._env = self._open_env()
         restore_mod.apply(self._env, plan, self.key_group_range)
+        if keys_unrecorded(plan.keys, key_type := self._stream_keys.key_type):
+            with self._env.begin() as txn:
+                stored = restore_mod.stored_keys(txn, self.key_group_range)
+                check_stored_keys(self.operator_uid, key_type, stored)
 
     # -- queries and lifecycle ------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:

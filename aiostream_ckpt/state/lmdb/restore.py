@@ -48,8 +48,9 @@ class _Source:
 @dataclass(slots=True)
 class RestorePlan:
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the handles' distinct ``keys`` records (see :mod:`~aiostream_ckpt.state.key_evolution`)
-    keys: list[dict[str, Any]] = field(default_factory=list)
+    #: the handles' distinct ``keys`` records, None for a handle without one
+    #: (see :mod:`~aiostream_ckpt.state.key_evolution`)
+    keys: list[dict[str, Any] | None] = field(default_factory=list)
     copy_base: Path | None = None
     sources: list[_Source] = field(default_factory=list)
 
@@ -69,7 +70,7 @@ def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> 
                 f"snapshot has max_parallelism {h['max_parallelism']}, the job {max_parallelism}; "
                 "key groups cannot be mapped"
             )
-        if (keys := h.get("keys")) is not None and keys not in result.keys:
+        if (keys := h.get("keys")) not in result.keys:
             result.keys.append(keys)
         for name, meta in h["states"].items():
             seen = result.states.get(name)
@@ -221,6 +222,29 @@ def stored_values(
     for _, raw in _entries(txn, name, own):
         if now - unpack_ts(raw)[0] < span:
             yield raw[TS_SIZE:]
+
+
+def stored_keys(txn: lmdb.Transaction[bytes], own: KeyGroupRange) -> Iterator[bytes]:
+    """Yield the distinct stream keys' bytes stored in key groups ``own``, of every state.
+
+    Every keyed state, timers and window contents included, is stored under
+    ``key_group | name | len(key) | key | ...`` (see :mod:`~aiostream_ckpt.state.serde`);
+    a key is yielded once per key group (the set holds one group's keys).
+    """
+    cur = txn.cursor()
+    for kg in range(own.start, own.end + 1):
+        prefix = key_group_bytes(kg)
+        if not cur.set_range(prefix):
+            return
+        seen: set[bytes] = set()
+        for db_key in cur.iternext(values=False):
+            if not db_key.startswith(prefix):
+                break
+            at = 5 + db_key[2]
+            kb = db_key[at : at + int.from_bytes(db_key[at - 2 : at], "big")]
+            if kb not in seen:
+                seen.add(kb)
+                yield kb
 
 
 def _entries(

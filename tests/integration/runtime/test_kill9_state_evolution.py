@@ -144,3 +144,30 @@ def test_a_key_type_change_is_refused_after_kill9_and_a_widened_one_restores(
     _refused(run("base", key="str"), message, out, committed)
     records = _exactly_once(run("base", key="int?"), out)
     assert sum(r["read"] is None for r in records) == KEYS  # no key restored empty
+
+
+def test_undeclared_int_keys_declared_str_are_refused_after_kill9_and_int_restores(
+    tmp_path: Path,
+) -> None:
+    """Fails on the code before (the str run restored, looked up "3" where 3 was
+    stored, started every key empty and finished). Killed with undeclared int
+    keys, the job started with key_type=str is refused at the restore (its
+    stored keys are scanned: their kinds were not recorded), naming the
+    operator, the type and a stored key; with key_type=int every key's point
+    restores and the output is exactly once."""
+    run, out = _runner(tmp_path)
+    code, log = run("base", {"AIOSTREAM_FAILPOINTS": "metadata_durable=kill@2"}, key="n")
+    assert code == -9, log[-2000:]
+    committed = sorted(p.name for p in out.glob("part-*"))
+    code, log = run("base", key="str")
+    assert code not in (0, -9), log[-2000:]
+    assert (
+        "StateMigrationError: operator 'track': its checkpoint holds keys written without "
+        "a key_type, the job now declares key_type str, which a stored key does not fit"
+    ) in log, log[-2000:]
+    assert sorted(p.name for p in out.glob("part-*")) == committed
+    code, log = run("base", key="int")
+    assert code == 0, log[-2000:]
+    records = list(read_committed_output(out))
+    assert Counter(r["seq"] for r in records) == Counter(range(EVENTS))  # exactly once
+    assert sum(r["read"] is None for r in records) == KEYS  # no key restored empty

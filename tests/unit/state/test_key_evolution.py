@@ -15,10 +15,13 @@ import enum
 from dataclasses import field, make_dataclass
 from typing import Any
 
+import msgspec
+import orjson
 import pytest
 
 from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.state.descriptors import MapStateDescriptor, ValueStateDescriptor
+from aiostream_ckpt.time.timers import EVENT_TIMERS
 
 D = ValueStateDescriptor("n", int)
 Acct = make_dataclass("Acct", [("bank", str), ("n", int)], frozen=True)
@@ -82,13 +85,94 @@ def test_restore_takes_the_same_or_a_widened_key_type(env, before, key, after) -
     assert r.create_state(D).value() == 5
 
 
-def test_a_handle_without_the_key_record_restores_as_before(env) -> None:
+def test_a_handle_without_the_key_record_has_its_keys_scanned(env) -> None:
+    """Before, restored: "1" looked up, 1 stored (the silent miss). Now its stored
+    keys are read as for undeclared ones: int keys restore under int, not str."""
     handle = _checkpoint(env, int, 1)
     del handle["keys"]  # as written before the record was kept
-    r = env.backend(key_type=str)
+    with pytest.raises(StateMigrationError, match="a stored key does not fit: 1 "):
+        env.backend(key_type=str).restore(env.root, [handle])
+    r = env.backend(key_type=int)
     r.restore(env.root, [handle])
-    r.key_context.key = "1"
-    assert r.create_state(D).value() is None  # not found: the silent miss of before
+    r.key_context.key = 1
+    assert r.create_state(D).value() == 5
+
+
+def _undeclared(env: Any, keys: list[Any], timer_keys: tuple[Any, ...] = ()) -> Any:
+    """Checkpoint undeclared keys: each key's value 5 and an event timer (``timer_keys``:
+    a timer only)."""
+    b = env.backend()
+    timers = b.create_state(MapStateDescriptor(EVENT_TIMERS))
+    for key in [*keys, *timer_keys]:
+        b.key_context.key = key
+        if key in keys:
+            b.create_state(D).update(5)
+        timers.put(7, None)
+    return env.checkpoint(b, 1)
+
+
+@pytest.mark.parametrize(
+    ("keys", "timer_keys", "after", "what"),
+    [
+        (["a", 1, "b"], (), str, r"key_type str, which a stored key does not fit: 1 \(Expected"),
+        (["a"], (("b", 2),), str, r'fit: \["b",2\] \(Expected `str`, got `array`'),
+        ([1, "1"], (), int, r'fit: "1" \(Expected `int`, got `str`\)'),
+        ([5], (), float, r"fit: 5 \(it reads back as 5.0\)"),
+        ([("a", 1)], (), tuple[str, str], r'fit: \["a",1\] \(Expected `str`, got `int`'),
+        (["light"], (), Shade, r'fit: "light" \(Invalid enum value'),
+    ],
+    ids=["int-str", "timer-only", "str-int", "int-float", "tuple", "enum"],
+)
+def test_undeclared_keys_a_declared_type_would_look_up_otherwise_are_refused(
+    env, keys, timer_keys, after, what
+) -> None:
+    """Fails on the code before (restored: stored 1 was looked up as "1", so each
+    such key silently started empty; an int read as float hashed elsewhere).
+    timer-only: the misfit key has only a timer stored."""
+    handle = _undeclared(env, keys, timer_keys)
+    with pytest.raises(
+        StateMigrationError, match=rf"operator 'op': its checkpoint holds keys .*{what}"
+    ):
+        env.backend(key_type=after).restore(env.root, [handle])
+
+
+@pytest.mark.parametrize(
+    ("keys", "after"),
+    [
+        (["1", "a"], str),
+        ([1, 2], int),
+        ([1, None], int | None),
+        ([("a", 1)], tuple[str, int]),
+        (["dark"], Shade),
+    ],
+    ids=["str-str", "int-int", "int-optional", "tuple", "enum"],
+)
+def test_undeclared_keys_a_declared_type_reads_unchanged_restore(env, keys, after) -> None:
+    r = env.backend(key_type=after)
+    r.restore(env.root, [_undeclared(env, keys)])
+    decode = msgspec.json.Decoder(after).decode
+    for key in keys:
+        r.key_context.key = decode(orjson.dumps(key))  # as the declared selector gives it
+        assert r.create_state(D).value() == 5, key
+    want = sorted(repr(decode(orjson.dumps(k))) for k in keys)
+    assert sorted(map(repr, r.keys(EVENT_TIMERS))) == want  # as the timer service reads them
+
+
+def test_after_a_rescale_each_instance_scans_the_keys_it_restores(env) -> None:
+    """Each new instance scans its own key groups: the one with the int key refuses,
+    the other restores its str keys and finds them."""
+    strs = [f"k{n}" for n in range(40)]
+    handle = _undeclared(env, [*strs, 3])
+    bad = env.owner(3, 2)
+    with pytest.raises(StateMigrationError, match="a stored key does not fit: 3 "):
+        env.backend(index=bad, parallelism=2, key_type=str).restore(env.root, [handle])
+    good = env.backend(index=1 - bad, parallelism=2, key_type=str)
+    good.restore(env.root, [handle])
+    mine = [k for k in strs if env.owner(k, 2) != bad]
+    assert mine and sorted(good.keys("n")) == sorted(mine)
+    for key in mine:
+        good.key_context.key = key
+        assert good.create_state(D).value() == 5
 
 
 def test_a_map_key_class_that_gained_a_field_is_refused(env) -> None:
