@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 import lmdb
 import orjson
 
-from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.errors import StateError, StateMigrationError
 from aiostream_ckpt.state.backend import KeyContext
 from aiostream_ckpt.state.codecs import (
     EXACT_SCALARS,
@@ -434,7 +434,7 @@ class KeyedStateBase:
         return out
 
 
-#: The cache entry of a stored value found expired: its payload is not decoded.
+#: The cache entry of an expired stored value that would not decode (see TtlCodec._decode).
 _EXPIRED = (None, float("-inf"))
 
 
@@ -456,17 +456,21 @@ class TtlCodec:
         def _dump(self, value: Any) -> bytes: ...
 
     def _decode(self, raw: bytes) -> Any:
-        """Return the cache entry of stored bytes; an expired one's payload is not decoded.
+        """Return the cache entry of stored bytes.
 
-        Why: an expired value is never returned, and it may be one a restore's
-        scan skipped (a field since made required, an enum member since
-        removed): decoded, it would fail the read. Its entry never turns live
-        again, whatever the clock does; the read that finds it deletes it.
+        An expired value that no longer fits the declared type (a field since
+        made required, an enum member since removed: a restore's scan skips
+        expired values) becomes an entry that never turns live, whatever the
+        clock does, and that the read finding it deletes: no read returns an
+        expired value, so none may fail on one. The clock is read only then
+        (a decode is ~1 us; reading it first cost ~+25 %).
         """
-        ts = unpack_ts(raw)[0]
-        if self._now() - ts >= self._ttl:
+        try:
+            return (self._loads(raw[TS_SIZE:]), unpack_ts(raw)[0])
+        except StateMigrationError:
+            if self._now() - unpack_ts(raw)[0] < self._ttl:
+                raise
             return _EXPIRED
-        return (self._loads(raw[TS_SIZE:]), ts)
 
     def _encode_ttl(self, entry: Any) -> bytes | None:
         if entry is self._ABSENT or self._now() - entry[1] >= self._ttl:
