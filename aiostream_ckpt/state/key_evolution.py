@@ -11,9 +11,10 @@ name (:func:`~aiostream_ckpt.state.class_records.type_key`, None: undeclared)
 and the classes it reaches (as a state's ``classes`` record). What passes:
 the same type, a widened one whose stored keys read back unchanged (``int``
 now ``int | None``), none where the type was plain JSON (``int``,
-``str``), and a type declared where none was (or where a handle has no
-record: written before it was kept) if every stored key reads back as the
-same bytes: untyped keys' kinds are not recorded, so the restore scans this
+``str``, tuples of them: undeclared keys read arrays as tuples), and a
+type declared where none was (or where a handle has no record: written
+before it was kept) if every stored key reads back as the same bytes:
+untyped keys' kinds are not recorded, so the restore scans this
 instance's stored keys once (:func:`check_stored_keys`; ``5`` stored, now
 ``key_type=str``, would look up ``"5"``).
 """
@@ -29,7 +30,7 @@ import orjson
 from aiostream_ckpt.errors import StateMigrationError
 from aiostream_ckpt.state.class_records import ClassRecord, class_records, type_key
 from aiostream_ckpt.state.codecs import type_name
-from aiostream_ckpt.state.type_names import plain_json, reads_as
+from aiostream_ckpt.state.type_names import plain_key, reads_as
 
 #: A handle's ``keys`` record: {"type": name or None, "classes": {name: record}}.
 KeyRecord = dict[str, Any]
@@ -54,7 +55,7 @@ def check_key_change(operator_uid: str, old: KeyRecord | None, key_type: Any) ->
         return
     was, now = old.get("type"), type_key(key_type)
     why = None
-    if was is not None and not (reads_as(was, now) if now is not None else plain_json(was)):
+    if was is not None and not (reads_as(was, now) if now is not None else plain_key(was)):
         why = f"keys written as {was}, the job now declares {_declared(now)}"
     elif was is not None and now is not None:
         why = _class_change(old.get("classes") or {}, described_keys(key_type).get("classes", {}))

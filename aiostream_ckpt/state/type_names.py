@@ -147,6 +147,24 @@ def _plain(node: _Node) -> bool:
     return (args is None and head in _JSON) or head == "Literal"
 
 
+def plain_key(name: str) -> bool:
+    """Whether stream keys of type ``name`` read back as they were undeclared.
+
+    As :func:`plain_json`, and tuples of such (``tuple[str, int]``,
+    ``tuple[int, ...]``): undeclared keys read JSON arrays back as tuples.
+    """
+    return _plain_key(_parse(name))
+
+
+def _plain_key(node: _Node) -> bool:
+    head, args = node
+    if head == "tuple" and args:
+        return all(a == ("...", None) or _plain_key(a) for a in args)
+    if head == "Union":
+        return all(map(_plain_key, args or ()))
+    return _plain(node)
+
+
 _JSON = frozenset({"None", "NoneType", "Any", "int", "float", "str", "bool"})
 
 

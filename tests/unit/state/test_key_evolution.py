@@ -48,12 +48,23 @@ def _checkpoint(env: Any, key_type: Any, key: Any) -> Any:
         (str, "1", int, "written as str, the job now declares key_type int"),
         (int | None, 1, int, r"Union\[NoneType,int\], the job now declares key_type int"),
         (Shade, Shade.DARK, None, "written as Shade, the job now declares no key_type"),
+        (tuple[str, Shade], ("a", Shade.DARK), None, r"Shade\], the job now declares no key_type"),
         (Acct, Acct("x", 1), AcctGrown, r"Acct keys with fields \['bank', 'n'\]"),
         (Acct, Acct("x", 1), AcctSwapped, r"\['bank', 'n'\], the job now declares \['n', 'bank'\]"),
         (Acct, Acct("x", 1), make_dataclass("Acct", [("bank", str), ("n", str)]), "field 'n'"),
         (Shade, Shade.DARK, IntShade, "Shade keys of values str, the job now declares int"),
     ],
-    ids=["int-str", "str-int", "narrowed", "enum-dropped", "grown", "order", "field", "enum"],
+    ids=[
+        "int-str",
+        "str-int",
+        "narrowed",
+        "enum-dropped",
+        "tuple-enum-dropped",
+        "grown",
+        "order",
+        "field",
+        "enum",
+    ],
 )
 def test_restore_refuses_another_key_type(env, before, key, after, what) -> None:
     """Fails on the code before (restored: the stored key was not found under the new
@@ -72,11 +83,25 @@ def test_restore_refuses_another_key_type(env, before, key, after, what) -> None
         (Acct, Acct("x", 1), AcctWide),
         (None, 1, int),
         (int, 1, None),
+        (tuple[str, int | None], ("a", 1), None),
+        (tuple[int, ...], (1, 2), None),
         (Shade, Shade.DARK, Shade),
     ],
-    ids=["same", "widened", "field-widened", "declared", "plain-dropped", "enum"],
+    ids=[
+        "same",
+        "widened",
+        "field-widened",
+        "declared",
+        "plain-dropped",
+        "tuple-dropped",
+        "variadic-dropped",
+        "enum",
+    ],
 )
 def test_restore_takes_the_same_or_a_widened_key_type(env, before, key, after) -> None:
+    """tuple-dropped, variadic-dropped: refused on the code before ("keys written as
+    tuple[str,Union[NoneType,int]], the job now declares no key_type"), though
+    undeclared keys read the same JSON arrays back as the same tuples."""
     r = env.backend(key_type=after)
     r.restore(env.root, [_checkpoint(env, before, key)])
     [got] = list(r.keys("n"))
