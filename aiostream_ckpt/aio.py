@@ -62,6 +62,48 @@ class FixedThreadPool(ThreadPoolExecutor):
             f.result()
 
 
+class Wakeup:
+    """A flag that, once set, ends a :meth:`sleep` early (a paced reader's, for a barrier).
+
+    Cheaper than racing the sleep against an ``asyncio.Event`` (:func:`unless_set`:
+    two tasks and a wait per sleep, ~0.2 % of a core at 20 sleeps/s): one task
+    per sleep, which :meth:`set` cancels.
+    """
+
+    __slots__ = ("_is_set", "_sleeper")
+
+    def __init__(self) -> None:
+        self._is_set = False
+        self._sleeper: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._is_set
+
+    def set(self) -> None:
+        self._is_set = True
+        if self._sleeper is not None:
+            self._sleeper.cancel()
+
+    def clear(self) -> None:
+        self._is_set = False
+
+    async def sleep(self, sleep: Coroutine[Any, Any, None]) -> None:
+        """Await ``sleep`` (one at a time) unless this is set first; at once if it is set."""
+        if self._is_set:
+            sleep.close()
+            return
+        sleeper = self._sleeper = asyncio.ensure_future(sleep)
+        try:
+            await sleeper
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not sleeper.cancelled() or (task is not None and task.cancelling()):
+                raise  # the caller was cancelled, not woken
+        finally:
+            self._sleeper = None
+            sleeper.cancel()
+
+
 async def unless_set(aw: Awaitable[T], event: asyncio.Event) -> T | None:
     """Await ``aw`` unless ``event`` is set first: then cancel it and return ``None``."""
     fut = asyncio.ensure_future(aw)

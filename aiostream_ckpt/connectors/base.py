@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from aiostream_ckpt.aio import Wakeup
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import RecordError
 from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM
@@ -126,6 +127,10 @@ class ConnectorContext:
     #: The attempt's threads for a writer's blocking file work (fsync, rename);
     #: ``None``: the loop's default executor.
     executor: Executor | None = None
+    #: A source's: set while its task has work between two reads (a barrier to
+    #: inject, timers due). A reader that waits long (pacing) returns early then,
+    #: with what is due (maybe nothing), so a barrier does not wait for its sleep.
+    wakeup: Wakeup = field(default_factory=Wakeup)
 
 
 class SourceReader(Protocol):

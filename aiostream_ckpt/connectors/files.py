@@ -172,7 +172,7 @@ class JsonLinesFileReader:
         self._block_end = 0
         self._one_split = source.key_groups is not None
         self._last: str | None = None
-        self._pacer = None if source.rate is None else Pacer(source.rate, ctx.clock)
+        self._pacer = None if source.rate is None else Pacer(source.rate, ctx.clock, ctx.wakeup)
 
     async def start(self, restored: dict[str, Any] | None) -> None:
         if restored:

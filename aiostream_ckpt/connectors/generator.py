@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.connectors.base import ConnectorContext
-from aiostream_ckpt.connectors.pacing import MAX_PACING_SLEEP, Pacer, check_rate
+from aiostream_ckpt.connectors.pacing import MAX_PACING_SLEEP, Pacer, check_rate, pause
 from aiostream_ckpt.connectors.staging import serialize_lines
 from aiostream_ckpt.errors import ConfigError
 
@@ -186,7 +186,8 @@ class GeneratorReader:
         self._turn = 0
         #: Last generated block per split: (block index, events).
         self._cache: dict[int, tuple[int, list[Event]]] = {}
-        self._pacer = None if source.rate is None else Pacer(source.rate * len(splits), ctx.clock)
+        rate = None if source.rate is None else source.rate * len(splits)
+        self._pacer = None if rate is None else Pacer(rate, ctx.clock, ctx.wakeup)
         self._last_split = -1
 
     async def start(self, restored: dict[str, Any] | None) -> None:
@@ -218,7 +219,7 @@ class GeneratorReader:
             if self._src.bounded:
                 return None
             # An unbounded reader without splits idles instead of ending the job's input.
-            await self._ctx.clock.sleep(MAX_PACING_SLEEP)
+            await pause(self._ctx.clock, MAX_PACING_SLEEP, self._ctx.wakeup)
             return []
         self._turn %= len(self._active)
         split = self._active[self._turn]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from aiostream_ckpt.aio import Wakeup
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.connectors.base import SinkWriter, SourceReader
 from aiostream_ckpt.connectors.files import DeadLetterWriter
@@ -65,6 +66,8 @@ class ChainSpec:
     operators: list[StreamOperator]
     head_uid: str | None = None
     reader: SourceReader | None = None
+    #: the reader's ``ConnectorContext.wakeup``: the task sets it when a barrier is queued
+    reader_wakeup: Wakeup | None = None
     sink_uid: str | None = None
     writer: SinkWriter | None = None
     #: Malformed input of the source, records whose function raised; its state

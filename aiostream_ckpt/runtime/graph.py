@@ -312,6 +312,7 @@ def build_chain_specs(
                         dl = None
                     ctx = connector_context(t.uid, sub, p, dl)
                     spec.reader = t.source().create_reader(ctx)
+                    spec.reader_wakeup = ctx.wakeup
                     if t.watermark_strategy is not None:
                         spec.source_watermarks = SourceWatermarks(
                             t.watermark_strategy, spec.reader, monotonic

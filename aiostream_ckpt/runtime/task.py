@@ -102,7 +102,7 @@ class StreamTask:
         self._done = self._checkpoints.done
         coordinator.register_task(self.task_id, self._checkpoints)
         self._triggers = SourceTriggers(
-            lambda b: self._checkpoint(b, 0.0), self._fire_processing_timers
+            lambda b: self._checkpoint(b, 0.0), self._fire_processing_timers, spec.reader_wakeup
         )
         if spec.reader is not None:
             coordinator.register_source(self.task_id, self._triggers)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from aiostream_ckpt.aio import Wakeup
+from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.pacing import (
     MAX_PACING_SLEEP,
     MIN_PACING_SLEEP,
     MIN_PACING_SLICE,
     Pacer,
 )
+from tests.helpers import wait_until
 
 
 class SteppingClock:
@@ -64,3 +69,34 @@ async def test_pacer_catches_up_after_a_stall() -> None:
     n = await pacer.allowance(2048)
     assert 990 <= n <= 1001
     assert clock.sleeps[-1:] != [] and len(clock.sleeps) <= 2
+
+
+async def test_a_pending_barrier_ends_the_wait_early() -> None:
+    """At 10 events/s the pacer sleeps 50 ms at a time: a barrier waited for it (25 ms mean)."""
+    clock = ManualClock()
+    wakeup = Wakeup()
+    pacer = Pacer(10.0, clock, wakeup)
+    asking = asyncio.create_task(pacer.allowance(1))
+    await wait_until(lambda: clock.sleepers == 1)  # the pacer sleeps
+    wakeup.set()  # the source task was told to inject a barrier
+    assert await asyncio.wait_for(asking, 5) == 0  # nothing due yet: the task takes the barrier
+    assert clock.monotonic() == 0.0 and clock.sleepers == 0
+    assert await pacer.allowance(1) == 0  # still pending: no sleep until the task clears it
+    wakeup.clear()
+    asking = asyncio.create_task(pacer.allowance(1))
+    await wait_until(lambda: clock.sleepers == 1)  # cleared: it sleeps until a record is due
+    clock.advance(0.2)
+    assert await asyncio.wait_for(asking, 5) == 1
+
+
+async def test_a_cancelled_reader_is_not_taken_for_a_woken_one() -> None:
+    """Cancelling the task that sleeps cancels it (the wakeup only ends the sleep)."""
+    clock = ManualClock()
+    wakeup = Wakeup()
+    asking = asyncio.create_task(Pacer(10.0, clock, wakeup).allowance(1))
+    await wait_until(lambda: clock.sleepers == 1)
+    asking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+    wakeup.set()  # nothing sleeps: nothing to end
+    assert clock.sleepers == 0

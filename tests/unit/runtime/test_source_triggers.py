@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from aiostream_ckpt.aio import Wakeup
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.runtime.source_triggers import SourceTriggers
 
@@ -49,3 +50,30 @@ def test_serve_until_runs_what_comes_until_done() -> None:
         return ran
 
     assert asyncio.run(run()) == [3]
+
+
+def test_the_readers_wakeup_is_set_while_something_is_queued() -> None:
+    """A paced reader's sleep ends when a barrier comes; it sleeps again once it was taken."""
+
+    async def run() -> list[bool]:
+        wakeup = Wakeup()
+        triggers = SourceTriggers(_noop_checkpoint, _noop_timers, wakeup)
+        seen = [wakeup.is_set()]
+        triggers.trigger_checkpoint(CheckpointBarrier(1, 0))
+        seen.append(wakeup.is_set())
+        await triggers.run()
+        seen.append(wakeup.is_set())
+        triggers.timers_due()
+        seen.append(wakeup.is_set())
+        await triggers.run()
+        return [*seen, wakeup.is_set()]
+
+    assert asyncio.run(run()) == [False, True, False, True, False]
+
+
+async def _noop_checkpoint(barrier: CheckpointBarrier) -> None:
+    return None
+
+
+async def _noop_timers() -> None:
+    return None
