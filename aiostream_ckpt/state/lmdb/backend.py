@@ -430,18 +430,27 @@ class LmdbStateBackend:
         """Decode every stored value of a state into its declared type: the first error, or None.
 
         Only where the record cannot say (a field now required that values
-        written in earlier runs may lack): a scan of this instance's values.
-        Expired ones (TTL) are skipped: no read decodes them.
+        written in earlier runs may lack, an enum that lost members): a scan
+        of this instance's values, expired ones (TTL) skipped: no read decodes
+        them; and of a map state's map keys, whose enums the record shares.
         """
         self.flush()
-        decode = msgspec.json.Decoder(descriptor.value_types()[0]).decode
-        own = self.key_group_range
+        own, txn = self.key_group_range, self.read_txn()
         ttl = None if descriptor.ttl is None else (self._clock.time(), descriptor.ttl.ttl)
-        for raw in restore_mod.stored_values(self.read_txn(), descriptor.name, own, ttl):
-            try:
-                decode(raw)
-            except msgspec.DecodeError as exc:  # ValidationError too
-                return str(exc)
+        if (value_type := descriptor.value_types()[0]) is not None:  # else: plain JSON
+            decode = msgspec.json.Decoder(value_type).decode
+            for raw in restore_mod.stored_values(txn, descriptor.name, own, ttl):
+                try:
+                    decode(raw)
+                except msgspec.DecodeError as exc:  # ValidationError too
+                    return str(exc)
+        if (key_type := descriptor.map_key_type()) is not None:
+            decode = msgspec.json.Decoder(key_type).decode
+            for raw in restore_mod.stored_map_keys(txn, descriptor.name, own):
+                try:
+                    decode(raw)
+                except msgspec.DecodeError as exc:
+                    return f"{exc}, a map key"
         return None
 
     # -- write sets ------------------------------------------------------------------

@@ -247,6 +247,18 @@ def stored_keys(txn: lmdb.Transaction[bytes], own: KeyGroupRange) -> Iterator[by
                 yield kb
 
 
+def stored_map_keys(txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange) -> Iterator[bytes]:
+    """Yield the encoded map keys of map state ``name`` in key groups ``own``.
+
+    Expired entries' too: a read decodes every entry's map key before it
+    looks at the entry's timestamp (``MapStateImpl._load``).
+    """
+    head = len(key_group_bytes(0)) + len(name_part(name))
+    for key, _ in _entries(txn, name, own):
+        stream_key = int.from_bytes(key[head : head + 2], "big")
+        yield key[head + 2 + stream_key :]
+
+
 def _entries(
     txn: lmdb.Transaction[bytes], name: str, own: KeyGroupRange
 ) -> Iterator[tuple[bytes, bytes]]:
