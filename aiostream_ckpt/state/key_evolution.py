@@ -16,7 +16,9 @@ type declared where none was (or where a handle has no record: written
 before it was kept) if every stored key reads back as the same bytes:
 untyped keys' kinds are not recorded, so the restore scans this
 instance's stored keys once (:func:`check_stored_keys`; ``5`` stored, now
-``key_type=str``, would look up ``"5"``).
+``key_type=str``, would look up ``"5"``). So does a key enum that lost
+members (:func:`lost_members`): only the stored keys say whether one holds
+them (the next checkpoint records the job's members: scanned once).
 """
 
 from __future__ import annotations
@@ -73,7 +75,26 @@ def keys_unrecorded(records: Iterable[KeyRecord | None], key_type: Any) -> bool:
     return key_type is not None and any(r is None or r.get("type") is None for r in records)
 
 
-def check_stored_keys(operator_uid: str, key_type: Any, stored: Iterable[bytes]) -> None:
+def lost_members(records: Iterable[KeyRecord | None], key_type: Any) -> str | None:
+    """Say which key enum members the records hold and ``key_type`` no longer declares, or None.
+
+    A stored key may hold one: read back (``keys()``, timers), it would fail
+    long after the restore, so the restore scans the stored keys.
+    """
+    now = described_keys(key_type).get("classes") or {}
+    for record in records:
+        for cls, was in ((record or {}).get("classes") or {}).items():
+            live = now.get(cls)
+            if live is None or live["layout"] != "enum":
+                continue
+            if gone := sorted(set(was.get("members", ())) - set(live["members"])):
+                return f"{cls} keys of members {gone}, which the job no longer declares: one stored"
+    return None
+
+
+def check_stored_keys(
+    operator_uid: str, key_type: Any, stored: Iterable[bytes], lost: str | None = None
+) -> None:
     """Refuse a restore under ``key_type`` unless each stored key reads back as its bytes.
 
     Each key is decoded into ``key_type`` (as the declared key codec reads
@@ -89,10 +110,13 @@ def check_stored_keys(operator_uid: str, key_type: Any, stored: Iterable[bytes])
         except (msgspec.DecodeError, TypeError) as exc:  # ValidationError too
             why = str(exc)
         if why is not None:
+            held = lost or (
+                f"keys written without a key_type, the job now declares key_type "
+                f"{type_name(key_type)}, which a stored key does not fit"
+            )
             raise StateMigrationError(
-                f"operator {operator_uid!r}: its checkpoint holds keys written without a "
-                f"key_type, the job now declares key_type {type_name(key_type)}, which a "
-                f"stored key does not fit: {kb.decode()} ({why}): its keyed state would be "
+                f"operator {operator_uid!r}: its checkpoint holds {held}: "
+                f"{kb.decode()} ({why}): its keyed state would be "
                 f"looked up under other keys. Keep the key selector and key type of before "
                 f"(declare a type its keys read back as unchanged); there is no state "
                 f"processor to rewrite stored keys, so other keys need a new operator uid "

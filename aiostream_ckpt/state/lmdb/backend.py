@@ -87,6 +87,7 @@ from aiostream_ckpt.state.key_evolution import (
     check_stored_keys,
     described_keys,
     keys_unrecorded,
+    lost_members,
 )
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import restore as restore_mod
@@ -712,10 +713,12 @@ class LmdbStateBackend:
             shutil.copyfile(plan.copy_base, self._dir / "data.mdb")
             self._env = self._open_env()
         restore_mod.apply(self._env, plan, self.key_group_range)
-        if keys_unrecorded(plan.keys, key_type := self._stream_keys.key_type):
+        key_type = self._stream_keys.key_type
+        lost = lost_members(plan.keys, key_type)
+        if lost or keys_unrecorded(plan.keys, key_type):
             with self._env.begin() as txn:
                 stored = restore_mod.stored_keys(txn, self.key_group_range)
-                check_stored_keys(self.operator_uid, key_type, stored)
+                check_stored_keys(self.operator_uid, key_type, stored, lost)
 
     # -- queries and lifecycle ------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:

@@ -217,3 +217,29 @@ def test_a_map_key_class_that_gained_a_field_is_refused(env) -> None:
     r.restore(env.root, [handle])
     r.key_context.key = "k"
     assert r.create_state(MapStateDescriptor("m", AcctWide, int)).get(AcctWide("x", 1)) == 5
+
+
+Tint = enum.Enum("Tint", {"DARK": "dark", "PALE": "pale"})
+DarkOnly = enum.Enum("Tint", {"DARK": "dark"})
+
+
+@pytest.mark.parametrize("key", [Tint.PALE, ("a", Tint.PALE), Tint.DARK])
+def test_a_key_enum_that_lost_a_member_a_stored_key_holds_is_refused(env, key) -> None:
+    """Fails on the code before (PALE: restored, then keys() failed with
+    "a stored key does not fit key_type Tint (Invalid enum value 'pale')"). A key enum
+    that lost members makes the restore scan its stored keys; with only DARK stored
+    it restores, and the next checkpoint records the job's members (no scan again)."""
+    pale = key is not Tint.DARK
+    before = tuple[str, Tint] if isinstance(key, tuple) else Tint
+    after = tuple[str, DarkOnly] if isinstance(key, tuple) else DarkOnly
+    handle = _checkpoint(env, before, key)
+    r = env.backend(key_type=after)
+    if pale:
+        with pytest.raises(StateMigrationError, match=r"Tint keys of members \['pale'\]"):
+            r.restore(env.root, [handle])
+        return
+    r.restore(env.root, [handle])
+    r.key_context.key = DarkOnly.DARK
+    assert r.create_state(D).value() == 5
+    assert list(r.keys("n")) == [DarkOnly.DARK]
+    assert env.checkpoint(r, 2)["keys"]["classes"]["Tint"]["members"] == ["dark"]
