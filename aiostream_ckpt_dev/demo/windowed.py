@@ -18,8 +18,14 @@ from aiostream_ckpt_dev.chaos.cli import ChaosVerdict, run_chaos
 from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
 
 APP = "apps.sessions"
-#: Small: the demo's budget is minutes, and every kill restarts a worker process.
-EVENTS = 30_000
+#: Small: the demo's budget is minutes, and every kill restarts a worker process. Large
+#: enough that a pass completes several checkpoints (:data:`CHECKPOINT_INTERVAL`) on a
+#: fast, idle machine: the chaos plan may kill at the 3rd checkpoint's durable metadata,
+#: and 30,000 events read in ~0.2 s completed 2 (3 rounds without a kill: FAIL, seed
+#: 90426). The input stays unpaced: the watermark moves per batch, so paced batches
+#: (sized by timing) would decide lateness differently from the reference run.
+EVENTS = 120_000
+CHECKPOINT_INTERVAL = "50ms"
 #: Out of order by up to 2 min, while the app waits 1 min: some events are late.
 GENERATED_DELAY_MS, APP_DELAY_MS = 120_000, 60_000
 
@@ -41,7 +47,11 @@ def prove_windowed(
         EVENTS, users=50, max_delay=GENERATED_DELAY_MS, seed=seed, step_ms=200
     )
     inp = events_of.write_events(work / "events.jsonl", events)
-    common = ["app.gap=20000", f"app.max_delay={APP_DELAY_MS}", "checkpoint.interval=100ms"]
+    common = [
+        "app.gap=20000",
+        f"app.max_delay={APP_DELAY_MS}",
+        f"checkpoint.interval={CHECKPOINT_INTERVAL}",
+    ]
     if kafka_bootstrap is None:
         io = [
             f"app.input={inp}",
