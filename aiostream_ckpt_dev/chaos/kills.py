@@ -92,6 +92,7 @@ def run_with_kills(
     any_checkpoint = False
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed below
     proc: subprocess.Popen[bytes] | None = None
+    argv: list[str] = []
     try:
         while True:
             result.runs += 1
@@ -169,6 +170,10 @@ def run_with_kills(
             result.exit_code = proc.returncode
             result.elapsed = time.monotonic() - started
             return result
+    except BaseException:
+        # interrupted inside Popen (the child started, ``proc`` not yet set): it goes too
+        _kill_unowned_child(argv, proc)
+        raise
     finally:
         # interrupted (SIGTERM/SIGINT of the demo, a timeout): the worker goes too
         if proc is not None and proc.poll() is None:
@@ -176,6 +181,30 @@ def run_with_kills(
             proc.wait()
         if log is not None:
             log.close()
+
+
+def _kill_unowned_child(argv: Sequence[str], proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL and reap a child of this process running ``argv`` that is not ``proc``.
+
+    Why: a SIGTERM of the demo lands in the Popen of a restart once the child
+    has exec'd but before Popen returns (its wait for the exec); the
+    SystemExit leaves that child unassigned, running with no one to stop it
+    (CI, under load: "the worker was left running").
+    """
+    if not argv:
+        return
+    want = "\0".join(argv).encode()
+    for pid in family(os.getpid())[1:]:
+        if proc is not None and pid == proc.pid:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().rstrip(b"\0") != want:
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (OSError, ChildProcessError):
+            continue
 
 
 def _victim(pid: int, rng: random.Random) -> int:
