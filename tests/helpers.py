@@ -121,6 +121,19 @@ def gone(pid: int) -> bool:
         return True
 
 
+def pids_with(marker: str) -> list[int]:
+    """The processes whose command line holds ``marker`` (left-over workers, by their paths)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def newest_checkpoint(ckpt: Path) -> int:
     """The id a restart on ``ckpt`` restores: its newest completed checkpoint on disk.
 

@@ -92,12 +92,13 @@ def run_with_kills(
     any_checkpoint = False
     log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed below
     proc: subprocess.Popen[bytes] | None = None
-    argv: list[str] = []
+    known: set[int] = set()
     try:
         while True:
             result.runs += 1
             checkpointed = threading.Event()
             argv = list(cmd(result.runs) if callable(cmd) else cmd)
+            known = _children()
             proc = subprocess.Popen(
                 argv,
                 stdout=subprocess.DEVNULL,
@@ -172,7 +173,7 @@ def run_with_kills(
             return result
     except BaseException:
         # interrupted inside Popen (the child started, ``proc`` not yet set): it goes too
-        _kill_unowned_child(argv, proc)
+        _kill_new_children(known, proc)
         raise
     finally:
         # interrupted (SIGTERM/SIGINT of the demo, a timeout): the worker goes too
@@ -183,24 +184,31 @@ def run_with_kills(
             log.close()
 
 
-def _kill_unowned_child(argv: Sequence[str], proc: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL and reap a child of this process running ``argv`` that is not ``proc``.
+def _children() -> set[int]:
+    """Return this process's child processes (of every thread)."""
+    out: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def _kill_new_children(known: set[int], proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL and reap the children started since ``known`` was taken, but ``proc``.
 
     Why: a SIGTERM of the demo lands in the Popen of a restart once the child
-    has exec'd but before Popen returns (its wait for the exec); the
-    SystemExit leaves that child unassigned, running with no one to stop it
-    (CI, under load: "the worker was left running").
+    exists but before Popen returns; the SystemExit leaves that child
+    unassigned, running with no one to stop it (CI, under load: "the worker
+    was left running"). Told apart by pid, not command line: a child's
+    ``/proc`` cmdline is empty until its exec.
     """
-    if not argv:
-        return
-    want = "\0".join(argv).encode()
-    for pid in family(os.getpid())[1:]:
+    for pid in _children() - known:
         if proc is not None and pid == proc.pid:
             continue
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if f.read().rstrip(b"\0") != want:
-                    continue
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         except (OSError, ChildProcessError):

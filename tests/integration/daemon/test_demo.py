@@ -15,7 +15,7 @@ import pytest
 
 from aiostream_ckpt_dev.demo.files import make_workdir, worker_env
 from aiostream_ckpt_dev.recount import check_pv_count
-from tests.helpers import REPO, cli_cmd, make_pv_input
+from tests.helpers import REPO, cli_cmd, make_pv_input, pids_with
 
 pytestmark = pytest.mark.integration
 
@@ -51,18 +51,6 @@ def test_spark_check_without_java_is_declared_skipped(
     assert not verdict.passed
 
 
-def _pids_of(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
-
-
 def _wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 120) -> None:
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
@@ -84,12 +72,12 @@ def test_sigterm_stops_the_demo_and_its_worker(tmp_path: Path) -> None:
     try:
         _wait_for_line(proc, "SIGKILL x1")
         deadline = time.monotonic() + 60
-        while not _pids_of(str(work / "checkpoints")):
+        while not pids_with(str(work / "checkpoints")):
             assert time.monotonic() < deadline, "no worker"
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 128 + signal.SIGTERM
-        assert _pids_of(str(work / "checkpoints")) == [], "the worker was left running"
+        assert pids_with(str(work / "checkpoints")) == [], "the worker was left running"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -109,7 +97,7 @@ def test_sigterm_stops_the_demo_as_pid_1(tmp_path: Path) -> None:
     try:
         _wait_for_line(proc, "SIGKILL x1")
         (demo_pid,) = [
-            pid for pid in _pids_of("--workdir") if pid != proc.pid and str(work).encode() in
+            pid for pid in pids_with("--workdir") if pid != proc.pid and str(work).encode() in
             Path(f"/proc/{pid}/cmdline").read_bytes() and b"unshare" not in
             Path(f"/proc/{pid}/cmdline").read_bytes()
         ]  # fmt: skip

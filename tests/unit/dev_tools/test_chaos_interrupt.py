@@ -13,18 +13,7 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt_dev.chaos import kills
-
-
-def _alive_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+from tests.helpers import pids_with
 
 
 def test_a_signal_inside_popen_does_not_orphan_the_started_child(
@@ -48,10 +37,10 @@ def test_a_signal_inside_popen_does_not_orphan_the_started_child(
     try:
         with pytest.raises(SystemExit):
             kills.run_with_kills(cmd, kills=1, seed=0, log_path=tmp_path / "log")
-        assert started and _alive_with(marker) == [], "the started child was left running"
+        assert started and pids_with(marker) == [], "the started child was left running"
         assert started[0].poll() is not None  # reaped, not a zombie
     finally:
-        for pid in _alive_with(marker):
+        for pid in pids_with(marker):
             os.kill(pid, signal.SIGKILL)
         for p in started:
             p.kill()
