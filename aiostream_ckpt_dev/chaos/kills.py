@@ -184,12 +184,17 @@ def run_with_kills(
             log.close()
 
 
-def _children() -> set[int]:
-    """Return this process's child processes (of every thread)."""
+def _children(pid: int | None = None) -> set[int]:
+    """Return the child processes of ``pid`` (default: this process), of every thread."""
+    task = f"/proc/{'self' if pid is None else pid}/task"
     out: set[int] = set()
-    for tid in os.listdir("/proc/self/task"):
+    try:
+        threads = os.listdir(task)
+    except OSError:
+        return out
+    for tid in threads:
         try:
-            with open(f"/proc/self/task/{tid}/children") as f:
+            with open(f"{task}/{tid}/children") as f:
                 out.update(int(c) for c in f.read().split())
         except OSError:
             continue
@@ -250,16 +255,7 @@ def family(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         out.append(p)
-        try:
-            threads = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in threads:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                continue
+        todo.extend(_children(p))
     return out
 
 
