@@ -130,7 +130,7 @@ class KeyedAsyncWaitOperator(AsyncWaitOperator):
         waiting = self._busy[entry.key]
         if waiting:
             loop = asyncio.get_running_loop()
-            self._start(waiting.popleft(), loop, self._deadline(loop))
+            self._start(waiting.popleft(), loop, self._deadline())
             self._arm_expiry(loop)
         else:
             del self._busy[entry.key]

@@ -191,7 +191,7 @@ class AsyncWaitOperator(StreamOperator):
         # (deadline, entry) in admission order, so deadlines ascend: one timer
         # for the earliest replaces a timeout context per call (~11 us a record)
         self._deadlines: deque[tuple[float, _Entry]] = deque()
-        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Future[None] | None = None
         self._ready = False
         self._clock: Clock = SystemClock()
@@ -211,10 +211,10 @@ class AsyncWaitOperator(StreamOperator):
 
     async def stop(self) -> None:
         """Cancel the calls in flight, await them, then close the user function."""
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
+        expiry, self._expiry = self._expiry, None
         tasks = [e.task for e in self._queue.entries() if e.task is not None and not e.done]
+        if expiry is not None:
+            tasks.append(expiry)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -238,7 +238,7 @@ class AsyncWaitOperator(StreamOperator):
             return
         queue = self._queue
         loop = asyncio.get_running_loop()
-        deadline = self._deadline(loop)
+        deadline = self._deadline()
         while pending and self._size < self._capacity:
             entry = _Entry(pending.popleft())
             queue.push(entry)
@@ -248,16 +248,15 @@ class AsyncWaitOperator(StreamOperator):
         self._arm_expiry(loop)
 
     def _arm_expiry(self, loop: asyncio.AbstractEventLoop) -> None:
-        deadlines = self._deadlines
-        if deadlines and self._expiry is None:
-            self._expiry = loop.call_at(deadlines[0][0], self._expire)
+        if self._deadlines and self._expiry is None:
+            self._expiry = loop.create_task(self._expire(), name=f"{self.uid}-timeouts")
 
     def _admitted(self, entry: _Entry) -> bool:
         """Whether ``entry``'s call starts now (the keyed variant may hold it back)."""
         return True
 
-    def _deadline(self, loop: asyncio.AbstractEventLoop) -> float:
-        return loop.time() + self._timeout if self._timeout is not None else 0.0
+    def _deadline(self) -> float:
+        return self._clock.monotonic() + self._timeout if self._timeout is not None else 0.0
 
     def _start(self, entry: _Entry, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Start ``entry``'s call; it times out at ``deadline`` (deadlines must ascend)."""
@@ -271,19 +270,25 @@ class AsyncWaitOperator(StreamOperator):
                 deadlines.popleft()
             deadlines.append((deadline, entry))
 
-    def _expire(self) -> None:
-        """Cancel the calls past their deadline; they fail with a timeout (see ``_call``)."""
-        self._expiry = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+    async def _expire(self) -> None:
+        """Cancel the calls past their deadline; they fail with a timeout (see ``_call``).
+
+        One task sleeps on the injected clock until the earliest deadline, so a
+        test moves a :class:`~aiostream_ckpt.clock.ManualClock` past a timeout
+        instead of waiting for it. It ends once no deadline is left.
+        """
+        clock = self._clock
         deadlines = self._deadlines
-        while deadlines and (deadlines[0][1].done or deadlines[0][0] <= now):
-            _, entry = deadlines.popleft()
-            if not entry.done and entry.task is not None:
-                entry.timed_out = True
-                entry.task.cancel()
-        if deadlines:
-            self._expiry = loop.call_at(deadlines[0][0], self._expire)
+        while deadlines:
+            now = clock.monotonic()
+            while deadlines and (deadlines[0][1].done or deadlines[0][0] <= now):
+                _, entry = deadlines.popleft()
+                if not entry.done and entry.task is not None:
+                    entry.timed_out = True
+                    entry.task.cancel()
+            if deadlines:
+                await clock.sleep(deadlines[0][0] - now)
+        self._expiry = None
 
     @property
     def blocked(self) -> bool:

@@ -156,31 +156,81 @@ async def test_a_raising_call_fails_with_the_operator_and_the_record_named() -> 
     await op.stop()
 
 
+async def started(fn: AsyncFunction[Any, Any], clock: ManualClock, **kw: Any) -> AsyncWaitOperator:
+    """An operator whose timeouts and retries run on ``clock``."""
+    op = make(fn, **kw)
+    await op.start(None, clock)  # type: ignore[arg-type]
+    return op
+
+
 async def test_a_timed_out_call_fails_naming_the_timeout() -> None:
     fn = Controlled()  # never answered
-    op = make(fn, timeout=0.01)
+    clock = ManualClock()
+    op = await started(fn, clock, timeout=2.5)
     op.offer([7])
-    await asyncio.wait_for(op.wakeup(), 5)
+    await settle()
+    clock.advance(2.0)
+    await settle()
+    assert op.pop_ready() == [] and fn.calls == [7]  # not yet: 0.5 s to go
+    clock.advance(0.5)
+    await settle()
     (err,) = op.pop_ready()
     assert isinstance(err, AsyncCallError)
-    assert re.search(r"operator 'lookup'.*timed out after 0.01 s.*7", str(err))
+    assert re.search(r"operator 'lookup'.*timed out after 2.5 s.*7", str(err))
+    assert op.idle and clock.sleepers == 0  # no deadline left: the timer is gone too
     await op.stop()
 
 
 async def test_only_the_calls_past_their_deadline_time_out() -> None:
     fn = Controlled()
-    op = make(fn, capacity=3, timeout=0.05)
+    clock = ManualClock()
+    op = await started(fn, clock, capacity=3, timeout=5.0)
     op.offer([1, 2, 3])
     await settle()
     fn.answer(1)
     fn.answer(3)
     await settle()
     assert flat(op.pop_ready()) == ["r1"]
-    await asyncio.wait_for(op.wakeup(), 5)  # 2's deadline
+    clock.advance(4.5)
+    await settle()
+    assert op.pop_ready() == []  # 2 is still in time, 3 waits behind it
+    clock.advance(0.5)  # 2's deadline
+    await settle()
     err, rest = op.pop_ready()
     assert isinstance(err, AsyncCallError) and err.record == 2 and "timed out" in str(err)
     assert rest == ["r3"]
     assert op.idle
+    await op.stop()
+
+
+async def test_each_call_times_out_at_its_own_deadline() -> None:
+    """Deadlines count from each call's start; the timer moves on to the next one."""
+    fn = Controlled()
+    clock = ManualClock()
+    op = await started(fn, clock, ordered=False, timeout=5.0)
+    op.offer([1])
+    await settle()
+    clock.advance(3.0)
+    op.offer([2])  # due at 8 s, 1 at 5 s
+    await settle()
+    clock.advance(2.0)
+    await settle()
+    (err,) = op.pop_ready()
+    assert isinstance(err, AsyncCallError) and err.record == 1
+    clock.advance(2.5)
+    await settle()
+    assert op.pop_ready() == [] and op.in_flight == 1
+    clock.advance(0.5)
+    await settle()
+    (err,) = op.pop_ready()
+    assert isinstance(err, AsyncCallError) and err.record == 2
+    op.offer([3])  # a call after the timer ended gets one again
+    await settle()
+    fn.answer(3)
+    clock.advance(5.0)
+    await settle()
+    assert flat(op.pop_ready()) == ["r3"]  # answered in time: no timeout
+    assert clock.sleepers == 0
     await op.stop()
 
 
