@@ -1,11 +1,14 @@
 """Restore time of a keyed-state checkpoint chain, with and without the delta-ratio rule.
 
 ``python -m bench.restore_chain [--keys N] [--changed N] [--checkpoints N]
-[--max-delta-ratio R]`` writes N keys into one LMDB backend, takes a full
-checkpoint, then ``--checkpoints`` more, each after changing ``--changed``
-random keys, and times a restore of the last one. It drives the backend the
-way the task does (prepare on a loop, write, settle), without the job around
-it, so the figure is the state backend's alone.
+[--max-delta-ratio R] [--changed-after N]`` writes N keys into one LMDB
+backend, takes a full checkpoint, then ``--checkpoints`` more, each after
+changing ``--changed`` random keys, and times a restore of the last one.
+Then the restored backend changes ``--changed-after`` random keys and takes
+its first checkpoint: its bytes and time are what a restart costs the next
+checkpoint (a delta on the restored chain, not a full copy). It drives the
+backend the way the task does (prepare on a loop, write, settle), without
+the job around it, so the figure is the state backend's alone.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ async def _checkpoint(b: LmdbStateBackend, root: Path, cid: int) -> dict[str, ob
     return handle
 
 
-async def run(keys: int, changed: int, checkpoints: int, ratio: float) -> None:
+async def run(keys: int, changed: int, checkpoints: int, ratio: float, after: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="restore-chain-"))
     root = tmp / "checkpoints"
     b = _backend(tmp, ratio)
@@ -67,6 +70,18 @@ async def run(keys: int, changed: int, checkpoints: int, ratio: float) -> None:
     took = time.perf_counter() - started
     print(f"restore of a {len(chain)}-file chain: {took:.2f} s (max_delta_ratio={ratio})")
     b.close()
+    v = r.create_state(ValueStateDescriptor("pv", default=0))
+    for k in rng.sample(names, after):
+        r.key_context.key = k
+        v.update(-1)
+    cid = checkpoints + 2
+    started, cpu = time.perf_counter(), time.process_time()
+    first = await _checkpoint(r, root, cid)
+    took, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(
+        f"first checkpoint after restore ({after:,} keys changed): {first['kind']}, "
+        f"{took:.2f} s ({cpu:.2f} s CPU), {first['size_bytes']:,} bytes written"
+    )
     r.close()
 
 
@@ -76,8 +91,9 @@ def main() -> None:
     p.add_argument("--changed", type=int, default=300_000)
     p.add_argument("--checkpoints", type=int, default=9, help="after the first full one")
     p.add_argument("--max-delta-ratio", type=float, default=0.5)
+    p.add_argument("--changed-after", type=int, default=10_000, help="after the restore")
     a = p.parse_args()
-    asyncio.run(run(a.keys, a.changed, a.checkpoints, a.max_delta_ratio))
+    asyncio.run(run(a.keys, a.changed, a.checkpoints, a.max_delta_ratio, a.changed_after))
 
 
 if __name__ == "__main__":

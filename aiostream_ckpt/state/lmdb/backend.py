@@ -324,6 +324,8 @@ class LmdbStateBackend:
             with self._env.begin() as txn:
                 stored = restore_mod.stored_keys(txn, self.key_group_range)
                 check_stored_keys(self.operator_uid, key_type, stored, lost)
+        if plan.chain_base is not None:  # the working copy is that chain: build on it
+            self._snapshots.restored(Path(root), *plan.chain_base)
 
     # -- queries and lifecycle ------------------------------------------------------
     def keys(self, state_name: str) -> Iterator[Any]:

@@ -53,6 +53,9 @@ class RestorePlan:
     keys: list[dict[str, Any] | None] = field(default_factory=list)
     copy_base: Path | None = None
     sources: list[_Source] = field(default_factory=list)
+    #: ``(checkpoint id, chain)`` when the working copy is exactly one handle's chain
+    #: (``copy_base``): the next snapshot may build on it (see ``SnapshotStrategy.restored``)
+    chain_base: tuple[int, list[dict[str, Any]]] | None = None
 
 
 def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> RestorePlan:
@@ -89,6 +92,8 @@ def plan(root: Path, handles: Any, own: KeyGroupRange, max_parallelism: int) -> 
         base: Path | None = paths[0]
         if len(relevant) == 1 and own.start <= kgr.start and kgr.end <= own.end:
             result.copy_base, base = paths[0], None
+            if isinstance(cid := h.get("checkpoint_id"), int):
+                result.chain_base = (cid, [dict(e) for e in chain])
         deltas = [(p, e["path"]) for p, e in zip(paths[1:], chain[1:], strict=True)]
         result.sources.append(_Source(base, deltas))
     return result

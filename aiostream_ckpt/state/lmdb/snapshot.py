@@ -342,6 +342,15 @@ class ChangeTracker:
         deltas = sum(int(e.get("size", 0)) for e in chain if e.get("kind") == "delta")
         return deltas > self.max_delta_ratio * full
 
+    def restored(self, checkpoint_id: int, chain: list[dict[str, Any]]) -> None:
+        """Make a restored checkpoint's chain the base: changes are logged from now on."""
+        if self.base_chain is None and not self.pending:
+            self.base_id, self.base_chain = checkpoint_id, list(chain)
+
+    def forget_base(self) -> None:
+        """Build on no checkpoint: the next snapshot is a full one."""
+        self.base_id = self.base_chain = None
+
     def complete(self, checkpoint_id: int) -> None:
         p = self.pending.get(checkpoint_id)
         if p is None or not p.usable or p.chain is None or p.savepoint:

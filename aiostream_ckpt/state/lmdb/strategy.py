@@ -132,6 +132,37 @@ class SnapshotStrategy:
         self._runs_cond = threading.Condition()
         self._runs: dict[int, SnapshotRun] = {}
         self._closed = False
+        #: the checkpoint storage root of a restored chain the tracker builds on, until
+        #: the first checkpoint's target shows whether its files are that storage's
+        self._restored_root: Path | None = None
+
+    def restored(self, root: Path, checkpoint_id: int, chain: list[dict[str, Any]]) -> None:
+        """Build the next checkpoint on the chain the working copy was restored from.
+
+        Flink's incremental checkpoints after a restore: the restored files are
+        referenced, only what changed since is written. Safe because a chain
+        file is immutable and never rewritten (new files carry this backend's
+        token), and because every reference is protected as the base of any
+        other incremental snapshot is: the snapshot pins the chain before it is
+        written, and once completed its metadata lists the files, which
+        retention then keeps however old their checkpoint. Between the restore
+        and that pin no retention runs (it follows a completion, and none
+        completes before every task snapshotted), and until the new metadata
+        is durable the restored checkpoint is the one a restart restores.
+        Only the first checkpoint's target can tell whether the files are in
+        its storage's shared directory (not a savepoint's, which must stay
+        self-contained, nor another job directory's): see :meth:`snapshot`.
+        """
+        self.tracker.restored(checkpoint_id, chain)
+        self._restored_root = root.resolve()
+
+    def _builds_on_restored(self, target: SnapshotTarget) -> bool:
+        """Whether a restored chain's files are shared files of ``target``'s storage."""
+        shared = target.relative(target.shared_dir) + "/"
+        chain = self.tracker.base_chain or []
+        return target.root.resolve() == self._restored_root and all(
+            e["path"].startswith(shared) for e in chain
+        )
 
     def snapshot(
         self,
@@ -143,6 +174,10 @@ class SnapshotStrategy:
         cid = target.checkpoint_id
         if cid in self._runs or cid in self.tracker.pending:
             raise CheckpointError(f"snapshot {cid} of {self._file_stem} was already taken")
+        if self._restored_root is not None and not target.is_savepoint:
+            if not self._builds_on_restored(target):
+                self.tracker.forget_base()  # a full copy, in this storage
+            self._restored_root = None
         pending, sink, full, base_chain, change_logs = self.tracker.begin(cid, target.is_savepoint)
         may_reuse = bool(base_chain) and not target.is_savepoint and self.tracker.full_every > 1
         if target.pins is not None:
