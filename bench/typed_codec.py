@@ -5,23 +5,28 @@ dataclass holding a datetime, a tuple, a set and an enum) ``N`` times with
 msgspec (``Encoder().encode`` / ``Decoder(type).decode``, what typed state
 uses) and with the best hand-written codec on orjson (a ``default`` for the
 encoding, a converter per field for the decoding), and prints microseconds per
-round trip, best of 5. The figure behind the choice in
+round trip, best of 5 in CPU time (a busy machine deschedules, so compare two
+trees in concurrent runs). The figure behind the choice in
 :mod:`aiostream_ckpt.state.codecs`. Then what a state's check at the write
 costs (``ValueCodec.capture``, what ``update()``/``put()`` run): an untyped
 int, list and dict, that record, a list of 100 tuples, of 100 ``StrEnum``
-members, of 100 str and a dict of 20 ints (each container's items are also
-checked for exact classes: :mod:`aiostream_ckpt.state.class_check`).
+members, of 100 str, a dict of 20 ints, of 20 frozensets and a list of 100
+UUIDs (each container's items are also checked for exact classes, and
+positions of a set, a tuple or a UUID for the exact class declared:
+:mod:`aiostream_ckpt.state.class_check`).
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
+import time
 import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import msgspec
 import orjson
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _best_us(fn: Callable[[], object], n: int) -> float:
-    return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
+    return min(timeit.repeat(fn, number=n, repeat=5, timer=time.process_time)) / n * 1e6
 
 
 class Shade(enum.StrEnum):
@@ -107,6 +112,11 @@ def _capture_rows() -> dict[str, Callable[[], object]]:
         "list[Shade] x100 (StrEnum)": (list[Shade], shades),
         "list[str] x100": (list[str], [f"s{i}" for i in range(100)]),
         "dict[str, int] x20": (dict[str, int], {f"k{i}": i for i in range(20)}),
+        "dict[str, frozenset[str]] x20": (
+            dict[str, frozenset[str]],
+            {f"k{i}": frozenset({"a", f"t{i}"}) for i in range(20)},
+        ),
+        "list[UUID] x100": (list[UUID], [UUID(int=i) for i in range(100)]),
     }
     rows: dict[str, Callable[[], object]] = {}
     for name, (tp, value) in cases.items():

@@ -32,7 +32,8 @@ that checks each value when it is written:
   classes all the way down and its bytes (see :func:`_same_json`). An item of
   another class that compares and encodes the same (an enum member where
   ``str``, ``int`` or ``Any`` is declared, a plain ``"red"`` where a
-  ``StrEnum`` is) is found by a check compiled from the declared type
+  ``StrEnum`` is, a ``set`` where ``frozenset`` is, a NamedTuple where
+  ``tuple`` is) is found by a check compiled from the declared type
   (:mod:`~aiostream_ckpt.state.class_check`), then located by a walk. JSON, not
   msgpack, because the bytes are the untyped codec's: a checkpoint written
   before a type was declared (by orjson, older versions) restores into the

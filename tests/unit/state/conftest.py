@@ -11,6 +11,12 @@ import pytest
 
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget, StateHandle
+from aiostream_ckpt.state.codecs import StateTypeError
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ValueStateDescriptor,
+)
 from aiostream_ckpt.state.keygroups import KeyGroupRange, key_group_for, serialize_key
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 
@@ -63,6 +69,30 @@ class Env:
         if complete:
             b.notify_checkpoint_complete(cid)
         return handle
+
+    def refuse_everywhere(self, tp: Any, value: Any, match: str) -> None:
+        """Assert ValueState.update, ListState.add and MapState.put of ``value`` (declared
+        ``tp``) raise StateTypeError matching ``state '<name>'`` + ``match``."""
+        b = self.backend()
+        b.key_context.key = "k"
+        for d, write in (
+            (ValueStateDescriptor("v", tp), lambda s: s.update(value)),
+            (ListStateDescriptor("l", tp), lambda s: s.add(value)),
+            (MapStateDescriptor("m", str, tp), lambda s: s.put("x", value)),
+        ):
+            s = b.create_state(d)
+            with pytest.raises(StateTypeError, match=rf"state '{d.name}'{match}"):
+                write(s)
+
+    def read_back(self, descriptor: Any, value: Any, key: Any = "k") -> Any:
+        """Store ``value`` in a value state, checkpoint, restore a new backend: its value."""
+        b = self.backend()
+        b.key_context.key = key
+        b.create_state(descriptor).update(value)
+        r = self.backend()
+        r.restore(self.root, [self.checkpoint(b, 1)])
+        r.key_context.key = key
+        return r.create_state(descriptor).value()
 
     @staticmethod
     def finish(part: AsyncSnapshotPart, *, settle: bool = True) -> StateHandle:
