@@ -59,6 +59,8 @@ import dataclasses
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any, get_origin
 
 import msgspec
@@ -359,7 +361,7 @@ class TypedJsonCodec(ValueCodec):
             raw = self.dumps(value)
             back = self._check_decode(raw)
         except (msgspec.EncodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
-            raise self._refuse(value, state, str(exc)) from exc
+            raise self._refuse(value, state, _unencodable(value) or str(exc)) from exc
         if back.__class__ is not value.__class__:
             raise self._refuse(value, state, _class_change(back, value) or "")
         try:
@@ -383,6 +385,47 @@ class TypedJsonCodec(ValueCodec):
             f"state {state!r} is declared {type_name(self._tp)}: cannot store a value of "
             f"type {type(value).__name__} ({why})"
         )
+
+
+#: Classes msgspec encodes only exactly: a subclass instance is refused, by its base's name.
+_EXACT_ONLY: tuple[type, ...] = (datetime, date, time, timedelta, Decimal, str, int, float, bytes)
+
+
+def _unencodable(value: Any, where: str = "value") -> str | None:
+    """Say where ``value`` holds an object msgspec cannot encode (a ``Decimal`` subclass...).
+
+    Only on the way to an error: msgspec's own message names the class but not
+    where it is, nor that it is a subclass of the class declared.
+
+    >>> class Money(Decimal): ...
+    >>> _unencodable({"a": [Decimal(1), Money(2)]})
+    "value['a'][1] is of type Money (a Decimal subclass): only Decimal itself can be stored"
+    """
+    try:
+        _json_encode(value)
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
+        pass
+    else:
+        return None
+    cls = value.__class__
+    if cls is dict:
+        parts = [(f"{where} key {k!r}", k) for k in value]
+        parts += [(f"{where}[{k!r}]", v) for k, v in value.items()]
+    elif cls in (list, tuple, set, frozenset) or isinstance(value, tuple):
+        parts = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        parts = [(f"{where}.{f}", getattr(value, f)) for f in _field_names(cls)]
+    for path, item in parts:
+        if (found := _unencodable(item, path)) is not None:
+            return found
+    base = next((b for b in _EXACT_ONLY if issubclass(cls, b) and cls is not b), None)
+    if base is None:
+        return f"{where} is of type {cls.__name__}, which cannot be stored"
+    article = "an" if base is int else "a"
+    return (
+        f"{where} is of type {cls.__name__} ({article} {base.__name__} subclass): only "
+        f"{base.__name__} itself can be stored"
+    )
 
 
 def _same_json(back: Any, value: Any, raw: bytes) -> bool:
