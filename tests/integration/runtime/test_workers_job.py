@@ -179,8 +179,13 @@ def test_a_hung_worker_is_killed_by_its_heartbeat_timeout_and_every_worker_resta
     assert len(stopped) == 1, log[-3000:]
     said = rf"worker \d \(pid {stopped[0]}\) unheard for [\d.]+s[^\n]*no heartbeat within 2s"
     assert re.search(said, log) and "restart 1" in log, log[-3000:]
+    # Each restart replaces both workers: as many pids per worker as attempts. A loaded
+    # machine may hold a healthy worker past the 2 s too (a restart of its own, harmless):
+    # not "exactly 2 pids", which failed then, but one per attempt the job reports.
+    restarts = re.search(r"finished \((\d+) restarts", log)
+    assert restarts is not None and int(restarts.group(1)) >= 1, log[-3000:]
     pids = worker_pids(log)
-    assert len(pids[0]) == len(pids[1]) == 2  # both workers of the attempt were restarted
+    assert len(pids[0]) == len(pids[1]) == int(restarts.group(1)) + 1, (pids, log[-3000:])
     assert not any(alive(p) for ps in pids.values() for p in ps)
     check = check_pv_output(tmp_path / "out", recount(*inputs))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
