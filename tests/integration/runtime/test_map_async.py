@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
 
 from aiostream_ckpt.api import AsyncRetry, StreamEnvironment
+from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.collection import CollectSink
 from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt.errors import JobFailedError
@@ -26,7 +27,7 @@ from aiostream_ckpt.jobspec.config import (
     RestartConfig,
     RestartStrategyKind,
 )
-from aiostream_ckpt.runtime.job import JobRun, JobRunner
+from aiostream_ckpt.runtime.job import JobResult, JobRun, JobRunner
 from aiostream_ckpt_dev.lookup_service import LookupService, segment_of
 from apps.enrich import HttpLookup, LeanHttpLookup
 from tests.helpers import ScriptedSource, make_pv_input, run_app_under_kills, wait_until
@@ -68,20 +69,18 @@ def test_ordered_output_keeps_input_order_and_capacity_holds_at_the_server(
         assert sorted(svc.served_seqs()) == list(range(600))
 
 
-def test_the_lean_client_in_order_within_capacity_and_past_a_timed_out_call(
+async def test_the_lean_client_in_order_within_capacity_and_past_a_timed_out_call(
     tmp_path: Path,
 ) -> None:
     """``apps.keepalive_http`` behind ``map_async``: a timed-out call's connection is dropped."""
-    from aiostream_ckpt.runtime.job import run_job
-
     slow = {i: 0.002 * (i % 7) for i in range(300)} | {42: 30.0}
     with LookupService(latency=0.0, slow=slow) as svc:
         env = job_env(tmp_path, dead_letter=True)
         sink = CollectSink()
         src = env.from_collection(events(300), uid="events")
-        lookup = LeanHttpLookup(svc.url, 16)
+        lookup = TrackedLean(svc.url, 16)
         src.map_async(lookup, capacity=16, timeout=0.5, uid="lookup").sink_to(sink, uid="sink")
-        run_job(env.spec())
+        await run_past_a_timeout(env, 42, 16, 0.5)
         # + 1: seq 42's handler sleeps on after its call timed out and its connection
         # closed (aiohttp's server does not cancel it), while 16 newer calls are out
         assert 1 < svc.max_concurrent <= 16 + 1, svc.max_concurrent
@@ -101,17 +100,70 @@ def test_unordered_output_is_complete_and_arrives_out_of_order(tmp_path: Path) -
         assert svc.max_concurrent <= 32
 
 
-def test_a_call_past_its_timeout_fails_the_job_naming_the_operator(tmp_path: Path) -> None:
+class Tracked:
+    """Notes the calls that started and ended (a lookup's mixin), for tests that move the clock.
+
+    Each subtask runs a copy of the function (``runtime.graph``): the notes are the class's.
+    """
+
+    started: ClassVar[set[int]] = set()
+    ended: ClassVar[set[int]] = set()
+
+    async def invoke(self, value: dict[str, Any]) -> dict[str, Any]:
+        Tracked.started.add(value["seq"])
+        try:
+            out: dict[str, Any] = await super().invoke(value)  # type: ignore[misc]
+            return out
+        finally:
+            Tracked.ended.add(value["seq"])
+
+
+class TrackedHttp(Tracked, HttpLookup):
+    pass
+
+
+class TrackedLean(Tracked, LeanHttpLookup):
+    pass
+
+
+async def run_past_a_timeout(
+    env: StreamEnvironment, hung: int, capacity: int, call_timeout: float
+) -> JobResult:
+    """Run the job on a ManualClock, moved past ``call_timeout`` once ``hung``'s call is all out.
+
+    In order, ``hung`` holds the queue: calls up to ``hung + capacity - 1`` are
+    issued, no more. The clock stands still until they all ended, so no other
+    call times out however long a loaded machine takes (with real time each
+    had to come back within the timeout too, or the test failed on it).
+    """
+    Tracked.started.clear()
+    Tracked.ended.clear()
+    clock = ManualClock()
+    job = asyncio.ensure_future(JobRunner(env.spec(), clock=clock).run())
+    issued = set(range(hung + capacity))
+
+    def only_hung_out() -> bool:
+        return issued <= Tracked.started and Tracked.started - Tracked.ended == {hung}
+
+    try:
+        await wait_until(only_hung_out, limit=120)
+    except BaseException:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        raise
+    clock.advance(call_timeout)
+    return await asyncio.wait_for(job, 60)
+
+
+async def test_a_call_past_its_timeout_fails_the_job_naming_the_operator(tmp_path: Path) -> None:
     with LookupService(latency=0.0, slow={42: 30.0}) as svc:
         env = job_env(tmp_path)
         src = env.from_collection(events(100), uid="events")
-        src.map_async(HttpLookup(svc.url), capacity=8, timeout=0.3, uid="lookup").sink_to(
+        src.map_async(TrackedHttp(svc.url), capacity=8, timeout=0.3, uid="lookup").sink_to(
             CollectSink(), uid="sink"
         )
         with pytest.raises(JobFailedError) as info:
-            from aiostream_ckpt.runtime.job import run_job
-
-            run_job(env.spec())
+            await run_past_a_timeout(env, 42, 8, 0.3)
     text = f"{info.value} {info.value.cause}"
     assert "operator 'lookup'" in text and "timed out after 0.3 s" in text, text
     assert "'seq': 42" in text, text
@@ -146,20 +198,18 @@ def test_a_raising_call_fails_the_job_and_a_retry_policy_rides_over_flaky_ones(
         assert failed > 20 and len(svc.served) == 200 + failed
 
 
-def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on(
+async def test_dead_letter_policy_takes_failed_and_timed_out_calls_and_the_job_goes_on(
     tmp_path: Path,
 ) -> None:
     """errors.on_process_error=dead_letter: each failed record once, with its traceback."""
-    from aiostream_ckpt.runtime.job import run_job
-
     with LookupService(latency=0.0, fail={17}, slow={42: 30.0}) as svc:
         env = job_env(tmp_path, dead_letter=True, batch_size=16)
         sink = CollectSink()
         src = env.from_collection(events(100), uid="events")
-        src.map_async(HttpLookup(svc.url), capacity=8, timeout=0.5, uid="lookup").sink_to(
+        src.map_async(TrackedHttp(svc.url), capacity=8, timeout=0.5, uid="lookup").sink_to(
             sink, uid="sink"
         )
-        run_job(env.spec())
+        await run_past_a_timeout(env, 42, 8, 0.5)
     assert sink.results == [enriched(e) for e in events(100) if e["seq"] not in (17, 42)]
     dead = [
         d
