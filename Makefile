@@ -13,13 +13,22 @@ XDIST = $(shell $(BIN)/python -c 'import xdist' 2>/dev/null && printf -- '-n %s 
 
 .PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka bench-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Session windows' C loops (setup.py), built in place by the install and again here after
+# an edit of the .c. Optional: without a compiler the same loops run in Python.
+SPEEDUPS := aiostream_ckpt/runtime/_session_speedups
+$(SPEEDUPS).so.stamp: $(STAMP) $(SPEEDUPS).c
+	$(BIN)/python setup.py -q build_ext --inplace 2>&1 | grep -iE 'error|warning: [^_]' || true
+	@$(BIN)/python -c 'from aiostream_ckpt.runtime import session_fold as f; \
+	print("session windows loops:", "C" if f.NATIVE else "Python (no C build)")'
+	@touch $@
+
+setup: $(STAMP) $(SPEEDUPS).so.stamp
 
 lint: setup
 	$(BIN)/ruff check $(SRC)
@@ -61,4 +70,5 @@ bench-quick: setup
 	$(BIN)/python -m bench --quick --json bench/results/quick.json
 
 clean:
-	rm -rf $(VENV) .demo .chaos .chaos-suite .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .demo .chaos .chaos-suite .pytest_cache .mypy_cache .ruff_cache build
+	rm -f $(SPEEDUPS)*.so $(SPEEDUPS).so.stamp

@@ -22,6 +22,7 @@ from bisect import bisect_right
 from operator import itemgetter
 from typing import Any
 
+from aiostream_ckpt.runtime.session_fold import rearm
 from aiostream_ckpt.state.backend import KeyedStateBackend
 from aiostream_ckpt.time.timers import BUCKET_BITS, DerivedEventTimers, TimerCallback
 
@@ -95,7 +96,12 @@ class SessionTimers(DerivedEventTimers):
         self._run, self._run_bucket = run, n
         i = -1
         try:
-            for i, (ts, key) in enumerate(run):
+            while True:
+                # the dead and the simply moved, in C when built: see session_fold.rearm
+                i = rearm(run, i + 1, armed, held, buckets, watermark, BUCKET_BITS)
+                if i >= len(run):
+                    break
+                ts, key = run[i]
                 if armed.get(key) != ts:
                     continue  # left behind: an earlier time was set since, or it fired
                 sessions = held.get(key)
@@ -103,12 +109,8 @@ class SessionTimers(DerivedEventTimers):
                     later = sessions[0][1] - 1
                     if later > ts:  # set before the session grew: its end's timer instead
                         armed[key] = later
-                        bucket = buckets.get(later >> BUCKET_BITS)
-                        if bucket is not None and later > watermark:
-                            bucket.append((later, key))
-                        else:
-                            self._pos = i
-                            self._push(later, key)
+                        self._pos = i
+                        self._push(later, key)
                         continue
                 del armed[key]
                 self._pos = i

@@ -47,8 +47,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiostream_ckpt.jobspec.graph import WindowKind
+from aiostream_ckpt.jobspec.window_functions import CountAggregate
 from aiostream_ckpt.jobspec.windows import EventTimeSessionWindows, TimeWindow
 from aiostream_ckpt.runtime.operators import RecordFailed
+from aiostream_ckpt.runtime.session_fold import fold
 from aiostream_ckpt.runtime.session_timers import SessionTimers
 from aiostream_ckpt.runtime.window_operator import WINDOW_CONTENTS, WindowOperator
 from aiostream_ckpt.state.codecs import EXACT_SCALARS
@@ -204,9 +206,11 @@ class SessionWindowOperator(WindowOperator):
 
         A failing record (key selector, timestamp, aggregate) is ``RecordFailed``;
         what the records before it did stays in the held lists, as it would in
-        state. The common records of an aggregate, one that extends its key's
-        one open session and one that opens a key's only session, are folded
-        inline (as :meth:`_add` would); the rest is :meth:`_add`.
+        state. The common records of an aggregate, those that extend their key's
+        one open session, are folded by :func:`~aiostream_ckpt.runtime.session_fold.fold`
+        (in C when built); it stops at a record that needs more: a key's first
+        (its sessions are read from state), one that opens a key's only session
+        (folded here, as :meth:`_add` would), and the rest (:meth:`_add`).
         """
         out: list[Any] = []
         self._out.collect = out.append
@@ -217,47 +221,48 @@ class SessionWindowOperator(WindowOperator):
         agg = create = None
         if self.spec.kind is WindowKind.AGGREGATE and gap:
             agg, create = self._aggregate.add, self._aggregate.create_accumulator
+        # fold counts itself (acc + 1) for the built-in count, not a subclass's add
+        folds = None if type(self._aggregate) is CountAggregate else agg
         # what the batch puts into held sessions, checked at its end (they reach state later)
         added: list[Any] = []
         self._added = added
         after = self.watermark + 1  # a session ending after it is not due (no timer fires)
-        it = iter(batch)
+        n = len(batch)
+        i = 0
+        failed: list[int] = []  # fold's failing record
         try:
-            for rec in it:
+            while True:
+                if agg is not None:
+                    i = fold(batch, i, held, ks, tsf, folds, gap, after, added, failed)
+                if i >= n:
+                    break
+                rec = batch[i]
+                i += 1
                 key = ks(rec)
                 ts = tsf(rec)
                 sessions = held.get(key)
                 if sessions is None:
                     kc.key = key
                     sessions = held[key] = list(value() or ())
-                if agg is not None:
-                    n = len(sessions)
-                    if n == 1:
-                        start, end, acc = sessions[0]
-                        # touches its one session, not due (nothing fires, its timers stand)
-                        if ts <= end and end > after and start <= ts + gap:
-                            if ts < start:
-                                start = ts
-                            if ts + gap > end:
-                                end = ts + gap
-                            acc = agg(rec, acc)
-                            added.append(acc)
-                            sessions[0] = (start, end, acc)
-                            continue
-                    elif not n and ts + gap > after:  # a new session, not due: _add's way
-                        assert create is not None
-                        acc = agg(rec, create())
-                        added.append(acc)
-                        sessions.append((ts, ts + gap, acc))
-                        kc.key = key
-                        set_timers(ts + gap - 1)
+                    if agg is not None and len(sessions) == 1:
+                        i -= 1  # its one session, now held: fold extends it (or hands it back)
                         continue
+                if agg is not None and not sessions and ts + gap > after:
+                    # a new session, not due: _add's way
+                    assert create is not None
+                    acc = agg(rec, create())
+                    added.append(acc)
+                    sessions.append((ts, ts + gap, acc))
+                    kc.key = key
+                    set_timers(ts + gap - 1)
+                    continue
                 kc.key = key
                 if not add(sessions, rec, ts):
                     self._late(rec)
         except Exception as exc:
             self._check_contents(added)  # the records before it
-            raise RecordFailed(self, batch, it, out) from exc
+            at = failed[0] if failed else i - 1
+            raise RecordFailed(self, batch, iter(batch[at + 1 :]), out) from exc
         self._check_contents(added)
         return out
 
