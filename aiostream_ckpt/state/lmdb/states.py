@@ -107,6 +107,10 @@ _KEY_MEMO_MAX = 1 << 15
 _EXACT = EXACT_SCALARS
 
 
+class _NoKey:
+    """The class no stream key has: typed keys are all checked (see ``_plain_str``)."""
+
+
 class StateHost(Protocol):
     """What a state needs from its backend."""
 
@@ -136,6 +140,8 @@ class KeyedStateBase:
         "_loads",
         "_maxp",
         "_now",
+        "_plain_int",
+        "_plain_str",
         "_prefixes",
         "_refresh_on_read",
         "_stream_keys",
@@ -162,6 +168,11 @@ class KeyedStateBase:
     ) -> None:
         self.descriptor = descriptor
         self._stream_keys = stream_keys
+        #: key classes no write needs to check (a read checks its key at the miss):
+        #: exact str and int keys when untyped; none when typed (a class no key has)
+        untyped = stream_keys.key_type is None
+        self._plain_str: type = str if untyped else _NoKey
+        self._plain_int: type = int if untyped else _NoKey
         self.name = descriptor.name
         self._host = host
         self._ctx = key_context
@@ -252,7 +263,20 @@ class KeyedStateBase:
             entry = self._miss(key)
         return entry
 
+    def _check_unread(self, key: Any) -> None:
+        """Refuse a stream key written before it is read, unless it reads back the same.
+
+        Why: a read checks its key where it misses the cache (:meth:`db_key`);
+        a ``ValueState.update`` without a read stored a ``StrEnum`` or ``str``
+        subclass key, which came back as ``str`` after a restore (in timers,
+        ``ctx.current_key``). A key in the cache was checked when it got there.
+        """
+        cls = key.__class__
+        if cls is not self._plain_str and cls is not self._plain_int and key not in self._cache:
+            self.db_key(key)
+
     def _write(self, key: Any, value: Any) -> None:
+        self._check_unread(key)
         entry = self._capture(value)  # first: a refused value changes nothing
         cache = self._cache
         cache[key] = value
@@ -501,6 +525,7 @@ class _TtlMixin(TtlCodec):
         def _miss(self, key: Any) -> Any: ...
         def _dump(self, value: Any) -> bytes: ...
         def _capture(self, value: Any) -> Any: ...
+        def _check_unread(self, key: Any) -> None: ...
 
     _encode = TtlCodec._encode_ttl
 
@@ -529,6 +554,7 @@ class _TtlMixin(TtlCodec):
         return value
 
     def _write(self, key: Any, value: Any) -> None:
+        self._check_unread(key)
         cache = self._cache
         if value is None:
             cache[key] = self._dirty[key] = None
@@ -597,6 +623,12 @@ class ValueStateImpl(KeyedStateBase):
         # else goes through the codec, which refuses what would not read back the
         # same (before the cache changes). Typed states: :class:`TypedValueState`.
         key = self._ctx.key
+        if (
+            (cls := key.__class__) is not self._plain_str
+            and cls is not self._plain_int
+            and key not in self._cache
+        ):
+            self.db_key(key)  # see _check_unread, inlined: ~130 instructions a str key
         self._dirty[key] = value if value.__class__ in _EXACT else self._capture(value)
         self._cache[key] = value
 
@@ -815,6 +847,7 @@ class TypedValueState(ValueStateImpl):
 
     def update(self, value: Any) -> None:
         key = self._ctx.key
+        self._check_unread(key)
         self._dirty[key] = self._capture(value)
         self._cache[key] = value
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aiostream_ckpt.errors import CheckpointError
+from aiostream_ckpt.errors import CheckpointError, StateError
 from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.state.descriptors import (
     ListStateDescriptor,
@@ -304,11 +304,13 @@ def test_aborted_snapshot_that_never_ran_keeps_its_writes(env):
 def test_failed_async_part_keeps_the_write_set_for_the_next_try(env):
     b = env.backend()
     v = b.create_state(ValueStateDescriptor("v"))
-    # a value that cannot be stored is refused at update() (test_state_types); a key
-    # that cannot be is found when the write set is encoded (keys are not checked per
-    # update: the hot path)
+    # a value or key that cannot be stored is refused at update() (test_state_types,
+    # test_key_types); the engine's update_all_unchanged checks neither, so a key
+    # that cannot be stored is found when the write set is encoded
     b.key_context.key = frozenset({1, 2})
-    v.update(1)
+    with pytest.raises(StateError, match="is not serializable"):
+        v.update(1)
+    v.update_all_unchanged({frozenset({1, 2}): 1})
     with pytest.raises(Exception, match="is not serializable"):
         env.finish(b.snapshot(env.target(1)))
     with pytest.raises(Exception, match="is not serializable"):

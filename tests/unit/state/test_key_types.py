@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from enum import StrEnum
 from typing import Any
 
 import pytest
@@ -19,7 +20,12 @@ from aiostream_ckpt.jobspec.broadcast import KeyedBroadcastProcessFunction
 from aiostream_ckpt.jobspec.co_functions import KeyedCoProcessFunction
 from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.state.codecs import StateTypeError
-from aiostream_ckpt.state.descriptors import MapStateDescriptor, ValueStateDescriptor
+from aiostream_ckpt.state.descriptors import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
 from aiostream_ckpt.state.keygroups import key_group_for, serialize_key
 from aiostream_ckpt.time import ProcessJoinFunction, WatermarkStrategy
 from tests.apps.typed_keys import Color
@@ -87,6 +93,48 @@ def test_a_key_of_another_type_than_declared_is_refused(env) -> None:
     b.key_context.key = "red"  # the selector forgot Color(...)
     with pytest.raises(StateTypeError, match=r"key_type=Color.*'red' of type str"):
         s.value()
+
+
+class Shade(StrEnum):
+    DARK = "dark"
+
+
+WRITES_WITHOUT_A_READ: list[tuple[str, Any, Any]] = [
+    ("update", ValueStateDescriptor("v"), lambda s: s.update(1)),
+    ("update-list", ValueStateDescriptor("v"), lambda s: s.update([1])),
+    ("typed-update", ValueStateDescriptor("v", int), lambda s: s.update(1)),
+    ("ttl-update", ValueStateDescriptor("v", ttl=StateTtlConfig(60)), lambda s: s.update(1)),
+    ("clear", ValueStateDescriptor("v"), lambda s: s.clear()),
+    ("list-update", ListStateDescriptor("l", int), lambda s: s.update([1])),
+]
+
+
+@pytest.mark.parametrize(
+    ("d", "write"),
+    [w[1:] for w in WRITES_WITHOUT_A_READ],
+    ids=[w[0] for w in WRITES_WITHOUT_A_READ],
+)
+@pytest.mark.parametrize(
+    ("key_type", "key", "why"),
+    [
+        (None, Shade.DARK, "key of type Shade"),
+        (str, Shade.DARK, r"key_type=str.*Shade \(a str subclass\)"),
+        (Shade, "dark", r"key_type=Shade.*'dark' of type str"),
+    ],
+    ids=["enum-untyped", "enum-for-str", "str-for-enum"],
+)
+def test_a_write_without_a_read_refuses_a_key_that_would_change_type(
+    env, d, write, key_type, key, why
+) -> None:
+    """Fails on the code before (every case): a write checked no key, only a read's
+    cache miss did; the key read back as str (or as the enum) after a restore."""
+    b = env.backend(key_type=key_type)
+    s = b.create_state(d)
+    b.key_context.key = key
+    with pytest.raises(StateTypeError, match=why):
+        write(s)
+    b.key_context.key = "dark" if key_type is not Shade else Shade.DARK
+    write(s)  # the right key still goes
 
 
 def test_a_key_type_that_is_no_type_fails_at_key_by() -> None:
