@@ -23,6 +23,18 @@ static int small_int(PyObject *o, long long *out) {
     return 1;
 }
 
+/* A bound only compared with small ints (a watermark) into *out: one past +-2**61 stands
+ * for any beyond, so MIN_WATERMARK (-2**63, before the first watermark) compares the same. */
+static int bound_int(PyObject *o, long long *out) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow < 0 || v < -LIMIT) v = -LIMIT - 1;
+    if (overflow > 0 || v > LIMIT) v = LIMIT + 1;
+    *out = v;
+    return 1;
+}
+
 static void note_failed(PyObject *failed, Py_ssize_t i) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
@@ -53,27 +65,30 @@ static PyObject *fold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     if (i == -1 && PyErr_Occurred()) return NULL;
     long long gap, after;
-    if (!small_int(args[6], &gap) || !small_int(args[7], &after)) {
+    if (!small_int(args[6], &gap) || !bound_int(args[7], &after)) {
         if (PyErr_Occurred()) return NULL;
         return PyLong_FromSsize_t(i); /* the caller's Python path does them all */
     }
-    for (; i < PyList_GET_SIZE(batch); i++) {
-        PyObject *rec = PyList_GET_ITEM(batch, i);
+    /* As in Python: the length at the call, and batch[i] (from the end for a negative i,
+     * IndexError if user code shortened the batch), never a read past its items. */
+    Py_ssize_t n = PyList_GET_SIZE(batch);
+    for (; i < n; i++) {
         PyObject *key = NULL, *tso = NULL, *sessions = NULL, *s = NULL;
-        Py_INCREF(rec);
+        PyObject *rec = PySequence_GetItem(batch, i);
+        if (rec == NULL) goto error;
         key = PyObject_CallOneArg(ks, rec);
         if (key == NULL) goto error;
         tso = PyObject_CallOneArg(tsf, rec);
         if (tso == NULL) goto error;
         long long ts, start, end;
-        if (!small_int(tso, &ts)) goto python;
-        sessions = PyDict_GetItemWithError(held, key);
+        sessions = PyDict_GetItemWithError(held, key); /* before ts's type, as in Python */
         if (sessions == NULL) {
             if (PyErr_Occurred()) goto error;
             goto python;
         }
         Py_INCREF(sessions);
-        if (!PyList_CheckExact(sessions) || PyList_GET_SIZE(sessions) != 1) goto python;
+        if (!small_int(tso, &ts) || !PyList_CheckExact(sessions) || PyList_GET_SIZE(sessions) != 1)
+            goto python;
         s = PyList_GET_ITEM(sessions, 0);
         Py_INCREF(s);
         if (!PyTuple_CheckExact(s) || PyTuple_GET_SIZE(s) != 3) goto python;
@@ -135,7 +150,7 @@ static PyObject *fold(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(sessions);
         Py_XDECREF(tso);
         Py_XDECREF(key);
-        Py_DECREF(rec);
+        Py_XDECREF(rec);
         note_failed(failed, i);
         return NULL;
     }
@@ -166,14 +181,16 @@ static int rearm_one(PyObject *entry, PyObject *armed, PyObject *held, PyObject 
     Py_DECREF(n);
     if (bucket == NULL) return PyErr_Occurred() ? -1 : 0;
     if (!PyList_CheckExact(bucket)) return 0;
+    /* Held from here: the tuple below may start a collection whose finalizers run user
+     * code (it may drop the bucket), and the store below may run a key's __eq__. */
+    Py_INCREF(bucket);
     PyObject *lo = PyLong_FromLongLong(later);
-    if (lo == NULL) return -1;
-    PyObject *pair = PyTuple_Pack(2, lo, key);
+    PyObject *pair = lo == NULL ? NULL : PyTuple_Pack(2, lo, key);
     if (pair == NULL) {
-        Py_DECREF(lo);
+        Py_XDECREF(lo);
+        Py_DECREF(bucket);
         return -1;
     }
-    Py_INCREF(bucket); /* the store below may run a key's __eq__ */
     int bad = PyDict_SetItem(armed, key, lo) < 0 || PyList_Append(bucket, pair) < 0;
     Py_DECREF(bucket);
     Py_DECREF(pair);
@@ -196,14 +213,19 @@ static PyObject *rearm(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     if (i == -1 && PyErr_Occurred()) return NULL;
     long long watermark, bits;
-    if (!small_int(args[5], &watermark) || !small_int(args[6], &bits) || bits < 0 || bits > 62) {
+    if (!bound_int(args[5], &watermark) || !small_int(args[6], &bits) || bits < 0 || bits > 62) {
         if (PyErr_Occurred()) return NULL;
         return PyLong_FromSsize_t(i);
     }
-    for (; i < PyList_GET_SIZE(run); i++) {
-        PyObject *entry = PyList_GET_ITEM(run, i);
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) break;
-        Py_INCREF(entry); /* a key's __eq__ may change the run: the pair stays ours */
+    for (; i < PyList_GET_SIZE(run); i++) { /* its length now, as in Python */
+        /* run[i], from the end for a negative i as in Python; ours: a key's __eq__ may
+         * change the run */
+        PyObject *entry = PySequence_GetItem(run, i);
+        if (entry == NULL) return NULL;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) {
+            Py_DECREF(entry);
+            break;
+        }
         int step = rearm_one(entry, armed, held, buckets, watermark, bits);
         Py_DECREF(entry);
         if (step < 0) return NULL;
