@@ -11,6 +11,7 @@ child ``python -X dev``, so a crash fails one test instead of the run.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -317,6 +318,57 @@ def test_rearm_before_the_first_watermark_and_past_the_last() -> None:
         assert _rearm_case(rearm_c, None, watermark=watermark) == _rearm_case(
             rearm_py, None, watermark=watermark
         )
+
+
+def _raise_boom() -> None:
+    raise Boom
+
+
+def test_the_error_paths_leave_no_reference_behind() -> None:
+    """Each way out with an exception, 200 times: what the loops read keeps its refcount."""
+    t0 = 10**12  # objects of their own (not immortal), so a leaked reference shows
+    key = ("a", t0)
+    ts = [t0 + d for d in (10, 20, 30)]
+    session = (t0, t0 + 100, t0 * 3)
+    batch = [{"k": key, "ts": t} for t in ts]
+
+    def bad_hash(f: _Fold, rec: Any) -> Any:
+        return [] if rec["ts"] == ts[1] else rec["k"]  # unhashable
+
+    def shrink(f: _Fold, rec: Any) -> Any:
+        del f.batch[1:]
+        return rec["k"]
+
+    def boom(f: _Fold, rec: Any) -> None:
+        if rec["ts"] == ts[1]:
+            raise Boom
+
+    def clear(f: _Fold, rec: Any) -> None:
+        f.held[key].clear()
+
+    cases: list[dict[str, Any]] = [
+        {"add_hook": boom},
+        {"add_hook": clear},  # IndexError from sessions[0] = ...
+        {"key_hook": bad_hash},
+        {"key_hook": shrink},  # IndexError from batch[i]
+    ]
+    a, b = _K(1), _K(2)
+    watched = [key, *ts, session, *session, a, b]
+    before = [sys.getrefcount(o) for o in watched]
+    for _ in range(200):
+        for case in cases:
+            assert _Fold(batch, {key: [session]}, gap=100, **case).run(fold_c)[0][0] == "raised"
+        for run in [(20, a), (20, b)], [(20, b)]:  # Boom from the held, the armed lookup
+            armed, held = {a: 20, b: 20}, {b: [(0, 60, 1)], a: [(0, 60, 1)]}
+            _K.hook = _raise_boom
+            try:
+                with pytest.raises(Boom):
+                    rearm_c(run, 0, armed, held, {3: []}, 10, 4)
+            finally:
+                _K.hook = None
+    del run, armed, held
+    gc.collect()
+    assert [sys.getrefcount(o) for o in watched] == before
 
 
 # -- memory safety, in a child process ----------------------------------------------------
