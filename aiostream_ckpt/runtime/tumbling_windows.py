@@ -64,6 +64,8 @@ class TumblingWindowBuffer(AppendedWindows):
         )
         #: tumbling: ``(key, start) -> contents`` of windows changed since the last flush
         self._buffer: dict[tuple[Any, int], Any] = {}
+        #: names the operator when a key is refused (see ``_add_tumbling``)
+        self._where = f"window {uid!r}"
         #: tumbling: ``(key, start)`` of the windows in the map state (written or restored)
         #: -> how many chunks were appended to each (process windows; else 0)
         self._stored: dict[tuple[Any, int], int] = {}
@@ -129,7 +131,12 @@ class TumblingWindowBuffer(AppendedWindows):
         written at a flush. A process window's buffered list (new elements
         only, once the window is stored) grows in place: no copy per batch,
         and no user function has it until the window is due, whose records
-        copy it (a late firing's list stays as it was given).
+        copy it (a late firing's list stays as it was given). A window new to
+        the buffer and the state has its key checked (``backend.check_key``,
+        what a state does at a key's first access): the buffer reaches keyed
+        state only at a flush, so a key that would read back as another type
+        failed at the next checkpoint, far from its record (or never, if its
+        window fired first). Per new window, not per record.
         """
         kc = self._kc
         ks = self._key_selector
@@ -142,6 +149,8 @@ class TumblingWindowBuffer(AppendedWindows):
         added: list[Any] | None = [] if self.spec.kind is WindowKind.PROCESS else None
         appended = self._appends is not None  # process: a stored window's list is not read
         lateness, watermark = self._lateness, self.watermark  # no timer fires in a batch
+        assert self.backend is not None
+        check_key, where = self.backend.check_key, self._where
         folded: dict[tuple[Any, int], Any] = {}
         it = iter(batch)
         try:
@@ -163,9 +172,12 @@ class TumblingWindowBuffer(AppendedWindows):
                 if added is not None:
                     added.append(rec)
                 acc = buffer.get(kw, MISSING)
-                if acc is MISSING and kw in stored and not appended:
-                    kc.key = key
-                    acc = contents.get((start, start + size), MISSING)
+                if acc is MISSING:
+                    if kw not in stored:  # a new window: its key reaches state at a flush
+                        check_key(key, where)
+                    elif not appended:
+                        kc.key = key
+                        acc = contents.get((start, start + size), MISSING)
                 if max_ts <= watermark:  # due: fires now, with this record in it
                     kc.key = key
                     buffer[kw] = acc = fold(acc, rec)

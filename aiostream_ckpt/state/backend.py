@@ -162,6 +162,18 @@ class KeyedStateBackend(Protocol):
         """Return the state object for ``descriptor`` (same object on repeated calls)."""
         ...
 
+    def check_key(self, key: Any, where: str) -> None:
+        """Raise ``StateTypeError`` for a stream key that would read back as another type.
+
+        The check a state makes at a key's first access (``StateError`` if the
+        key cannot be stored at all); ``where`` names the operator in the error.
+        For an operator that holds keys in memory between barriers (tumbling
+        windows): without it such a key failed at the next checkpoint's flush,
+        far from its record, or never if its window fired before a barrier.
+        Exact ``str``/``int`` keys of an untyped backend cost two identity tests.
+        """
+        ...
+
     def restore(self, root: Path, handles: Sequence[StateHandle]) -> None:
         """Load state from snapshots of one or more old instances (before any state is used)."""
         ...

@@ -64,6 +64,7 @@ from decimal import Decimal
 from typing import Any, get_origin
 
 import msgspec
+import orjson
 
 from aiostream_ckpt.errors import StateError, StateMigrationError
 from aiostream_ckpt.state.class_check import Check, compile_check, exact_builtins
@@ -157,23 +158,28 @@ def key_misfit(key: Any, where: str = "map key") -> str | None:
     return json_misfit(key, where)
 
 
-def key_type_error(key: Any, key_bytes: bytes) -> StateTypeError:
+def key_type_error(key: Any, key_bytes: bytes, where: str) -> StateTypeError:
     """Return the error for an undeclared stream key that would not read back the same.
 
     Why: stored keys are their JSON bytes (the key group hashes them), so a key
     of another type (an enum, a date, a str subclass) would come back as
     another type after a restore, and ``ctx.current_key`` in ``on_timer`` or a
-    window's key would differ from a failure-free run's.
+    window's key would differ from a failure-free run's. ``where`` names the
+    state or operator that met the key.
     """
     back = decode_key(key_bytes)
     name = type(key).__name__
     return StateTypeError(
-        f"key_by gave a key of type {name} ({key!r}): keyed state stores keys as JSON, "
-        f"so after a restore it would come back as {back!r} ({type(back).__name__}). "
+        f"{where}: key_by gave a key of type {name} ({key!r}): keyed state stores keys as "
+        f"JSON, so after a restore it would come back as {back!r} ({type(back).__name__}). "
         f"Declare the key's type: key_by(selector, key_type={name}) (enums, dates, "
         "datetimes, tuples, frozen dataclasses), or return str, int, bool, None, "
         "finite float or tuples of those from the key selector"
     )
+
+
+class _NoKey:
+    """The class no stream key has: a typed codec checks every key (see ``plain_str``)."""
 
 
 class StreamKeyCodec:
@@ -186,7 +192,7 @@ class StreamKeyCodec:
     itself after a restore (in timers, ``ctx.current_key``, window results).
     """
 
-    __slots__ = ("_classes", "key_type", "loads")
+    __slots__ = ("_classes", "key_type", "loads", "plain_int", "plain_str")
 
     def __init__(self, key_type: Any = None) -> None:
         self.key_type = key_type
@@ -196,6 +202,12 @@ class StreamKeyCodec:
         else:
             self.loads = self._typed_loads(key_type)
         self._classes = None if key_type is None else compile_check(key_type)
+        #: key classes that read back the same unchecked: exact str and int when
+        #: untyped; none when typed (a class no key has). Two identity tests
+        #: skip the check on the hot paths (see :meth:`check_new`).
+        untyped = key_type is None
+        self.plain_str: type = str if untyped else _NoKey
+        self.plain_int: type = int if untyped else _NoKey
 
     @staticmethod
     def _typed_loads(key_type: Any) -> Loads:
@@ -206,18 +218,41 @@ class StreamKeyCodec:
 
         return _migrating(decode, f"a stored key does not fit key_type {type_name(key_type)}")
 
-    def check(self, key: Any, key_bytes: bytes) -> None:
+    def dumps(self, key: Any, where: str) -> bytes:
+        """Return ``key``'s bytes (what its key group hashes); refuse one that reads back otherwise.
+
+        ``where`` names the state or operator in the error (``state 'n'``, ``window 'w'``).
+        """
+        try:
+            kb = orjson.dumps(key)
+        except TypeError as exc:
+            raise StateError(f"{where}: key {key!r} is not serializable: {exc}") from exc
+        if key.__class__ is not str or self.key_type is not None:
+            self.check(key, kb, where)
+        return kb
+
+    def check_new(self, key: Any, where: str) -> None:
+        """Refuse ``key`` as its first state access would: exact untyped str/int skip it.
+
+        For keys met before any state access that would check them (a write
+        without a read, a window buffered until the next barrier).
+        """
+        cls = key.__class__
+        if cls is not self.plain_str and cls is not self.plain_int:
+            self.dumps(key, where)
+
+    def check(self, key: Any, key_bytes: bytes, where: str) -> None:
         """Refuse ``key`` (encoded as ``key_bytes``) unless it reads back the same."""
         if self.key_type is None:
             if key.__class__ is not str and key_misfit(key, "key") is not None:
-                raise key_type_error(key, key_bytes)
+                raise key_type_error(key, key_bytes, where)
             return
         why = _misread(self.loads, key, key_bytes, self._classes)
         if why is None:
             return
         raise StateTypeError(
-            f"key_by declared key_type={type_name(self.key_type)}, but the key selector "
-            f"gave {key!r} of type {type(key).__name__} ({why})"
+            f"{where}: key_by declared key_type={type_name(self.key_type)}, but the key "
+            f"selector gave {key!r} of type {type(key).__name__} ({why})"
         )
 
 

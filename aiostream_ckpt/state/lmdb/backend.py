@@ -191,6 +191,10 @@ class LmdbStateBackend:
                 self.cache_full(state)
             state.after_batch()
 
+    def check_key(self, key: Any, where: str) -> None:
+        """Refuse a stream key as the states do at its first access (see the protocol)."""
+        self._stream_keys.check_new(key, where)
+
     # -- states ------------------------------------------------------------------------
     def create_state(self, descriptor: StateDescriptor) -> Any:
         self._check_open()

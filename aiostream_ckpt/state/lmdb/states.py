@@ -107,10 +107,6 @@ _KEY_MEMO_MAX = 1 << 15
 _EXACT = EXACT_SCALARS
 
 
-class _NoKey:
-    """The class no stream key has: typed keys are all checked (see ``_plain_str``)."""
-
-
 class StateHost(Protocol):
     """What a state needs from its backend."""
 
@@ -146,6 +142,7 @@ class KeyedStateBase:
         "_refresh_on_read",
         "_stream_keys",
         "_ttl",
+        "_where",
         "descriptor",
         "name",
     )
@@ -170,10 +167,10 @@ class KeyedStateBase:
         self._stream_keys = stream_keys
         #: key classes no write needs to check (a read checks its key at the miss):
         #: exact str and int keys when untyped; none when typed (a class no key has)
-        untyped = stream_keys.key_type is None
-        self._plain_str: type = str if untyped else _NoKey
-        self._plain_int: type = int if untyped else _NoKey
+        self._plain_str = stream_keys.plain_str
+        self._plain_int = stream_keys.plain_int
         self.name = descriptor.name
+        self._where = f"state {descriptor.name!r}"  # names the state in a key's refusal
         self._host = host
         self._ctx = key_context
         self._cache: dict[Any, Any] = {}
@@ -200,14 +197,7 @@ class KeyedStateBase:
     # -- keys -------------------------------------------------------------
     def db_key(self, key: Any) -> bytes:
         """LMDB key of ``key`` in this state; refuses keys outside this instance's range."""
-        try:
-            kb = orjson.dumps(key)
-        except TypeError as exc:
-            raise StateError(
-                f"state {self.name!r}: key {key!r} is not serializable: {exc}"
-            ) from exc
-        if key.__class__ is not str or self._stream_keys.key_type is not None:
-            self._stream_keys.check(key, kb)
+        kb = self._stream_keys.dumps(key, self._where)
         kg = zlib.crc32(kb) % self._maxp
         if not self._kg_start <= kg <= self._kg_end:
             raise StateError(

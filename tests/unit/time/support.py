@@ -153,7 +153,9 @@ async def drained(run: JobRun) -> None:
     await asyncio.wait_for(run.coordinator.trigger(), 30)
 
 
-def window_backend(tmp: Path, uid: str, cache_max_entries: int = 1_000_000) -> LmdbStateBackend:
+def window_backend(
+    tmp: Path, uid: str, cache_max_entries: int = 1_000_000, key_type: Any = None
+) -> LmdbStateBackend:
     """An LMDB backend of one instance holding every key group (window operator tests)."""
     return LmdbStateBackend(
         operator_uid=uid,
@@ -162,6 +164,7 @@ def window_backend(tmp: Path, uid: str, cache_max_entries: int = 1_000_000) -> L
         max_parallelism=WINDOW_MAXP,
         local_dir=tmp,
         cache_max_entries=cache_max_entries,
+        key_type=key_type,
     )
 
 
