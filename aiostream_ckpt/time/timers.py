@@ -155,13 +155,28 @@ class InternalTimerService:
     # -- the user's TimerService -----------------------------------------------------
 
     def register_event_time_timer(self, timestamp: int) -> None:
-        if self._push(self._event, timestamp, self._kc.key):
-            self._event.state.put(timestamp, 0)
+        self._register(self._event, timestamp)
 
     def register_processing_time_timer(self, timestamp: int) -> None:
-        if self._push(self._proc, timestamp, self._kc.key):
-            self._proc.state.put(timestamp, 0)
+        if self._register(self._proc, timestamp):
             self._reschedule()
+
+    def _register(self, queue: _Queue, timestamp: int) -> bool:
+        """Store a new timer of the current key, then queue it; False if it was set.
+
+        The state first: its put refuses a key that would read back as another
+        type (see ``KeyedStateBackend.check_key``), and a timer queued before
+        that fired in this run, under the key the checkpoint could not hold.
+        """
+        key = self._kc.key
+        entry = (timestamp, key)
+        live = queue.live
+        if entry in live:
+            return False
+        queue.state.put(timestamp, 0)
+        live.add(entry)
+        heapq.heappush(queue.heap, (timestamp, next(self._seq), key))
+        return True
 
     def has_event_time_timer(self, timestamp: int) -> bool:
         """Whether the current key has an event-time timer set at ``timestamp``."""

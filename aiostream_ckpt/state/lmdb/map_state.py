@@ -230,6 +230,7 @@ class MapStateImpl(KeyedStateBase):
         key = self._ctx.key
         cache = self._cache
         if key not in cache:
+            self._check_unread(key)  # nothing read: no miss checks the key
             if len(cache) >= self._limit:
                 self._host.cache_full(self)
             cache[key] = {}  # not in ``_complete``: a miss reads the stored entry
@@ -260,6 +261,7 @@ class MapStateImpl(KeyedStateBase):
         key = self._ctx.key
         m = self._cache.get(key)
         if m is None:
+            self._check_unread(key)  # a key clear() met first is stored (a prefix delete)
             m = self._cache[key] = {}  # no need to read what is cleared
         m.clear()
         self._complete.add(key)

@@ -106,15 +106,13 @@ WRITES_WITHOUT_A_READ: list[tuple[str, Any, Any]] = [
     ("ttl-update", ValueStateDescriptor("v", ttl=StateTtlConfig(60)), lambda s: s.update(1)),
     ("clear", ValueStateDescriptor("v"), lambda s: s.clear()),
     ("list-update", ListStateDescriptor("l", int), lambda s: s.update([1])),
+    ("map-clear", MapStateDescriptor("m", int, int), lambda s: s.clear()),
+    ("map-put-unread", MapStateDescriptor("m", int, int), lambda s: s.put_unread(1, 1)),
 ]
 
 
-@pytest.mark.parametrize(
-    ("d", "write"),
-    [w[1:] for w in WRITES_WITHOUT_A_READ],
-    ids=[w[0] for w in WRITES_WITHOUT_A_READ],
-)
-@pytest.mark.parametrize(
+#: (declared key_type, a key that would read back as another type, why it is refused)
+CHANGING_KEYS = pytest.mark.parametrize(
     ("key_type", "key", "why"),
     [
         (None, Shade.DARK, "key of type Shade"),
@@ -123,6 +121,14 @@ WRITES_WITHOUT_A_READ: list[tuple[str, Any, Any]] = [
     ],
     ids=["enum-untyped", "enum-for-str", "str-for-enum"],
 )
+
+
+@pytest.mark.parametrize(
+    ("d", "write"),
+    [w[1:] for w in WRITES_WITHOUT_A_READ],
+    ids=[w[0] for w in WRITES_WITHOUT_A_READ],
+)
+@CHANGING_KEYS
 def test_a_write_without_a_read_refuses_a_key_that_would_change_type(
     env, d, write, key_type, key, why
 ) -> None:

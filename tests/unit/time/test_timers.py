@@ -15,9 +15,20 @@ from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.collection import CollectionSource
 from aiostream_ckpt.jobspec.config import RestartConfig
+from aiostream_ckpt.state.codecs import StateTypeError
 from aiostream_ckpt.time import TimeDomain
+from aiostream_ckpt.time.timers import InternalTimerService, ProcessingTimeScheduler
 from tests.helpers import wait_until
-from tests.unit.time.support import SplitSource, SpySink, config, drained, start, strategy
+from tests.unit.state.test_key_types import CHANGING_KEYS, Shade
+from tests.unit.time.support import (
+    SplitSource,
+    SpySink,
+    config,
+    drained,
+    start,
+    strategy,
+    window_backend,
+)
 
 
 class EchoTimers(KeyedProcessFunction):
@@ -170,3 +181,34 @@ def test_a_key_that_would_change_type_is_refused(tmp_path: Path, key: object, ba
     )
     with pytest.raises(Exception, match=rf"come back as {re.escape(back)}"):
         env.execute_and_collect(s.process(KeyTypes(), uid="t"))
+
+
+@pytest.mark.parametrize("domain", ["event", "processing"])
+@CHANGING_KEYS
+def test_a_timer_under_a_key_that_would_change_type_is_refused_and_never_fires(
+    tmp_path: Path, domain: str, key_type: object, key: object, why: str
+) -> None:
+    """The timer's state refused the key at registration, but the timer was queued
+    first: it fired in this run (under an error policy that goes on after the record)
+    and was gone after a restore. Fails on the code before (pending (1, 0) / (0, 1))."""
+    backend = window_backend(tmp_path, "t", key_type=key_type)
+    timers = InternalTimerService(backend)
+    clock = ManualClock(0)
+    timers.bind(ProcessingTimeScheduler(clock, lambda coro, name: coro.close(), _nothing, "t"))
+    register = getattr(timers, f"register_{domain}_time_timer")
+    backend.key_context.key = key
+    with pytest.raises(StateTypeError, match=why):
+        register(5)
+    assert timers.pending() == (0, 0)
+    fired: list[object] = []
+    timers.advance_watermark(100, lambda ts, k: fired.append((ts, k)))
+    timers.advance_processing_time(100, lambda ts, k: fired.append((ts, k)))
+    assert fired == []
+    backend.key_context.key = Shade.DARK if key_type is Shade else "dark"
+    register(5)  # the right key still goes
+    assert sum(timers.pending()) == 1
+    backend.close()
+
+
+async def _nothing() -> None:
+    return None
