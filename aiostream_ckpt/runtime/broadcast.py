@@ -80,11 +80,7 @@ class BroadcastState:
         return len(self._map)
 
     def put(self, key: Any, value: Any) -> None:
-        try:
-            raw = orjson.dumps(key)
-        except TypeError as exc:
-            raise StateError(f"state {self.name!r}: map key {key!r} is not serializable") from exc
-        self._keys.check(key, raw, self.name)
+        self._keys.check(key, self._keys.dumps(key, self.name), self.name)
         self._codec.check(value, self.name)
         self._map[key] = value
 

@@ -62,6 +62,7 @@ from collections.abc import Callable
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, get_origin
+from uuid import UUID
 
 import msgspec
 import orjson
@@ -225,8 +226,11 @@ class StreamKeyCodec:
         """
         try:
             kb = orjson.dumps(key)
-        except TypeError as exc:
-            raise StateError(f"{where}: key {key!r} is not serializable: {exc}") from exc
+        except TypeError:
+            why = key_unencodable(key, "key")
+            if self.key_type is None:
+                raise StateError(f"{where}: key {key!r} is not serializable ({why})") from None
+            raise self._declared_error(key, why, where) from None
         if key.__class__ is not str or self.key_type is not None:
             self.check(key, kb, where)
         return kb
@@ -248,9 +252,11 @@ class StreamKeyCodec:
                 raise key_type_error(key, key_bytes, where)
             return
         why = _misread(self.loads, key, key_bytes, self._classes)
-        if why is None:
-            return
-        raise StateTypeError(
+        if why is not None:
+            raise self._declared_error(key, why, where)
+
+    def _declared_error(self, key: Any, why: str, where: str) -> StateTypeError:
+        return StateTypeError(
             f"{where}: key_by declared key_type={type_name(self.key_type)}, but the key "
             f"selector gave {key!r} of type {type(key).__name__} ({why})"
         )
@@ -643,22 +649,65 @@ class MapKeyCodec:
                 ) from exc
             self._classes = compile_check(key_type)
 
+    def dumps(self, key: Any, state: str) -> bytes:
+        """Return ``key``'s bytes (orjson); refuse one orjson cannot encode, saying why."""
+        try:
+            return orjson.dumps(key)
+        except TypeError:
+            raise self._refuse(key, state, key_unencodable(key, "map key")) from None
+
     def check(self, key: Any, key_bytes: bytes, state: str) -> None:
         """Refuse ``key`` (encoded as ``key_bytes``) unless it reads back the same."""
         if self._tp is None:
-            bad = key_misfit(key)
-            if bad is None:
-                return
-            why = f"{bad}; untyped map keys are int, str, bool, None, finite float, tuples"
+            why = key_misfit(key)
         else:
-            misread = _misread(self.loads, key, key_bytes, self._classes)
-            if misread is None:
-                return
-            why = misread
-        raise StateTypeError(
-            f"state {state!r}: cannot use a map key of type {type(key).__name__} ({why}); "
-            "declare key_type on the MapStateDescriptor"
+            why = _misread(self.loads, key, key_bytes, self._classes)
+        if why is not None:
+            raise self._refuse(key, state, why)
+
+    def _refuse(self, key: Any, state: str, why: str) -> StateTypeError:
+        """Return the error naming the state, the declared key type (if any), the class."""
+        name = type(key).__name__
+        if self._tp is None:
+            return StateTypeError(
+                f"state {state!r}: cannot use a map key of type {name} ({why}; untyped map "
+                "keys are int, str, bool, None, finite float, tuples); declare key_type on "
+                "the MapStateDescriptor"
+            )
+        return StateTypeError(
+            f"state {state!r}: cannot use a map key of type {name} where key_type "
+            f"{type_name(self._tp)} is declared ({why})"
         )
+
+
+#: Classes orjson (the bytes of map and stream keys) encodes only exactly, not a subclass.
+_ORJSON_EXACT_ONLY: tuple[type, ...] = (datetime, date, time, UUID)
+
+
+def key_unencodable(key: Any, where: str) -> str:
+    """Say what in ``key`` orjson cannot encode (it names only the class), on the way to an error.
+
+    >>> class Stamp(datetime): ...
+    >>> key_unencodable((1, Stamp(2024, 1, 1)), "map key")
+    'map key[1] is of type Stamp (a datetime subclass): only datetime itself can be stored'
+    """
+    cls = key.__class__
+    if cls is tuple or cls is list:
+        parts = [(f"{where}[{i}]", item) for i, item in enumerate(key)]
+    else:
+        parts = [(f"{where}.{f}", getattr(key, f)) for f in _field_names(cls)]
+    for path, item in parts:
+        try:
+            orjson.dumps(item)
+        except TypeError:
+            return key_unencodable(item, path)
+    base = next((b for b in _ORJSON_EXACT_ONLY if isinstance(key, b) and cls is not b), None)
+    if base is None:
+        return f"{where} is of type {cls.__name__}, which cannot be stored"
+    return (
+        f"{where} is of type {cls.__name__} (a {base.__name__} subclass): only "
+        f"{base.__name__} itself can be stored"
+    )
 
 
 def json_encoder(descriptor: Any) -> Callable[[Any], bytes]:

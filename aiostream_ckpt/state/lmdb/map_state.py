@@ -27,9 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import orjson
-
-from aiostream_ckpt.errors import StateError
 from aiostream_ckpt.state.codecs import EXACT_SCALARS, PICKLE, UNTYPED, MapKeyCodec
 from aiostream_ckpt.state.lmdb.snapshot import ChangeLog, Put, Record
 from aiostream_ckpt.state.lmdb.states import _DELETED, _MISS, KeyedStateBase, TtlCodec
@@ -90,14 +87,6 @@ class MapStateImpl(KeyedStateBase):
         raise AssertionError("map state merges keys itself")
 
     # -- helpers -----------------------------------------------------------------
-    def _map_key_bytes(self, map_key: Any) -> bytes:
-        try:
-            return orjson.dumps(map_key)
-        except TypeError as exc:
-            raise StateError(
-                f"state {self.name!r}: map key {map_key!r} is not serializable: {exc}"
-            ) from exc
-
     def _map(self, key: Any) -> dict[Any, Any]:
         cache = self._cache
         m = cache.get(key)
@@ -133,7 +122,7 @@ class MapStateImpl(KeyedStateBase):
         if entry is _MISS:
             if key in self._complete:
                 return _DELETED  # not stored: nothing to remember
-            raw = self._host.read_txn().get(self.db_key(key) + self._map_key_bytes(map_key))
+            raw = self._host.read_txn().get(self.db_key(key) + self._keys.dumps(map_key, self.name))
             entry = _DELETED if raw is None else self._decode(raw)
             m[map_key] = entry
         return entry
@@ -191,7 +180,7 @@ class MapStateImpl(KeyedStateBase):
         if self._check_all_keys or (
             map_key.__class__ not in EXACT_SCALARS and m.get(map_key, _DELETED) is _DELETED
         ):
-            self._keys.check(map_key, self._map_key_bytes(map_key), self.name)
+            self._keys.check(map_key, self._keys.dumps(map_key, self.name), self.name)
         if value.__class__ in EXACT_SCALARS and self._scalars_by_ref:
             m[map_key] = captured = value  # what the codec's capture returns for it
         else:
@@ -316,7 +305,7 @@ class MapStateImpl(KeyedStateBase):
         for key, entries in dirty.items():
             base = self.db_key(key)
             for map_key, entry in entries.items():
-                db_key = base + self._map_key_bytes(map_key)
+                db_key = base + self._keys.dumps(map_key, self.name)
                 try:
                     raw = self._encode_entry(entry)
                 except Exception as exc:

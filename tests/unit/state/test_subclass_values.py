@@ -13,13 +13,16 @@ it. Bool: JSON gives it back as itself (untyped or declared ``bool``); where
 from __future__ import annotations
 
 from dataclasses import make_dataclass
+from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple
+from uuid import UUID
 
 import msgspec
 import pytest
 
-from aiostream_ckpt.state.codecs import StateTypeError
+from aiostream_ckpt.errors import StateError
+from aiostream_ckpt.state.codecs import StateTypeError, type_name
 from aiostream_ckpt.state.descriptors import (
     MapStateDescriptor,
     ValueStateDescriptor,
@@ -138,3 +141,60 @@ def test_an_enum_member_in_a_declared_key_type_of_its_base_is_refused(env) -> No
     typed.key_context.key = (Shade.DARK, 1)
     assert typed.create_state(ValueStateDescriptor("v", int)).value() is None
     typed.create_state(MapStateDescriptor("m", tuple[Shade, int], int)).put((Shade.DARK, 1), 1)
+
+
+class Stamp(datetime):
+    pass
+
+
+class Id(UUID):
+    pass
+
+
+UNENCODABLE_MAP_KEYS: list[tuple[Any, Any, str]] = [
+    (datetime, Stamp(2024, 1, 1, tzinfo=UTC), "datetime"),
+    (UUID, Id(int=5), "UUID"),
+    (tuple[datetime, int], (Stamp(2024, 1, 1, tzinfo=UTC), 1), "datetime"),
+    (None, Stamp(2024, 1, 1), "datetime"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key_type", "map_key", "base"),
+    UNENCODABLE_MAP_KEYS,
+    ids=["datetime", "uuid", "tuple", "untyped"],
+)
+def test_a_map_key_orjson_cannot_encode_is_refused_naming_the_state_and_the_types(
+    env, key_type, map_key, base
+) -> None:
+    """Fails on the code before: a plain StateError ("not serializable: Type is not JSON
+    serializable: Stamp") that named neither the declared key type nor what to do."""
+    b = env.backend()
+    b.key_context.key = "k"
+    m = b.create_state(MapStateDescriptor("m", key_type, int))
+    with pytest.raises(StateTypeError) as err:
+        m.put(map_key, 1)
+    msg = str(err.value)
+    name = type(map_key).__name__
+    declared = "declare key_type" if key_type is None else f"key_type {type_name(key_type)}"
+    assert msg.startswith(f"state 'm': cannot use a map key of type {name} "), msg
+    assert declared in msg, msg
+    assert f"({'an' if base == 'int' else 'a'} {base} subclass): only {base} itself" in msg, msg
+    assert list(m.items()) == []  # nothing was put
+
+
+def test_a_stream_key_orjson_cannot_encode_says_what_in_it(env) -> None:
+    """Fails on the code before: "is not serializable: Type is not JSON serializable:
+    Stamp", naming neither the declared key_type nor that a subclass is the cause."""
+    b = env.backend(key_type=datetime)
+    b.key_context.key = Stamp(2024, 1, 1, tzinfo=UTC)
+    with pytest.raises(StateTypeError) as err:
+        b.create_state(ValueStateDescriptor("v", int)).update(1)
+    assert str(err.value).startswith("state 'v': key_by declared key_type=datetime, but the ")
+    assert "of type Stamp (key is of type Stamp (a datetime subclass): only datetime" in str(
+        err.value
+    )
+    untyped = env.backend()
+    untyped.key_context.key = (1, frozenset({2}))
+    with pytest.raises(StateError, match=r"key\[1\] is of type frozenset, which cannot be"):
+        untyped.create_state(ValueStateDescriptor("v", int)).update(1)
