@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from aiokafka import errors as kafka_errors
 from aiokafka.client import AIOKafkaClient
 
+from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import ConnectorError
 
 log = logging.getLogger(__name__)
@@ -186,32 +187,48 @@ async def bootstrap_client(
     )
 
 
+#: Seconds between the metadata requests that must all miss a topic before it counts as
+#: missing (1.55 s in all): see :func:`require_topics`.
+MISSING_TOPIC_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
 async def require_topics(
-    client: Any, topics: Iterable[str], *, bootstrap_servers: str
+    client: Any, topics: Iterable[str], *, bootstrap_servers: str, clock: Clock | None = None
 ) -> dict[str, list[int]]:
     """Partitions of each topic, sorted; ``ConnectorError`` naming any that is missing.
 
     Asks for the metadata of *all* topics: a request for a named topic would
     auto-create it on brokers with ``auto.create.topics.enable`` (the default).
+    A topic the metadata lacks is asked for again over :data:`MISSING_TOPIC_WAITS`
+    of ``clock`` before it counts as missing. Why: CreateTopics answers once
+    the controller has the topic, and a broker lists it in the metadata it
+    serves a moment later, so a job started right after its topics were
+    created (a script, a test) failed for good on a topic that existed (seen
+    in a CI run: a sink's topic created just before).
     """
-    try:
-        cluster = await client.fetch_all_metadata()
-    except kafka_errors.KafkaError as exc:
-        raise connector_error(f"metadata request to {bootstrap_servers} failed", exc) from exc
-    out: dict[str, list[int]] = {}
-    missing = []
-    for topic in topics:
-        parts = cluster.partitions_for_topic(topic)
-        if not parts:
-            missing.append(topic)
-        else:
-            out[topic] = sorted(parts)
-    if missing:
-        names = ", ".join(repr(t) for t in missing)
-        raise ConnectorError(
-            f"Kafka topic {names} does not exist on {bootstrap_servers}", retriable=False
-        )
-    return out
+    clock = clock or SystemClock()
+    topics = list(topics)
+    for wait in (*MISSING_TOPIC_WAITS, None):
+        try:
+            cluster = await client.fetch_all_metadata()
+        except kafka_errors.KafkaError as exc:
+            raise connector_error(f"metadata request to {bootstrap_servers} failed", exc) from exc
+        out: dict[str, list[int]] = {}
+        missing = []
+        for topic in topics:
+            parts = cluster.partitions_for_topic(topic)
+            if not parts:
+                missing.append(topic)
+            else:
+                out[topic] = sorted(parts)
+        if not missing:
+            return out
+        if wait is not None:
+            await clock.sleep(wait)
+    names = ", ".join(repr(t) for t in missing)
+    raise ConnectorError(
+        f"Kafka topic {names} does not exist on {bootstrap_servers}", retriable=False
+    )
 
 
 def split_id(topic: str, partition: int) -> str:

@@ -117,7 +117,7 @@ class KafkaSourceReader:
         )
         try:
             topics = await require_topics(
-                client, src.topics, bootstrap_servers=src.bootstrap_servers
+                client, src.topics, bootstrap_servers=src.bootstrap_servers, clock=ctx.clock
             )
         finally:
             await run_to_end(client.close(), timeout_s=None)

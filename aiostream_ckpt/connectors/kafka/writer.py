@@ -91,7 +91,10 @@ class _WriterBase(ABC):
             what="sink metadata",
         )
         topics = await require_topics(
-            self._client, [sink.topic], bootstrap_servers=sink.bootstrap_servers
+            self._client,
+            [sink.topic],
+            bootstrap_servers=sink.bootstrap_servers,
+            clock=self._ctx.clock,
         )
         self._encoder = RecordEncoder(sink, topics[sink.topic], hold=self._hold_batches)
 
