@@ -57,7 +57,18 @@ async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
         )
     finally:
         await admin.close()
-    # Producing before the partitions have leaders only earns retry warnings.
+    await wait_for_leaders(bootstrap, list(topics))
+
+
+async def wait_for_leaders(bootstrap: str, topics: list[str]) -> None:
+    """Return once the broker's metadata lists every partition of ``topics`` with a leader.
+
+    Why: CreateTopics answers once the controller has the topic, and the broker
+    applies it to the metadata it serves a moment later: a reader or writer
+    started in between finds no such topic (a CI run's sink test did), and
+    producing before the partitions have leaders only earns retry warnings.
+    Gives up silently after 30 s (what then fails names the topic).
+    """
     client = await bootstrap_client(bootstrap, {}, timeout_s=30, what="topic leaders")
     try:
         deadline = time.monotonic() + 30
@@ -72,7 +83,7 @@ async def create_topics(bootstrap: str, topics: dict[str, int]) -> None:
                 for t in topics
             ):
                 return
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.02)
     finally:
         await client.close()
 

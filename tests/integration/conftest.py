@@ -24,6 +24,7 @@ import aiostream_ckpt
 from aiostream_ckpt.connectors.kafka.transactions import PreparedTransaction
 from aiostream_ckpt.errors import AiostreamError
 from aiostream_ckpt_dev.broker import KafkaBroker
+from aiostream_ckpt_dev.demo.kafka import wait_for_leaders
 
 REPO_ROOT = Path(aiostream_ckpt.__file__).resolve().parent.parent
 CRASH_CHILD = Path(__file__).parent / "kafka" / "txn_crash_child.py"
@@ -116,6 +117,7 @@ async def new_topic(kafka_broker: KafkaBroker) -> AsyncIterator[NewTopicFactory]
     async def create(partitions: int = 1, *, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         await admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
+        await wait_for_leaders(kafka_broker.bootstrap_servers, [name])  # as a job will see it
         return name
 
     try:
