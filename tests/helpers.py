@@ -486,9 +486,27 @@ async def topic_end_offsets(bootstrap: str, topic: str, partitions: int) -> dict
     return ends
 
 
-async def stable_equals_high_watermark(bootstrap: str, topic: str, partitions: int) -> None:
-    """No open transaction on ``topic``: a read_committed reader can reach the end."""
-    ends = await topic_end_offsets(bootstrap, topic, partitions)
+async def stable_equals_high_watermark(
+    bootstrap: str, topic: str, partitions: int, *, limit: float = 10.0
+) -> None:
+    """No open transaction on ``topic``: a read_committed reader can reach the end.
+
+    Waits up to ``limit`` seconds for it. Why: a commit returns to the producer
+    once the coordinator logged it; the broker writes the commit markers into
+    the partitions after that, and until a partition has its marker its stable
+    offset stays before the transaction (a read right after a job's last
+    commit found a partition empty in a CI run). A transaction left open stays
+    open far longer (``transaction.timeout.ms``), so it still fails here.
+    """
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + limit
+    while True:
+        ends = await topic_end_offsets(bootstrap, topic, partitions)
+        if ends["read_committed"] == ends["read_uncommitted"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
     assert ends["read_committed"] == ends["read_uncommitted"], ends
 
 

@@ -26,6 +26,7 @@ from aiostream_ckpt.keygroups import KeyGroupRange, key_group_of
 from aiostream_ckpt.testing import run_job_async
 from apps import pv_count
 from apps.pv_count import CountPageViews, app_id
+from tests.helpers import stable_equals_high_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -40,7 +41,11 @@ async def _write(topic: str, bootstrap: str, **sink: Any) -> None:
 
 
 async def _partitions(bootstrap: str, topic: str, n: int) -> dict[int, list[Any]]:
-    """Each partition's committed records (``read_committed``, up to the end offsets now)."""
+    """Each partition's committed records (``read_committed``, up to the end offsets).
+
+    Once every partition has its commit markers: see :func:`stable_equals_high_watermark`.
+    """
+    await stable_equals_high_watermark(bootstrap, topic, n)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
