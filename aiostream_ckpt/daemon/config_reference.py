@@ -185,8 +185,14 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
     "rest.port": (None, "REST port (`0`: a free port, logged and in `rest.address_file`)"),
     "rest.token": (
         "(none)",
-        "bearer token for mutating calls (`AIOSTREAM_REST__TOKEN`); required to bind a "
-        "non-loopback address",
+        "bearer token for job control (every POST) and for reads from non-loopback peers "
+        "(`AIOSTREAM_REST__TOKEN`); required to bind a non-loopback address",
+    ),
+    "rest.read_token": (
+        "(none)",
+        "bearer token that reads (GET `/metrics`, `/job`...) from non-loopback peers but "
+        "cannot control the job: give it to Prometheus (`AIOSTREAM_REST__READ_TOKEN`); must "
+        "differ from `rest.token`",
     ),
     "rest.address_file": (
         "`<checkpoint.dir>/daemon.json`",

@@ -44,8 +44,9 @@ SPEC: dict[str, Any] = {
         "version": "1",
         "description": (
             "Status, metrics and control of one running job. Read calls need no token from "
-            "loopback; from elsewhere, and for every mutating call, send "
-            "`Authorization: Bearer <rest.token>`. `/health` is always open."
+            "loopback; from elsewhere they need `Authorization: Bearer <rest.read_token>` "
+            "(or rest.token). Every mutating call needs `Authorization: Bearer <rest.token>`. "
+            '`/health` is always open. Errors are JSON: `{"error": ...}`.'
         ),
     },
     "components": {

@@ -3,11 +3,16 @@
 Access rules, enforced by one middleware so no handler can forget them:
 
 - ``/health`` is always open (the container HEALTHCHECK has no token);
-- read calls (GET) are open to loopback peers; other peers need the token;
-- mutating calls (POST) always need ``Authorization: Bearer <rest.token>``;
-  with no token configured they are refused, so job control is never exposed
-  by accident. Binding a non-loopback address without a token is refused at
-  startup (:class:`~aiostream_ckpt.daemon.settings.DaemonSettings`).
+- read calls (GET) are open to loopback peers; other peers need
+  ``Authorization: Bearer`` with ``rest.read_token`` or ``rest.token``, so a
+  Prometheus scrape can be given a token that reads but cannot control;
+- mutating calls (POST) always need ``rest.token``; with none configured they
+  are refused, so job control is never exposed by accident. Binding a
+  non-loopback address without a token is refused at startup
+  (:class:`~aiostream_ckpt.daemon.settings.DaemonSettings`).
+
+Every answer the API gives itself is JSON, errors included (``{"error": ...}``):
+a client or a dashboard parses one shape whatever went wrong.
 
 The routes and their contract are in :mod:`aiostream_ckpt.daemon.openapi`.
 """
@@ -58,29 +63,39 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return resp
 
 
-def authorized(request: web.Request, token: str | None) -> str | None:
+def authorized(
+    request: web.Request, token: str | None, read_token: str | None = None
+) -> str | None:
     """``None`` when the request may proceed, else why it may not (for the 401 body)."""
     if request.path in _OPEN_PATHS:
         return None
     mutating = request.method not in _READ_METHODS
     if not mutating and is_loopback(request.remote or ""):
         return None
-    if token is None:
+    accepted = [token] if mutating else [token, read_token]
+    if not any(accepted):
         return "mutating calls are disabled: no rest.token is configured"
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not given:
         return "missing bearer token"
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return "wrong bearer token"
-    return None
+    presented = given.strip().encode()
+    # compare with every accepted token, so the time taken does not tell which one is close
+    matches = [hmac.compare_digest(presented, t.encode()) for t in accepted if t]
+    if any(matches):
+        return None
+    if mutating and read_token and hmac.compare_digest(presented, read_token.encode()):
+        return "rest.read_token allows reads only; job control needs rest.token"
+    return "wrong bearer token"
 
 
-def build_app(control: JobControl, token: str | None) -> web.Application:
+def build_app(
+    control: JobControl, token: str | None, read_token: str | None = None
+) -> web.Application:
     """Build the aiohttp application (apart from :class:`RestServer` for in-process tests)."""
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = authorized(request, token)
+        refused = authorized(request, token, read_token)
         if refused is not None:
             return _error(401, refused, **{"WWW-Authenticate": 'Bearer realm="aiostream-ckpt"'})
         try:
@@ -91,6 +106,10 @@ def build_app(control: JobControl, token: str | None) -> web.Application:
             return _error(409, str(exc))
         except AiostreamError as exc:
             return _error(500, str(exc))
+        except web.HTTPException as exc:  # aiohttp's own answers: 404, 405...
+            if exc.status < 400:
+                raise
+            return _error(exc.status, _http_error_text(request, exc), **_allow(exc))
 
     async def health(request: web.Request) -> web.Response:
         ok, body = control.health()
@@ -149,6 +168,19 @@ def build_app(control: JobControl, token: str | None) -> web.Application:
     return app
 
 
+def _http_error_text(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no such endpoint: {request.path} (the routes are listed at /openapi.json)"
+    if exc.status == 405:
+        return f"{request.method} is not allowed on {request.path} (see /openapi.json)"
+    return exc.reason
+
+
+def _allow(exc: web.HTTPException) -> dict[str, str]:
+    allow = exc.headers.get("Allow")
+    return {"Allow": allow} if allow else {}
+
+
 async def _directory(request: web.Request) -> str | None:
     """Parse the optional ``{"directory": ...}`` body of a savepoint request."""
     raw = await request.read()
@@ -169,8 +201,16 @@ async def _directory(request: web.Request) -> str | None:
 class RestServer:
     """Serves :func:`build_app` on ``bind:port``; ``port`` 0 picks a free one."""
 
-    def __init__(self, control: JobControl, *, bind: str, port: int, token: str | None) -> None:
-        self._app = build_app(control, token)
+    def __init__(
+        self,
+        control: JobControl,
+        *,
+        bind: str,
+        port: int,
+        token: str | None,
+        read_token: str | None = None,
+    ) -> None:
+        self._app = build_app(control, token, read_token)
         self._bind = bind
         self._port = port
         self._runner: web.AppRunner | None = None

@@ -67,7 +67,13 @@ class JobDaemon:
             # without REST (rest.enabled=false) need not pay on each start
             from aiostream_ckpt.daemon.rest import RestServer
 
-            self.rest = RestServer(self, bind=s.rest_bind, port=s.rest_port, token=s.rest_token)
+            self.rest = RestServer(
+                self,
+                bind=s.rest_bind,
+                port=s.rest_port,
+                token=s.rest_token,
+                read_token=s.rest_read_token,
+            )
         self._shutdown: asyncio.Task[None] | None = None
         self.address_file = self.settings.address_file or ckpt_dir / address.ADDRESS_FILE
 

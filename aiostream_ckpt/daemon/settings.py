@@ -41,6 +41,8 @@ class DaemonSettings:
     rest_bind: str = "127.0.0.1"
     rest_port: int = 8081
     rest_token: str | None = None
+    #: a token that reads (GET) from non-loopback peers but cannot control: for scrapers
+    rest_read_token: str | None = None
     #: where the running daemon publishes its address (None: <checkpoint.dir>/daemon.json)
     address_file: Path | None = None
     savepoint_dir: Path | None = None
@@ -57,6 +59,11 @@ class DaemonSettings:
     def validate(self) -> DaemonSettings:
         if not 0 <= self.rest_port <= 65535:
             raise ConfigError(f"invalid config rest.port={self.rest_port!r}: must be 0..65535")
+        if self.rest_read_token and self.rest_read_token == self.rest_token:
+            raise ConfigError(
+                "rest.read_token equals rest.token: a read-only token must differ from the "
+                "token that controls the job"
+            )
         if self.rest_enabled and not is_loopback(self.rest_bind) and not self.rest_token:
             raise ConfigError(
                 f"rest.bind={self.rest_bind!r} is not a loopback address and no rest.token "
@@ -134,6 +141,7 @@ DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "rest.bind": ("rest_bind", lambda v: str(v).strip()),
     "rest.port": ("rest_port", _port),
     "rest.token": ("rest_token", _token),
+    "rest.read_token": ("rest_read_token", _token),
     "rest.address_file": ("address_file", lambda v: Path(str(v)).expanduser()),
     "savepoint.dir": ("savepoint_dir", lambda v: Path(str(v)).expanduser()),
     "shutdown.mode": ("shutdown_mode", _mode),
@@ -143,11 +151,15 @@ DAEMON_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
+#: keys whose values are never shown (errors, `config show`, logs)
+SECRET_KEYS = frozenset({"rest.token", "rest.read_token"})
+
+
 def parse_daemon_key(key: str, raw: Any, origin: str) -> tuple[str, Any]:
     """Return ``(field, value)`` for one daemon key; :class:`ConfigError` names key and source."""
     name, parse = DAEMON_KEYS[key]
     try:
         return name, parse(raw)
     except (ValueError, TypeError) as exc:
-        shown = "***" if key == "rest.token" else repr(raw)
+        shown = "***" if key in SECRET_KEYS else repr(raw)
         raise ConfigError(f"invalid config {key}={shown} (from {origin}): must be {exc}") from None

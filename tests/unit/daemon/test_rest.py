@@ -241,6 +241,37 @@ def test_remote_peers_need_the_token_even_to_read() -> None:
     assert authorized(_request("POST", "/job/cancel", "127.0.0.1"), TOKEN) == "missing bearer token"
 
 
+def test_a_read_token_reads_from_remote_peers_but_cannot_control() -> None:
+    read = {"Authorization": "Bearer sc4pe"}
+    assert authorized(_request("GET", "/metrics", "10.1.2.3", read), TOKEN, "sc4pe") is None
+    assert authorized(_request("GET", "/job", "10.1.2.3", AUTH), TOKEN, "sc4pe") is None
+    assert authorized(_request("GET", "/metrics", "10.1.2.3"), TOKEN, "sc4pe") == (
+        "missing bearer token"
+    )
+    wrong = {"Authorization": "Bearer nope"}
+    assert authorized(_request("GET", "/job", "10.1.2.3", wrong), TOKEN, "sc4pe") == (
+        "wrong bearer token"
+    )
+    refused = authorized(_request("POST", "/job/cancel", "10.1.2.3", read), TOKEN, "sc4pe")
+    assert refused == "rest.read_token allows reads only; job control needs rest.token"
+    refused = authorized(_request("POST", "/job/cancel", "127.0.0.1", read), TOKEN, "sc4pe")
+    assert refused is not None and "reads only" in refused
+    # a read token alone (no control token) still reads, and control stays disabled
+    assert authorized(_request("GET", "/metrics", "10.1.2.3", read), None, "sc4pe") is None
+    refused = authorized(_request("POST", "/savepoints", "10.1.2.3", read), None, "sc4pe")
+    assert refused == "mutating calls are disabled: no rest.token is configured"
+
+
+async def test_unknown_paths_and_methods_answer_json(running: Running) -> None:
+    resp = await running.client.get("/nope")
+    assert resp.status == 404 and resp.content_type == "application/json"
+    body = await resp.json()
+    assert "/nope" in body["error"] and "/openapi.json" in body["error"]
+    resp = await running.client.delete("/job", headers=AUTH)
+    assert resp.status == 405 and resp.content_type == "application/json", await resp.text()
+    assert "DELETE" in (await resp.json())["error"] and "GET" in resp.headers["Allow"]
+
+
 def test_openapi_describes_exactly_the_routes() -> None:
     app = build_app(None, TOKEN)  # type: ignore[arg-type]
     routes = {

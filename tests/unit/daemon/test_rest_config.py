@@ -46,6 +46,16 @@ def test_non_loopback_bind_is_fine_with_a_token_or_rest_disabled() -> None:
     load_config(env={}, sets=["rest.bind=0.0.0.0", "rest.enabled=false"])
 
 
+def test_a_read_token_comes_from_env_and_must_differ_from_the_control_token() -> None:
+    d = load_config(
+        env={"AIOSTREAM_REST__TOKEN": "ctl", "AIOSTREAM_REST__READ_TOKEN": "scrape"},
+        sets=["rest.bind=0.0.0.0"],
+    ).daemon
+    assert (d.rest_token, d.rest_read_token) == ("ctl", "scrape")
+    with pytest.raises(ConfigError, match=r"read_token equals rest\.token"):
+        load_config(env={"AIOSTREAM_REST__TOKEN": "x", "AIOSTREAM_REST__READ_TOKEN": "x"})
+
+
 @pytest.mark.parametrize(
     ("key", "value", "must"),
     [
