@@ -57,10 +57,19 @@ OffsetRanges = dict[int, list[int]]
 class RecordEncoder:
     """Turns records into per-partition batches on one producer; tracks their delivery."""
 
-    def __init__(self, sink: KafkaSink, partitions: list[int], *, hold: bool = False) -> None:
+    def __init__(
+        self,
+        sink: KafkaSink,
+        partitions: list[int],
+        *,
+        hold: bool = False,
+        serializer: Serializer | None = None,
+        key_fn: KeyFn | None = None,
+    ) -> None:
         self._topic = sink.topic
-        self._dumps = sink.serializer
-        self._key_fn = sink.key_fn
+        #: a format's encoders (``KafkaSink(value_format=, key_format=)``) replace the sink's own
+        self._dumps = serializer or sink.serializer
+        self._key_fn = key_fn or sink.key_fn
         self._headers_fn = sink.headers_fn
         self._partitions = partitions
         #: the topic's partitions, as the metadata listed them at start

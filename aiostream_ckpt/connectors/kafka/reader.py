@@ -52,6 +52,11 @@ class KafkaSourceReader:
         self._active: list[Any] = []
         self._snapshots: deque[dict[Any, int]] = deque()
         self._closed = False
+        #: what ``_emit`` decodes with: the source's deserializers, or its formats' decoders
+        self._loads: Any = source.deserializer
+        self._key_loads: Any = source.key_deserializer
+        self._decoders: list[tuple[Any, bool]] = []  # (decoder, of the key)
+        self._registries: list[Any] = []
 
     @property
     def partitions(self) -> list[tuple[str, int]]:
@@ -88,6 +93,8 @@ class KafkaSourceReader:
             what="consumer start",
         )
         install_lean_fetch(self._consumer)  # _emit reads only offset, key and value
+        if src.value_format is not None or src.key_format is not None:
+            await self._open_formats()
         try:
             await asyncio.wait_for(self._assign(restored or {}), src.connect_timeout_s)
         except TimeoutError as exc:
@@ -106,6 +113,29 @@ class KafkaSourceReader:
             or "no partitions",
             "restored offsets" if restored else f"{src.starting} (fresh start)",
         )
+
+    async def _open_formats(self) -> None:
+        """One registry client per registry, a decoder per format (see ``formats.base``)."""
+        src = self._src
+        clients: dict[Any, Any] = {}
+        for fmt, is_key in ((src.value_format, False), (src.key_format, True)):
+            if fmt is None:
+                continue
+            client = clients.get(fmt.registry)
+            if client is None:
+                client = clients[fmt.registry] = fmt.registry.client()
+                self._registries.append(client)
+            decoder = await fmt.decoder(client)
+            self._decoders.append((decoder, is_key))
+            if is_key:
+                self._key_loads = decoder.decode
+            else:
+                self._loads = decoder.decode
+
+    async def _prepare(self, records: list[Any]) -> None:
+        """Fetch the schemas of ids this batch brings that no earlier batch did."""
+        for decoder, is_key in self._decoders:
+            await decoder.prepare([r.key if is_key else r.value for r in records])
 
     async def _assign(self, restored: dict[str, Any]) -> None:
         src, ctx, consumer = self._src, self._ctx, self._consumer
@@ -203,6 +233,9 @@ class KafkaSourceReader:
             )
         except kafka_errors.KafkaError as exc:
             raise connector_error(f"Kafka source {src.name}: fetch failed", exc) from exc
+        if self._decoders:
+            for records in data.values():
+                await self._prepare(records)
         parts: list[tuple[Any, list[Any]]] = []
         for tp, records in data.items():
             if src.bounded and records[-1].offset >= self._end[tp]:
@@ -220,7 +253,7 @@ class KafkaSourceReader:
         return parts
 
     def _emit(self, tp: Any, records: list[Any], out: list[Any]) -> None:
-        loads, key_loads = self._src.deserializer, self._src.key_deserializer
+        loads, key_loads = self._loads, self._key_loads
         required = self._src.required
         try:
             values = [loads(r.value) for r in records]
@@ -303,6 +336,8 @@ class KafkaSourceReader:
         if self._closed:
             return
         self._closed = True
+        for client in self._registries:
+            await client.close()
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             try:

@@ -80,6 +80,7 @@ from aiostream_ckpt.errors import ConfigError
 
 if TYPE_CHECKING:
     from aiostream_ckpt.connectors.kafka.encoder import HeadersFn, KeyFn, Serializer
+    from aiostream_ckpt.connectors.kafka.formats.base import RecordFormat
     from aiostream_ckpt.connectors.kafka.writer import (
         AtLeastOnceKafkaWriter,
         TransactionalKafkaWriter,
@@ -108,8 +109,13 @@ class KafkaSink:
     ``KafkaSource(..., key_grouped=True)`` and ``reinterpret_as_keyed(key)``
     without a shuffle (:mod:`aiostream_ckpt.connectors.key_grouped`).
     ``headers_fn(record)`` a list of ``(str,
-    bytes)`` headers. ``producer_config`` is passed to ``AIOKafkaProducer``
-    (TLS, SASL, compression). ``transactional_id_prefix`` defaults to
+    bytes)`` headers. ``value_format`` (instead of ``serializer``) writes
+    values a schema registry describes (:mod:`.formats`: Avro, Protobuf, JSON
+    Schema, Confluent wire format), its schema registered or looked up under
+    the topic's subject when the writer starts; ``key_format`` does the same
+    for the key ``key_fn`` returns (then any value the format takes, not
+    bytes). ``producer_config`` is passed to ``AIOKafkaProducer`` (TLS, SASL,
+    compression). ``transactional_id_prefix`` defaults to
     ``{job name}-{operator uid}``; two jobs writing to one cluster must not
     share it. ``pool_size`` overrides the pool size derived from the job's
     settings (tests); see the module docstring for sizing and recovery.
@@ -133,6 +139,8 @@ class KafkaSink:
         partitioner: KeyGroupPartitioner | None = None,
         headers_fn: HeadersFn | None = None,
         serializer: Serializer = orjson.dumps,
+        value_format: RecordFormat | None = None,
+        key_format: RecordFormat | None = None,
         producer_config: dict[str, Any] | None = None,
         transactional_id_prefix: str | None = None,
         pool_size: int | None = None,
@@ -153,6 +161,12 @@ class KafkaSink:
             raise ConfigError("transaction timeout >= 1000 ms and positive timeouts required")
         if producer_config and "transactional_id" in producer_config:
             raise ConfigError("set transactional_id_prefix, not producer_config transactional_id")
+        if value_format is not None and serializer is not orjson.dumps:
+            raise ConfigError("KafkaSink: give value_format or serializer, not both")
+        if key_format is not None and key_fn is None:
+            raise ConfigError("KafkaSink: key_format needs key_fn (the key it encodes)")
+        self.value_format = value_format
+        self.key_format = key_format
         self.topic = topic
         self.bootstrap_servers = check_bootstrap_servers(bootstrap_servers)
         self.semantic = semantic

@@ -27,6 +27,7 @@ from aiostream_ckpt.connectors.required import Required
 from aiostream_ckpt.errors import ConfigError
 
 if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.formats.base import RecordFormat
     from aiostream_ckpt.connectors.kafka.reader import KafkaSourceReader
 
 Deserializer = Callable[[bytes], Any]
@@ -54,6 +55,12 @@ class KafkaSource:
     offset under ``read_committed``) and ends once it has read up to them.
     ``consumer_config`` is passed to ``AIOKafkaConsumer`` (TLS, SASL, fetch sizes).
 
+    ``value_format`` / ``key_format`` read records a schema registry describes
+    (:mod:`aiostream_ckpt.connectors.kafka.formats`: Avro, Protobuf, JSON
+    Schema in the Confluent wire format) instead of ``deserializer`` /
+    ``key_deserializer``; each side takes one or the other. A record that does
+    not decode is dead-lettered like malformed JSON, with the reason.
+
     ``key_grouped=True`` declares the topics partitioned by key group, as a
     ``KafkaSink(partitioner=KeyGroupPartitioner(key))`` writes them with this
     job's ``job.max_parallelism``: each reader then takes the partitions of
@@ -77,6 +84,8 @@ class KafkaSource:
         isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed",
         deserializer: Deserializer = orjson.loads,
         key_deserializer: Deserializer | None = None,
+        value_format: RecordFormat | None = None,
+        key_format: RecordFormat | None = None,
         required: Required | None = None,
         consumer_config: dict[str, Any] | None = None,
         commit_offsets_to_kafka: bool = False,
@@ -104,13 +113,24 @@ class KafkaSource:
                 f"(a fetch that does not wait spins on an idle topic), got {connect_timeout_s} "
                 f"and {poll_timeout_ms}"
             )
+        if value_format is not None and deserializer is not orjson.loads:
+            raise ConfigError("KafkaSource: give value_format or deserializer, not both")
+        if key_format is not None and key_deserializer is not None:
+            raise ConfigError("KafkaSource: give key_format or key_deserializer, not both")
         self.starting = starting
         self.isolation_level = isolation_level
         self.deserializer = deserializer
         self.key_deserializer = key_deserializer
+        self.value_format = value_format
+        self.key_format = key_format
         #: events are orjson.loads's fresh output: the default deserializer, no key pairs
         #: (a channel to another worker then skips its JSON check; see ``Source``)
-        self.json_exact = deserializer is orjson.loads and key_deserializer is None
+        self.json_exact = (
+            deserializer is orjson.loads
+            and key_deserializer is None
+            and value_format is None
+            and key_format is None
+        )
         self.required = dict(required or {})
         self.consumer_config = dict(consumer_config or {})
         self.commit_offsets_to_kafka = commit_offsets_to_kafka

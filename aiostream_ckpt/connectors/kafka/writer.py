@@ -96,7 +96,41 @@ class _WriterBase(ABC):
             bootstrap_servers=sink.bootstrap_servers,
             clock=self._ctx.clock,
         )
-        self._encoder = RecordEncoder(sink, topics[sink.topic], hold=self._hold_batches)
+        serializer, key_fn = await self._format_encoders()
+        self._encoder = RecordEncoder(
+            sink, topics[sink.topic], hold=self._hold_batches, serializer=serializer, key_fn=key_fn
+        )
+
+    async def _format_encoders(self) -> tuple[Any, Any]:
+        """Return the value serializer and key function of the sink's formats (None: its own).
+
+        Each format registers or looks up its schema once, here; the clients
+        are closed after: a writer's schema id does not change while it runs.
+        """
+        sink = self._sink
+        serializer: Any = None
+        key_fn: Any = None
+        clients: dict[Any, Any] = {}
+
+        def client_of(registry: Any) -> Any:
+            if registry not in clients:
+                clients[registry] = registry.client()
+            return clients[registry]
+
+        try:
+            if sink.value_format is not None:
+                serializer = await sink.value_format.encoder(
+                    client_of(sink.value_format.registry), sink.topic, is_key=False
+                )
+            if sink.key_format is not None:
+                encode_key = await sink.key_format.encoder(
+                    client_of(sink.key_format.registry), sink.topic, is_key=True
+                )
+                key_fn = _composed(encode_key, sink.key_fn)
+        finally:
+            for client in clients.values():
+                await client.close()
+        return serializer, key_fn
 
     async def _flush(self, producer: Any, what: str) -> None:
         """Wait for every batch sent on ``producer``; the first failure sticks."""
@@ -145,6 +179,16 @@ class _WriterBase(ABC):
         client, self._client = self._client, None
         if client is not None:
             await quietly(client.close(), "closing the metadata client")
+
+
+def _composed(encode_key: Any, user_key_fn: Any) -> Any:
+    """``key_fn`` of a sink with a key format: the user's key, encoded."""
+
+    def key_fn(record: Any) -> bytes:
+        return encode_key(user_key_fn(record))  # type: ignore[no-any-return]
+
+    key_fn.__qualname__ = getattr(user_key_fn, "__qualname__", "key_fn")  # errors name the user's
+    return key_fn
 
 
 class TransactionalKafkaWriter(_WriterBase):
