@@ -92,6 +92,22 @@ class Stream(Generic[T]):
         """Wrap ``node`` in a handle on this stream's environment."""
         return Stream(self._env, node)
 
+    if not TYPE_CHECKING:  # the type checker already refuses these on a Stream
+
+        def __getattr__(self, name: str) -> Any:
+            """Say what a keyed-only operator needs, instead of a bare AttributeError."""
+            if name in _KEYED_ONLY:
+                raise AttributeError(
+                    f"{name}() works per key, on a KeyedStream: call "
+                    f".key_by(lambda record: <its key>).{name}(...) first "
+                    f"({_KEYED_ONLY[name]})",
+                    name=name,
+                    obj=self,
+                )
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+            )
+
     def map(
         self,
         fn: Callable[[T], R],
@@ -339,6 +355,14 @@ class Stream(Generic[T]):
     def print(self, *, name: str = "stdout") -> Transformation:
         """Print records as JSON lines (for development)."""
         return self.sink_to(StdoutSink(name=name))
+
+
+#: operators a KeyedStream has and a Stream has not -> why they need a key
+_KEYED_ONLY = {
+    "window": "a window holds the records of one key between its start and end",
+    "reduce": "the folded value is kept per key",
+    "interval_join": "records of both sides meet by key and event time",
+}
 
 
 class _Repartitioned(Stream[T]):

@@ -47,11 +47,40 @@ def import_app(spec: str) -> ModuleType:
         return importlib.import_module(spec)
     except AppLoadError:
         raise
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if spec == missing or spec.startswith(missing + "."):
+            raise AppLoadError(_not_found(spec, missing)) from exc
+        raise AppLoadError(
+            f"cannot import app module {spec!r}: ModuleNotFoundError: {exc} (the app imports "
+            f"it; it is not installed in the Python running the daemon, {sys.executable})",
+            detail=user_traceback(exc),
+        ) from exc
     except Exception as exc:  # any import-time error is the app's: its line, then the cause
         raise AppLoadError(
             f"cannot import app module {spec!r}: {type(exc).__name__}: {exc}",
             detail=user_traceback(exc),
         ) from exc
+
+
+def _not_found(spec: str, missing: str) -> str:
+    """Say where an app module was looked for, and what is there instead."""
+    package, _, _ = missing.rpartition(".")
+    if package:
+        found = importlib.util.find_spec(package)
+        places = list(found.submodule_search_locations or []) if found else []
+        there = sorted(p.stem for d in places for p in Path(d).glob("*.py") if p.stem != "__init__")
+        return (
+            f"cannot import app module {spec!r}: package {package!r} ({', '.join(places)}) "
+            f"has no module {missing.rpartition('.')[2]!r}"
+            + (f"; it has: {', '.join(there)}" if there else "")
+        )
+    return (
+        f"cannot import app module {spec!r}: no module {missing!r} in the current directory "
+        f"({Path.cwd()}) or on the Python path. App modules are imported by name from the "
+        f"directory you run in (and PYTHONPATH); run from the directory that holds "
+        f"{missing!r}, or give the app's file path (e.g. {spec.replace('.', '/')}.py)"
+    )
 
 
 def build_app(spec: str, env: StreamEnvironment) -> None:

@@ -129,7 +129,11 @@ def _parser() -> argparse.ArgumentParser:
         if action == "list":
             a.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
-    sub.add_parser("validate", help="prove exactly-once with Spark", add_help=False)
+    sub.add_parser(
+        "validate",
+        help="prove exactly-once: an app's output against a failure-free run (--app)",
+        add_help=False,
+    )
     sub.add_parser(
         "chaos", help="kill -9 across the checkpoint windows, then prove", add_help=False
     )
@@ -209,6 +213,8 @@ def _run(args: argparse.Namespace) -> int:
             result.restarts,
             result.last_checkpoint,
         )
+        if result.status is JobStatus.FINISHED and result.restarts == 0:
+            _warn_if_nothing_was_read(name, runner.run_state)
         summary: dict[str, Any] = {
             "status": result.status.value,
             "restarts": result.restarts,
@@ -229,6 +235,30 @@ def _run(args: argparse.Namespace) -> int:
     for line in summary_line:
         print(line, file=sys.stderr)
     return code
+
+
+def _warn_if_nothing_was_read(name: str, run: Any) -> None:
+    """Warn when the job read nothing: most likely it was given an empty or wrong input."""
+    if run.source_records() > 0:
+        return
+    restored = run.restored
+    if restored is None:
+        log.warning(
+            "job %r finished without reading a single record: its sources were empty. Check "
+            "the input the app was given (e.g. --set app.input=...): a missing or empty file "
+            "or directory, an empty topic, or a glob that matched nothing",
+            name,
+        )
+    else:
+        log.warning(
+            "job %r finished without reading a record: it resumed from %s %d, whose source "
+            "positions were already at the end of its input (%s); a new run over the same "
+            "input needs a fresh checkpoint.dir",
+            name,
+            "savepoint" if restored.is_savepoint else "checkpoint",
+            restored.checkpoint_id,
+            restored.directory,
+        )
 
 
 class _Progress:

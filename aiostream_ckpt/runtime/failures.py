@@ -16,6 +16,7 @@ from typing import Any
 
 from aiostream_ckpt.errors import AiostreamError, UserFunctionError
 from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.record_errors import unhashable_key_hint
 from aiostream_ckpt.user_errors import short_repr, user_frame, user_traceback
 
 #: an operator method -> what the user function was doing
@@ -23,6 +24,8 @@ _PHASES = {
     "process_batch": "on a record",
     "_run": "on a record",  # the process operators' loop (either input of two-input ones)
     "_run_keyed": "on a record",  # the keyed ones'
+    "_add_batch": "on a record",  # windows' loop
+    "_add_tumbling": "on a record",  # tumbling windows' loop
     "open": "in open()",
     "close": "in close()",
     "finish": "at the end of input",
@@ -76,7 +79,12 @@ def user_function_error(
         if source_position and op.uid == first_uid:
             where = ", ".join(f"{split} @ {pos}" for split, pos in source_position.items())
             what += f" (in the batch read up to {where})"
+    else:
+        record = None
     at = user_frame(exc)
     if at is not None:
         what += f" at {at}"
-    return UserFunctionError(f"{what}: {type(exc).__name__}: {exc}", detail=user_traceback(exc))
+    hint = unhashable_key_hint(getattr(op, "_key_selector", None), record, exc) if op.keyed else ""
+    return UserFunctionError(
+        f"{what}: {type(exc).__name__}: {exc}{hint}", detail=user_traceback(exc)
+    )

@@ -82,6 +82,8 @@ class JobRun:
     workers: WorkerReports | None = None
     #: the worker processes running the tasks (``job.workers`` > 1; ``tasks`` is then empty)
     group: WorkerGroup | None = None
+    #: the checkpoint or savepoint this attempt restored (None: a fresh start)
+    restored: CompletedCheckpoint | None = None
 
     def source_records(self) -> int:
         """Count the records the sources read in this attempt, here and in the workers."""
@@ -211,6 +213,7 @@ class JobRunner:
         run = self.run_state
         while True:
             restored = self.restore_points.choose()
+            run.restored = restored
             if restored is not None:
                 self._check_state_matches(restored)
                 log.info(

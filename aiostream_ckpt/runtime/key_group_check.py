@@ -87,7 +87,13 @@ class KeyGroupCheck(StreamOperator):
             except Exception as exc:
                 name = getattr(ks, "__qualname__", None) or repr(ks)
                 dead_letter_or_raise(
-                    self.process_errors, f"key selector {name}", self.target_uid, "record", rec, exc
+                    self.process_errors,
+                    f"key selector {name}",
+                    self.target_uid,
+                    "record",
+                    rec,
+                    exc,
+                    ks,
                 )
                 continue
             out.append(rec)

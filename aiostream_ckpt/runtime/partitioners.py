@@ -140,4 +140,12 @@ class KeyGroupGate(OutputGate):
 
     def _key_failed(self, record: Any, exc: Exception) -> None:
         function = f"key selector {function_name(self._key_selector)}"
-        dead_letter_or_raise(self.process_errors, function, self.target_uid, "record", record, exc)
+        dead_letter_or_raise(
+            self.process_errors,
+            function,
+            self.target_uid,
+            "record",
+            record,
+            exc,
+            self._key_selector,
+        )

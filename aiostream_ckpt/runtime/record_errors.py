@@ -9,6 +9,7 @@ reads operators' frames) so that operators and gates can use it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from aiostream_ckpt.connectors.base import RecordErrorFn
@@ -21,8 +22,38 @@ def is_record_error(exc: BaseException | None) -> bool:
     return isinstance(exc, Exception) and not isinstance(exc, AiostreamError | MemoryError)
 
 
+def unhashable_key_hint(selector: Callable[[Any], Any] | None, record: Any, exc: Exception) -> str:
+    """Say that ``key_by``'s selector returned an unhashable key, when that is why ``exc`` arose.
+
+    ``TypeError: unhashable type: 'list'`` from the engine's key lookups names
+    neither the key nor the function that made it; a new user's first key is
+    often a list. Computed only for a failure, never per record.
+    """
+    if not (isinstance(exc, TypeError) and str(exc).startswith("unhashable type")):
+        return ""
+    if selector is None or record is None:
+        return " (if the key selector of key_by returns a list, dict or set: keys must be hashable)"
+    try:
+        key = selector(record)
+    except Exception:  # only a hint: the error itself is reported as it is
+        return ""
+    try:
+        hash(key)
+    except TypeError:
+        return (
+            f" (the key selector of key_by returned {short_repr(key)}, a "
+            f"{type(key).__name__}: keys must be hashable, e.g. a tuple instead of a list)"
+        )
+    return ""  # the key hashes: the user function hashed something else
+
+
 def raise_record_failure(
-    function: str, uid: str, what: str, record: Any, exc: Exception
+    function: str,
+    uid: str,
+    what: str,
+    record: Any,
+    exc: Exception,
+    key_selector: Callable[[Any], Any] | None = None,
 ) -> NoReturn:
     """Fail the job: ``function`` of operator ``uid`` raised ``exc`` on ``record`` (a ``what``).
 
@@ -34,23 +65,31 @@ def raise_record_failure(
         raise exc
     at = user_frame(exc)
     where = f" at {at}" if at else ""
+    hint = unhashable_key_hint(key_selector, record, exc) if key_selector else ""
     raise UserFunctionError(
         f"{function} of operator {uid!r} failed on {what} {short_repr(record)}{where}: "
-        f"{type(exc).__name__}: {exc}",
+        f"{type(exc).__name__}: {exc}{hint}",
         detail=user_traceback(exc),
     ) from exc
 
 
 def dead_letter_or_raise(
-    handler: Any, function: str, uid: str, what: str, record: Any, exc: Exception
+    handler: Any,
+    function: str,
+    uid: str,
+    what: str,
+    record: Any,
+    exc: Exception,
+    key_selector: Callable[[Any], Any] | None = None,
 ) -> None:
     """Dead-letter ``record`` through ``handler`` (a ``ProcessErrorHandler``), or fail the job.
 
     ``handler`` is ``None`` under ``errors.on_process_error=fail``; our own
-    errors are never dead-lettered.
+    errors are never dead-lettered. ``key_selector``: the failing function
+    routed records by key (an unhashable key is then named).
     """
     if handler is None or not is_record_error(exc):
-        raise_record_failure(function, uid, what, record, exc)
+        raise_record_failure(function, uid, what, record, exc, key_selector)
     handler.dead_letter(uid, record, exc, function)
 
 

@@ -70,6 +70,7 @@ import orjson
 from aiostream_ckpt.errors import StateError, StateMigrationError
 from aiostream_ckpt.state.class_check import Check, compile_check, exact_builtins
 from aiostream_ckpt.state.serde import decode_key
+from aiostream_ckpt.state.type_hints import declared_type_hint
 
 Dumps = Callable[[Any], bytes]
 Loads = Callable[[bytes], Any]
@@ -355,14 +356,22 @@ class UntypedJsonCodec(ValueCodec):
         bad = json_misfit(value) or "value does not read back equal"
         name = type(value).__name__
         where = "" if bad == f"value is a {name}" else f" ({bad})"
+        hint = declared_type_hint(value, lambda tp: _keeps(tp, value, state))
+        declare = type_name(hint) if hint is not None else name
         return StateTypeError(
             f"state {state!r}: cannot store a value of type {name}{where}: it would not "
             "read back the same after a restore; an untyped state keeps only int, str, "
             "bool, None, finite float, and list/dict (str keys) of those. Declare the "
-            f"type on its descriptor (e.g. ValueStateDescriptor({state!r}, {name}); "
+            f"type on its descriptor (e.g. ValueStateDescriptor({state!r}, {declare}); "
             "element_type, key_type/value_type for list and map state) or use "
             "serializer='pickle'"
         )
+
+
+def _keeps(tp: Any, value: Any, state: str) -> bool:
+    """Whether a state declared ``tp`` would store ``value`` and read it back the same."""
+    TypedJsonCodec(tp, state=state).check(value, state)
+    return True
 
 
 class TypedJsonCodec(ValueCodec):

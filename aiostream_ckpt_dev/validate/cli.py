@@ -33,7 +33,10 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="aiostream-ckpt validate",
-        description="Check committed output against the input with PySpark (exactly-once).",
+        description=(
+            "The demos' built-in checks: their committed output (per-key counts, read "
+            "positions) against their input, with PySpark. Any other app: validate --app."
+        ),
     )
     p.add_argument("--check", action="append", choices=CHECKS, help="repeatable; default pv_count")
     p.add_argument(
@@ -71,6 +74,11 @@ def validate_main(argv: list[str]) -> int:
         from aiostream_ckpt_dev.validate.proof_cli import proof_main
 
         return proof_main(argv)  # the reference-run proof of any app
+    if any(a in ("-h", "--help") for a in argv):
+        from aiostream_ckpt_dev.validate.proof_cli import build_parser as proof_parser
+
+        print(f"{proof_parser().format_help()}\n{build_parser().format_help()}", end="")
+        return EXIT_PASS
     try:
         args = build_parser().parse_args(argv)
         kafka = args.kafka_bootstrap is not None or args.kafka_topic is not None

@@ -51,8 +51,11 @@ def drop_reference(scratch: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="aiostream-ckpt validate --app",
-        description="Prove exactly-once: committed output equals a failure-free run's.",
+        prog="aiostream-ckpt validate",
+        description=(
+            "Prove exactly-once for any app: its committed output equals a failure-free "
+            "reference run's (compared in Python; with PySpark for large outputs or --spark)."
+        ),
     )
     p.add_argument("--app", required=True, metavar="MODULE", help="the app (apps.pv_count)")
     p.add_argument("--config", type=Path, help="the run's TOML config")

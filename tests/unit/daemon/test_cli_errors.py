@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.helpers import cli
+from tests.helpers import REPO, cli
 
 
 def test_app_module_that_does_not_import(tmp_path: Path) -> None:
@@ -50,7 +52,8 @@ def test_app_module_by_name_shows_no_import_machinery(tmp_path: Path) -> None:
         f'  File "{tmp_path / "imp_app.py"}", line 1, in <module>',
         "    import no_such_module_xyz",
         "aiostream-ckpt: error: cannot import app module 'imp_app': "
-        "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        "ModuleNotFoundError: No module named 'no_such_module_xyz' (the app imports it; it is "
+        f"not installed in the Python running the daemon, {sys.executable})",
     ], r.stderr
 
 
@@ -86,10 +89,31 @@ def test_build_that_fails_shows_the_apps_line(tmp_path: Path) -> None:
     ], r.stderr
 
 
-def test_missing_module() -> None:
+def test_missing_module_in_a_package_names_the_package_and_what_it_has() -> None:
     r = cli("run", "apps.does_not_exist")
     assert r.returncode == 2
-    assert "cannot import app module 'apps.does_not_exist'" in r.stderr
+    assert r.stderr.strip() == (
+        "aiostream-ckpt: error: cannot import app module 'apps.does_not_exist': package "
+        f"'apps' ({REPO / 'apps'}) has no module 'does_not_exist'; it has: "
+        + ", ".join(sorted(p.stem for p in (REPO / "apps").glob("*.py") if p.stem != "__init__"))
+    ), r.stderr
+
+
+def test_missing_package_says_where_apps_are_looked_for(tmp_path: Path) -> None:
+    """Run elsewhere than the checkout: 'No module named apps' said nothing of the directory."""
+    r = subprocess.run(
+        [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert (
+        f"no module 'apps' in the current directory ({tmp_path}) or on the Python path" in r.stderr
+    ), r.stderr
+    assert "give the app's file path (e.g. apps/pv_count.py)" in r.stderr
 
 
 def test_bad_config_value_types_name_key_and_kind(tmp_path: Path) -> None:
@@ -134,3 +158,38 @@ def test_checkpoint_dir_required(tmp_path: Path) -> None:
     r = cli("run", "apps.pv_count", "--set", "app.output=/tmp/x", "--set", "app.generate=10")
     assert r.returncode == 2
     assert "checkpoint.dir is not set" in r.stderr
+
+
+def test_an_empty_input_finishes_with_a_warning_that_names_it(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    args = (
+        "run", "apps.pv_count",
+        "--set", f"app.input={empty}",
+        "--set", f"app.output={tmp_path / 'out'}",
+        "--set", f"checkpoint.dir={tmp_path / 'c'}",
+        "--set", "rest.enabled=false",
+    )  # fmt: skip
+    r = cli(*args)
+    assert r.returncode == 0, r.stderr
+    assert "job 'pv_count' finished without reading a single record: its sources were empty" in (
+        r.stderr
+    ), r.stderr
+    again = cli(*args)  # the same directory: resumed at the end of its input
+    assert again.returncode == 0, again.stderr
+    assert "it resumed from checkpoint 1, whose source positions were already at the end" in (
+        again.stderr
+    ), again.stderr
+
+
+def test_a_job_that_read_records_does_not_warn(tmp_path: Path) -> None:
+    events = tmp_path / "in.jsonl"
+    events.write_text('{"app_id": "a", "user_id": "u", "ts": 1}\n')
+    r = cli(
+        "run", "apps.pv_count",
+        "--set", f"app.input={events}",
+        "--set", f"app.output={tmp_path / 'out'}",
+        "--set", f"checkpoint.dir={tmp_path / 'c'}",
+        "--set", "rest.enabled=false",
+    )  # fmt: skip
+    assert r.returncode == 0 and "without reading" not in r.stderr, r.stderr

@@ -118,6 +118,38 @@ def test_untyped_state_refuses_at_update_what_would_change_type(env, value, what
     assert r.create_state(ValueStateDescriptor("last_seen")).value() == 1
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ({"at": WHEN}, "dict[str, datetime.datetime]"),
+        ([(1, "a"), (2, "b")], "list[tuple[int, str]]"),
+        ({"x": [date(2026, 1, 1), 3]}, "dict[str, list[datetime.date | int]]"),
+        ({"a": {1, 2}}, "dict[str, set[int]]"),
+        ((1, None), "tuple[int, NoneType]"),
+        (WHEN, "datetime"),
+    ],
+    ids=_id,
+)
+def test_refusal_suggests_the_whole_type_and_that_type_keeps_the_value(env, value, hint) -> None:
+    """Was ``ValueStateDescriptor('s', dict)`` for a dict of datetimes: it keeps none."""
+    b = env.backend()
+    b.key_context.key = "k"
+    with pytest.raises(StateTypeError) as err:
+        b.create_state(ValueStateDescriptor("s")).update(value)
+    assert f"e.g. ValueStateDescriptor('s', {hint});" in str(err.value)
+    # the hint, declared as written, keeps the value across a restore
+    import datetime as datetime_module
+
+    names = {"datetime": datetime if hint == "datetime" else datetime_module, "NoneType": None}
+    declared = eval(hint, names)
+    b2 = env.backend()
+    b2.key_context.key = "k"
+    b2.create_state(ValueStateDescriptor("s", declared)).update(value)
+    r = _restored(env, env.checkpoint(b2, 1))
+    r.key_context.key = "k"
+    assert r.create_state(ValueStateDescriptor("s", declared)).value() == value
+
+
 def test_refusal_points_at_the_users_line(env) -> None:
     """The error comes from update() itself, so its traceback ends in the caller's frame."""
     b = env.backend()

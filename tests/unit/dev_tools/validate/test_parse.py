@@ -71,3 +71,13 @@ def test_find_java_names_java_home_and_path(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ValidationConfigError, match="no 'java' on PATH"):
         find_java()
+
+
+def test_validate_help_shows_both_modes_and_app_first(capsys: pytest.CaptureFixture[str]) -> None:
+    """``validate --help`` hid ``--app``: only ``validate --app X --help`` showed the proof."""
+    from aiostream_ckpt_dev.validate.cli import validate_main
+
+    assert validate_main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("--app MODULE") < text.index("--check {pv_count,positions}")
+    assert "Prove exactly-once for any app" in text and "built-in checks" in text
