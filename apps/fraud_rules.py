@@ -162,7 +162,12 @@ def expected_output(params: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
 
 
 #: Deterministic in event time; an account's records come in (ts, seq) order.
-PROOF = ProofContract(outputs=("output",), key="account", oracle=expected_output)
+PROOF = ProofContract(
+    outputs=("output",),
+    inputs=("transactions", "rules"),
+    key="account",
+    oracle=expected_output,
+)
 
 
 def _ts(event: dict[str, Any]) -> int:

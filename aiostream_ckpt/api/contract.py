@@ -39,6 +39,9 @@ class ProofContract:
 
     #: app params naming exactly-once file sink directories, the main output first
     outputs: tuple[str, ...] = ("output",)
+    #: app params naming the input files (comma-separated paths); ``chaos`` counts their
+    #: events and kills at their read positions
+    inputs: tuple[str, ...] = ("input",)
     #: per-key order of records is compared for this field (None: multisets only)
     key: str | None = None
     deterministic: bool = True

@@ -12,10 +12,14 @@
    read once; an oracle that cannot run is a FAIL before any round).
 3. Until ``--kills`` kills happened, print one verdict line::
 
-       chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
+       chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL|INCONCLUSIVE
 
 ``lost`` and ``duplicated`` add up every round and output; unexpected or
-reordered records, a worker that failed, or fewer kills than asked also fail.
+reordered records or a worker that failed FAIL (exit 1). A run that could
+not test what was asked, fewer kills than ``--kills`` because the input ran
+out first, is INCONCLUSIVE (exit 3), with what to change: that says
+nothing about the engine. ``events`` counts every input the app's PROOF
+names (``ProofContract.inputs``; the input topics in Kafka mode).
 """
 
 from __future__ import annotations
@@ -73,12 +77,19 @@ class ChaosVerdict:
     #: committed records the fallbacks after a corruption moved aside (retracted)
     retracted: int = 0
     problems: list[str] = field(default_factory=list)
+    #: why the run could not test what was asked (no engine failure; ``problems`` win)
+    inconclusive: list[str] = field(default_factory=list)
     #: what the verdict rests on (see :func:`~aiostream_ckpt_dev.validate.proof.assumptions`)
     assumptions: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.inconclusive
+
+    @property
+    def word(self) -> str:
+        """PASS, FAIL (a problem found) or INCONCLUSIVE (nothing found, too little tested)."""
+        return "FAIL" if self.problems else "INCONCLUSIVE" if self.inconclusive else "PASS"
 
     def add(self, other: ChaosVerdict) -> None:
         self.kills += other.kills
@@ -89,6 +100,7 @@ class ChaosVerdict:
         self.faults.update(other.faults)
         self.retracted += other.retracted
         self.problems += other.problems
+        self.inconclusive += other.inconclusive
         self.assumptions += [a for a in other.assumptions if a not in self.assumptions]
 
     def line(self) -> str:
@@ -96,7 +108,7 @@ class ChaosVerdict:
         return (
             f"chaos: kills={self.kills} faults={self.faults.total()} events={self.events} "
             f"lost={c['missing']} duplicated={c['duplicated']} "
-            f"verdict={'PASS' if self.passed else 'FAIL'}"
+            f"verdict={self.word}"
         )
 
     def details(self) -> str:
@@ -174,7 +186,7 @@ def run_chaos(
         if not keep:
             _drop(second)
     stalled = 0
-    while verdict.kills < kills and not verdict.problems:
+    while verdict.kills < kills and not verdict.problems and not verdict.inconclusive:
         r = verdict.rounds
         verdict.rounds += 1
         rdir = workdir / f"round-{r}"
@@ -202,7 +214,8 @@ def run_chaos(
         verdict.windows.update(result.kills)
         verdict.faults.update(result.faults)
         verdict.retracted += result.retracted
-        verdict.events += _events(rrun[1]) if kafka is None else _topic_events(run, contract)
+        events = _events(rrun[1]) if kafka is None else _topic_events(run, contract)
+        verdict.events += events
         verdict.problems += [f"round {r}: {p}; see {rdir / 'worker.log'}" for p in result.problems]
         if result.exit_code != 0:
             verdict.problems.append(
@@ -211,7 +224,10 @@ def run_chaos(
             break
         stalled = stalled + 1 if result.kill_count == 0 else 0
         if stalled >= 3:
-            verdict.problems.append("3 rounds in a row ended before any kill: more input needed")
+            verdict.inconclusive.append(
+                f"3 rounds in a row ended before any kill: the input ({events} events) is "
+                f"read before the first planned kill. {_more_input(events, run, contract)}"
+            )
         _prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle_params)
         if echo:
             print(
@@ -223,8 +239,11 @@ def run_chaos(
             )
         if not keep and not verdict.problems:
             _drop(rdir)
-    if verdict.kills < kills and not verdict.problems:
-        verdict.problems.append(f"only {verdict.kills} of {kills} kills happened")
+    if verdict.kills < kills and not verdict.problems and not verdict.inconclusive:
+        verdict.inconclusive.append(
+            f"only {verdict.kills} of {kills} kills happened. "
+            f"{_more_input(verdict.events, run, contract)}"
+        )
     if echo:
         print(f"chaos: reference run took {ref_seconds:.1f}s", flush=True)
     if not keep:
@@ -322,8 +341,12 @@ def _round_run(
         sets += [f"app.{p}={t.topic}" for p, t in topics.items()]
         return AppRun(run.module, sets, run.config), []
     sets += [f"app.{p}={rdir / f'out-{p}'}" for p in contract.outputs if p in loaded.params]
-    raw = str(loaded.params.get("input", ""))
-    inputs = [Path(s) for s in raw.split(",") if s and Path(s).is_file()]
+    inputs = [
+        path
+        for param in contract.inputs
+        for s in str(loaded.params.get(param, "")).split(",")
+        if s and (path := Path(s)).is_file()
+    ]
     return AppRun(run.module, sets, run.config), inputs
 
 
@@ -337,6 +360,21 @@ def _topic_events(run: AppRun, contract: ProofContract) -> int:
         record_span(KafkaTopic(bootstrap, str(params[p])))
         for p in contract.kafka_inputs
         if p in params
+    )
+
+
+def _more_input(events: int, run: AppRun, contract: ProofContract) -> str:
+    """Say what to change when the input ran out before the kills did."""
+    if events == 0:
+        names = ", ".join(f"app.{p}" for p in (contract.kafka_inputs or contract.inputs))
+        return (
+            f"No input events were found: set the app's inputs ({names}) to files or topics "
+            "that hold records (the PROOF's `inputs` names the params chaos counts)"
+        )
+    return (
+        "Give a larger input (10x as many events), slow the source down if the app has a "
+        "rate parameter (e.g. --set app.rate=...), shorten checkpoint.interval, or ask for "
+        "fewer --kills"
     )
 
 
@@ -388,6 +426,9 @@ def _prove_round(
             verdict.problems.append(f"{label} {name}: {bad}; e.g. {first}")
 
 
+#: the run could not test what was asked (too few kills): no verdict on the engine
+EXIT_INCONCLUSIVE = 3
+
 _FAILURES = ("duplicated", "missing", "unexpected", "reordered_keys", "malformed_out")
 
 
@@ -414,8 +455,10 @@ def chaos_main(argv: list[str]) -> int:
     print(f"chaos: seed {seed}")
     for p in verdict.problems:
         print(f"chaos: problem: {p}")
+    for p in verdict.inconclusive:
+        print(f"chaos: inconclusive: {p}")
     print(verdict.details())
     for a in verdict.assumptions:
         print(f"chaos: assumes: {a}")
     print(verdict.line(), flush=True)
-    return 0 if verdict.passed else 1
+    return 1 if verdict.problems else EXIT_INCONCLUSIVE if verdict.inconclusive else 0

@@ -75,6 +75,8 @@ def prove_windowed(
     )
     for problem in verdict.problems:
         print(f"{label}: problem: {problem}")
+    for why in verdict.inconclusive:
+        print(f"{label}: inconclusive: {why}")
     for assumption in verdict.assumptions:
         print(f"{label}: assumes: {assumption}")
     print(f"{label}: {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
