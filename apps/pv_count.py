@@ -25,6 +25,8 @@ from ``input_topic``, write ``{"app_id", "pv"}`` to ``output_topic`` keyed by
 ``stop_at_end=1`` (bounded: stop at the end offsets seen at start),
 ``kafka_semantic`` (``exactly_once``, the default, or ``at_least_once``),
 ``transactional_id_prefix``, ``kafka_connect_timeout`` (seconds, default 30),
+``group_id`` (commit each completed checkpoint's input offsets to this consumer
+group, so ``kafka-consumer-groups.sh --describe`` shows the job's lag),
 ``key_grouped=1`` (``input_topic`` was written by key group of ``app_id``,
 ``KafkaSink(partitioner=KeyGroupPartitioner(...))``: the count reads it
 without a shuffle, and writes ``output_topic`` the same way).
@@ -126,6 +128,7 @@ def build_kafka(env: StreamEnvironment) -> None:
         stop_at_end=_flag(p.get("stop_at_end", "0")),
         required={"app_id": str},
         key_grouped=_flag(p.get("key_grouped", "0")),
+        group_id=p.get("group_id"),
         connect_timeout_s=timeout,
     )
     sink = KafkaSink(

@@ -197,6 +197,23 @@ class SplitAwareReader(Protocol):
 
 
 @runtime_checkable
+class CheckpointPositionReader(Protocol):
+    """Optional reader capability: take the position of a *named* checkpoint.
+
+    When a reader has it, the task calls it at barrier n instead of
+    :meth:`SourceReader.snapshot_position` (same contract), so the reader
+    knows which position :meth:`SourceReader.notify_checkpoint_complete`
+    confirms (Flink's ``snapshotState(checkpointId)``): the Kafka source
+    commits exactly that checkpoint's offsets to its consumer group, not
+    an older one's after checkpoints were aborted.
+    """
+
+    def snapshot_position_for(self, checkpoint_id: int) -> dict[str, Any]:
+        """Return what ``snapshot_position`` returns, as checkpoint ``checkpoint_id``'s."""
+        ...
+
+
+@runtime_checkable
 class WatermarkEmittingReader(Protocol):
     """Optional reader capability: a watermark the source declares itself.
 

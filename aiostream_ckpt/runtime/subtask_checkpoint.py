@@ -46,6 +46,7 @@ from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.responder import CheckpointResponder
 from aiostream_ckpt.clock import Clock
+from aiostream_ckpt.connectors.base import CheckpointPositionReader
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
 from aiostream_ckpt.runtime.process_errors import ProcessErrorHandler
@@ -128,7 +129,12 @@ class SubtaskCheckpointCoordinator:
             failpoints.hit("pre_barrier_flush")
             op_state: dict[str, Any] = {}
             if spec.reader is not None and spec.head_uid is not None:
-                op_state["positions"] = spec.reader.snapshot_position()
+                reader = spec.reader
+                op_state["positions"] = (
+                    reader.snapshot_position_for(cid)
+                    if isinstance(reader, CheckpointPositionReader)
+                    else reader.snapshot_position()
+                )
             if spec.dead_letter is not None and spec.dead_letter_uid is not None:
                 op_state[DEAD_LETTER_KEY] = await spec.dead_letter.prepare_commit(cid)
                 if self._process_errors is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -50,13 +49,15 @@ class KafkaSourceReader:
         self._positions: dict[Any, int] = {}
         self._end: dict[Any, int] = {}
         self._active: list[Any] = []
-        self._snapshots: deque[dict[Any, int]] = deque()
+        #: checkpoint id -> positions, for the offset commits of ``group_id`` (oldest first)
+        self._snapshots: dict[int, dict[Any, int]] = {}
         self._closed = False
         #: what ``_emit`` decodes with: the source's deserializers, or its formats' decoders
         self._loads: Any = source.deserializer
         self._key_loads: Any = source.key_deserializer
         self._decoders: list[tuple[Any, bool]] = []  # (decoder, of the key)
         self._registries: list[Any] = []
+        self._group: str | None = None
 
     @property
     def partitions(self) -> list[tuple[str, int]]:
@@ -68,8 +69,9 @@ class KafkaSourceReader:
     async def start(self, restored: dict[str, Any] | None) -> None:
         src, ctx = self._src, self._ctx
         group = None
-        if src.commit_offsets_to_kafka:
+        if src.commits_offsets:
             group = src.group_id or f"{ctx.job_name}-{ctx.operator_uid}"
+        self._group = group
         config: dict[str, Any] = {
             "isolation_level": src.isolation_level,
             "enable_auto_commit": False,
@@ -311,26 +313,45 @@ class KafkaSourceReader:
     # -- checkpoints ------------------------------------------------------------
 
     def snapshot_position(self) -> dict[str, int]:
-        positions = dict(self._positions)
-        if self._src.commit_offsets_to_kafka and len(self._snapshots) < _MAX_SNAPSHOTS:
-            self._snapshots.append(positions)
-        return {split_id(tp.topic, tp.partition): o for tp, o in positions.items()}
+        return {split_id(tp.topic, tp.partition): o for tp, o in self._positions.items()}
+
+    def snapshot_position_for(self, checkpoint_id: int) -> dict[str, int]:
+        """Take checkpoint ``checkpoint_id``'s positions; kept to commit to the group later."""
+        if self._src.commits_offsets:
+            if len(self._snapshots) >= _MAX_SNAPSHOTS:  # checkpoints not completing: drop oldest
+                del self._snapshots[next(iter(self._snapshots))]
+            self._snapshots[checkpoint_id] = dict(self._positions)
+        return self.snapshot_position()
 
     async def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
-        """Commit offsets to Kafka (monitoring only) once a checkpoint covers them.
+        """Commit the completed checkpoint's offsets to the consumer group (monitoring only).
 
-        The reader isn't told which checkpoint a snapshot belongs to, so it
-        commits its oldest outstanding snapshot. Snapshots and completions come
-        in checkpoint order, so that snapshot is never newer than the completed
-        checkpoint: committed offsets may trail the job, never run ahead of it.
+        Why: ``kafka-consumer-groups.sh --describe`` and lag exporters read a
+        group's committed offsets; the job's own restore never does (it reads
+        the checkpoint). The offsets are those of the newest checkpoint this
+        reader snapshotted at or before ``checkpoint_id``, so the group never
+        runs ahead of a completed checkpoint. A failed commit is logged and
+        skipped: the next checkpoint's commit catches up.
         """
-        if not self._snapshots or self._consumer is None:
+        done = [cid for cid in self._snapshots if cid <= checkpoint_id]
+        if not done or self._consumer is None:
             return
-        positions = self._snapshots.popleft()
+        positions = self._snapshots[done[-1]]
+        for cid in done:
+            del self._snapshots[cid]
+        if not positions:
+            return
         try:
             await asyncio.wait_for(self._consumer.commit(positions), 10.0)
         except (kafka_errors.KafkaError, TimeoutError) as exc:
-            log.warning("%s: offset commit failed (monitoring only): %r", self._src.name, exc)
+            log.warning(
+                "%s: committing the offsets of checkpoint %d to group %s failed "
+                "(monitoring only): %r",
+                self._src.name,
+                checkpoint_id,
+                self._group,
+                exc,
+            )
 
     async def close(self) -> None:
         if self._closed:

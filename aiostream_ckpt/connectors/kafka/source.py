@@ -6,8 +6,11 @@ barrier n. So, as Flink's KafkaSource does, the job assigns partitions itself
 (every partition of the topics, sorted, dealt round-robin over the subtasks),
 and the position of each split (``"topic:partition" -> next offset``) goes into
 the checkpoint. A restarted reader seeks to its restored offsets; Kafka's
-committed group offsets are never read back. With ``commit_offsets_to_kafka``
-they are written after a checkpoint completes, for lag monitoring only.
+committed group offsets are never read back. With a ``group_id`` (or
+``commit_offsets_to_kafka=True``) each completed checkpoint's offsets are
+committed to that consumer group, as Flink does, for lag monitoring only:
+``kafka-consumer-groups.sh --describe --group G`` and lag exporters then show
+how far the job's last completed checkpoint is behind each partition's end.
 
 ``read_committed`` is the default isolation: a source must not emit records of
 transactions that may still abort (an upstream exactly-once job's in-flight
@@ -88,7 +91,7 @@ class KafkaSource:
         key_format: RecordFormat | None = None,
         required: Required | None = None,
         consumer_config: dict[str, Any] | None = None,
-        commit_offsets_to_kafka: bool = False,
+        commit_offsets_to_kafka: bool | None = None,
         group_id: str | None = None,
         stop_at_end: bool = False,
         key_grouped: bool = False,
@@ -135,6 +138,10 @@ class KafkaSource:
         self.consumer_config = dict(consumer_config or {})
         self.commit_offsets_to_kafka = commit_offsets_to_kafka
         self.group_id = group_id
+        #: commit checkpointed offsets to the group: asked for, or implied by a group id
+        self.commits_offsets = (
+            commit_offsets_to_kafka if commit_offsets_to_kafka is not None else group_id is not None
+        )
         self.bounded = stop_at_end
         self.key_grouped = key_grouped
         self.poll_timeout_ms = poll_timeout_ms

@@ -157,11 +157,15 @@ async def test_offsets_committed_to_kafka_only_after_checkpoint_complete(kafka_b
     await produce(bootstrap, topic, {0: [ev(0, i) for i in range(6)]})
     group = f"g-{uuid.uuid4().hex[:8]}"
     src = KafkaSource(topic, bootstrap, commit_offsets_to_kafka=True, group_id=group)
+    assert src.commits_offsets
     r = src.create_reader(ctx())
     await r.start(None)
     await read_all(r, limit=4, max_records=4)
-    assert r.snapshot_position() == {f"{topic}:0": 4}
-    await read_all(r, limit=2, max_records=2)
+    assert r.snapshot_position_for(1) == {f"{topic}:0": 4}
+    await read_all(r, limit=1, max_records=1)
+    assert r.snapshot_position_for(2) == {f"{topic}:0": 5}  # a checkpoint that aborts
+    await read_all(r, limit=1, max_records=1)
+    assert r.snapshot_position_for(3) == {f"{topic}:0": 6}
 
     async def committed() -> int | None:
         c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
@@ -173,7 +177,11 @@ async def test_offsets_committed_to_kafka_only_after_checkpoint_complete(kafka_b
 
     assert await committed() is None
     await r.notify_checkpoint_complete(1)
-    assert await committed() == 4  # the snapshot's offset, not the reader's current one
+    assert await committed() == 4  # checkpoint 1's offset, not the reader's current one
+    await r.notify_checkpoint_complete(3)
+    assert await committed() == 6  # 3's: aborted 2 is not committed in between, nor after
+    await r.notify_checkpoint_complete(3)
+    assert await committed() == 6
     await r.close()
 
 

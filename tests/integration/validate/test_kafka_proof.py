@@ -25,16 +25,10 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from aiostream_ckpt_dev.broker.jars import KAFKA_VERSION, ensure_kafka_jars
 from aiostream_ckpt_dev.broker.process import KafkaBroker
+from aiostream_ckpt_dev.broker.tools import CONSOLE_CONSUMER, run_kafka_tool
 from aiostream_ckpt_dev.chaos.cli import run_chaos
 from aiostream_ckpt_dev.demo.kafka import create_topics, load_jsonl, worker_flags
-from aiostream_ckpt_dev.maven import (
-    QUICK_START_JVM_OPTIONS,
-    cache_root,
-    copy_dependencies,
-    file_lock,
-)
 from aiostream_ckpt_dev.validate.parse import canonical
 from aiostream_ckpt_dev.validate.proof import AppRun, compare_dirs, compare_oracle, load_contract
 from aiostream_ckpt_dev.validate.proof_cli import prove
@@ -178,44 +172,6 @@ def test_oracle_recounts_the_input_topic_and_finds_a_duplicate_on_a_topic(
 # -- a reader nobody here wrote --------------------------------------------------------
 
 
-def _kafka_tools_jar() -> Path:
-    """kafka-tools (ConsoleConsumer) of the broker's version, fetched once without its deps.
-
-    Its runtime needs are the broker's jars (clients, server-common, argparse4j).
-    """
-    base = cache_root() / f"kafka-tools-{KAFKA_VERSION}"
-    jar = base / "jars" / f"kafka-tools-{KAFKA_VERSION}.jar"
-    if jar.is_file():
-        return jar
-    base.mkdir(parents=True, exist_ok=True)
-    with file_lock(base / ".lock"):
-        if not jar.is_file():
-            (base / "pom.xml").write_text(_TOOLS_POM.format(version=KAFKA_VERSION))
-            proc = copy_dependencies(base / "pom.xml", base / "jars")
-            assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
-    return jar
-
-
-_TOOLS_POM = """\
-<?xml version="1.0" encoding="UTF-8"?>
-<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>io.aiostream-ckpt</groupId>
-  <artifactId>kafka-tools-only</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId>
-      <artifactId>kafka-tools</artifactId>
-      <version>{version}</version>
-      <exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
-
 def _console_consumer(bootstrap: str, topic: str, count: int) -> Iterator[tuple[int, int, str]]:
     """``(partition, offset, value)`` of ``count`` records, read by kafka-console-consumer.
 
@@ -224,17 +180,16 @@ def _console_consumer(bootstrap: str, topic: str, count: int) -> Iterator[tuple[
     wait only ends the run sooner (60 s took a minute of every suite run); a
     reader that lost records would show fewer, never a false pass.
     """
-    cp = f"{_kafka_tools_jar()}:{ensure_kafka_jars()}/*"
-    cmd = [
-        "java", *QUICK_START_JVM_OPTIONS, "-cp", cp,
-        "org.apache.kafka.tools.consumer.ConsoleConsumer",
-        "--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning",
-        "--isolation-level", "read_committed", "--max-messages", str(count),
-        "--timeout-ms", "15000",
-        "--property", "print.partition=true", "--property", "print.offset=true",
-        "--property", "print.value=true",
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = run_kafka_tool(
+        CONSOLE_CONSUMER,
+        [
+            "--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning",
+            "--isolation-level", "read_committed", "--max-messages", str(count),
+            "--timeout-ms", "15000",
+            "--property", "print.partition=true", "--property", "print.offset=true",
+            "--property", "print.value=true",
+        ],
+    )  # fmt: skip
     for line in done.stdout.splitlines():
         if line.startswith("Partition:"):
             part, off, value = line.split("\t", 2)
