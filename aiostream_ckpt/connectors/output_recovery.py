@@ -173,8 +173,11 @@ def retract_files(
     restore: RestoreInfo | None,
     checkpoint_id: int,
     owner: str,
+    count: Callable[[Path], int] = count_records,
 ) -> int:
     """Move committed ``files`` aside with a manifest; return their record count.
+
+    ``count``: the records of one file (JSON lines by default; Parquet: its row count).
 
     The manifest is durable before the first file moves: a crash in between
     leaves files still visible, which the next recovery retracts again.
@@ -192,7 +195,7 @@ def retract_files(
             {
                 "file": name,
                 "checkpoint": cid,
-                "records": count_records(path),
+                "records": count(path),
                 "bytes": path.stat().st_size,
             }
         )

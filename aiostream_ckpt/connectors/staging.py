@@ -101,6 +101,8 @@ class _Naming:
     """File names of one prefix, and the parsers that recognise them."""
 
     prefix: str
+    #: committed files' extension: ``jsonl``, or ``parquet`` (``connectors.parquet``)
+    suffix: str = "jsonl"
 
     def inprogress(self, subtask: int, attempt: int, seq: int) -> str:
         return f".{self.prefix}-{subtask:04d}-a{attempt}-{seq}.inprogress"
@@ -109,7 +111,7 @@ class _Naming:
         return f".{self.prefix}-{subtask:04d}-{checkpoint_id:010d}.pending"
 
     def final(self, subtask: int, checkpoint_id: int) -> str:
-        return f"{self.prefix}-{checkpoint_id:010d}-{subtask:04d}.jsonl"
+        return f"{self.prefix}-{checkpoint_id:010d}-{subtask:04d}.{self.suffix}"
 
     def pending_id(self, name: str) -> tuple[int, int] | None:
         """(subtask, checkpoint id) of a pre-committed file, None for other names."""
@@ -127,7 +129,7 @@ class _Naming:
 
     def committed(self, name: str) -> tuple[int, int] | None:
         """(checkpoint id, subtask) of a committed file, None for other names."""
-        m = re.fullmatch(rf"{re.escape(self.prefix)}-(\d+)-(\d+)\.jsonl", name)
+        m = re.fullmatch(rf"{re.escape(self.prefix)}-(\d+)-(\d+)\.{re.escape(self.suffix)}", name)
         return (int(m.group(1)), int(m.group(2))) if m else None
 
 
@@ -239,9 +241,11 @@ def _commit_file(directory: Path, staged: str, final: str) -> None:
             ) from None
 
 
-def committed_files(directory: str | Path, *, prefix: str = "part") -> list[Path]:
+def committed_files(
+    directory: str | Path, *, prefix: str = "part", suffix: str = "jsonl"
+) -> list[Path]:
     """List the committed files of ``directory`` in commit order (checkpoint, subtask)."""
-    naming = _Naming(prefix)
+    naming = _Naming(prefix, suffix)
     found: list[tuple[int, int, Path]] = []
     with os.scandir(directory) as it:
         for entry in it:
@@ -308,6 +312,7 @@ class StagedFileWriter:
         parallelism: int | None = None,
         attempt: int = 0,
         prefix: str = "part",
+        suffix: str = "jsonl",
         serializer: Serializer = orjson.dumps,
         buffer_size: int = _BUFFER_SIZE,
         restore: RestoreInfo | None = None,
@@ -328,7 +333,7 @@ class StagedFileWriter:
         self.subtask = subtask
         self._parallelism = parallelism
         self._attempt = attempt
-        self._naming = _Naming(prefix)
+        self._naming = _Naming(prefix, suffix)
         self._dumps = serializer
         self._buffer_size = buffer_size
         self._seq = 0
@@ -352,6 +357,10 @@ class StagedFileWriter:
         await self._in_thread(self._recover_sync, restored, checkpoint_id)
         self._recovered = True
 
+    def count_records(self, path: Path) -> int:
+        """Count the records of a committed file of this writer (one per line)."""
+        return count_records(path)
+
     def _owns(self, subtask: int) -> bool:
         if subtask == self.subtask:
             return True
@@ -361,7 +370,7 @@ class StagedFileWriter:
     def survey(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> OutputSurvey:
         """Tell what :meth:`recover` would commit, find lost and retract (touches nothing)."""
         plan = plan_recovery(self.directory, self._naming, self._owns, restored, checkpoint_id)
-        retract = [(n, count_records(self.directory / n)) for n, _ in plan.retract]
+        retract = [(n, self.count_records(self.directory / n)) for n, _ in plan.retract]
         return OutputSurvey(str(self.directory), plan.lost, retract, plan.highest_id)
 
     def _recover_sync(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
@@ -393,6 +402,7 @@ class StagedFileWriter:
                 restore=self._restore,
                 checkpoint_id=checkpoint_id or 0,
                 owner=f"{self._naming.prefix}-{self.subtask:04d}",
+                count=self.count_records,
             )
         for name in plan.abort:
             (d / name).unlink(missing_ok=True)
