@@ -38,6 +38,12 @@ POINTS: dict[str, str] = {
     "(sinks have not committed)",
     "sink_commit": "a sink committed one more pre-committed file (or Kafka transaction); "
     "others of the same checkpoint may still be staged",
+    "delta_files_written": "a Delta sink's subtask wrote and named its data files for a "
+    "barrier (in no commit yet); the checkpoint is not acknowledged",
+    "delta_commit": "a checkpoint's metadata is durable and its Delta data files are written; "
+    "the Delta commit adding them has not been made",
+    "delta_committed": "the Delta commit of a checkpoint is made; no task has been notified "
+    "(the writers still list its files)",
     "restore_begin": "a task began restoring from a checkpoint (sources not yet rewound)",
     "restore_before_sinks": "a task restored its state; its sink has not yet recovered "
     "(committed/aborted the restored transactions)",

@@ -24,6 +24,7 @@ from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.staging import read_committed_output
 from aiostream_ckpt_dev.chaos.kills import ChaosResult, run_with_kills
 from aiostream_ckpt_dev.recount import recount_inputs
+from aiostream_ckpt_dev.validate.tables import table_records
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,10 +77,15 @@ class PvCheck:
 
 
 def check_pv_output(output_dir: Path, expected: collections.Counter[str]) -> PvCheck:
-    """Compare committed pv_count output with a recount: per key exactly 1..n."""
+    """Compare committed pv_count output with a recount: per key exactly 1..n.
+
+    A Delta table or a Parquet directory is read as its readers see it.
+    """
     seen: dict[str, list[int]] = collections.defaultdict(list)
     records = 0
-    for rec in read_committed_output(output_dir):
+    table = table_records(output_dir)
+    committed = (r for r, _ in table) if table is not None else read_committed_output(output_dir)
+    for rec in committed:
         records += 1
         seen[rec["app_id"]].append(rec["pv"])
     duplicates = missing = 0

@@ -36,7 +36,11 @@ from aiostream_ckpt.checkpoint.metadata import (
     PendingCheckpoint,
     TaskAck,
 )
-from aiostream_ckpt.checkpoint.participants import CheckpointListener, TriggerTarget
+from aiostream_ckpt.checkpoint.participants import (
+    CheckpointCommitter,
+    CheckpointListener,
+    TriggerTarget,
+)
 from aiostream_ckpt.checkpoint.pending import PendingCheckpoints
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, savepoint_target
 from aiostream_ckpt.clock import Clock
@@ -70,6 +74,9 @@ class CheckpointCoordinator:
         self._tasks: list[str] = []
         self._sources: dict[str, TriggerTarget] = {}
         self._listeners: list[CheckpointListener] = []
+        self._committers: list[CheckpointCommitter] = []
+        #: the newest savepoint completed in this run, for stop-with-savepoint's global commit
+        self._savepoints: dict[int, CompletedCheckpoint] = {}
         self._finished_sources: set[str] = set()
         self._pending = PendingCheckpoints()
         self._consecutive_failures = 0
@@ -98,6 +105,10 @@ class CheckpointCoordinator:
 
     def register_source(self, task_id: str, source: TriggerTarget) -> None:
         self._sources[task_id] = source
+
+    def register_committer(self, committer: CheckpointCommitter) -> None:
+        """Run ``committer`` for each completed checkpoint, before the tasks are notified."""
+        self._committers.append(committer)
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -202,14 +213,20 @@ class CheckpointCoordinator:
         self._suspended = False
         self._maybe_trigger_final()
 
-    def commit_savepoint(self, checkpoint_id: int) -> None:
+    async def commit_savepoint(self, checkpoint_id: int) -> None:
         """Tell every task that savepoint ``checkpoint_id`` completed: sinks commit its output.
 
         Only for stop-with-savepoint, as Flink does for a synchronous savepoint
         (the stopped job's output is complete): no checkpoint may follow it,
         and the caller first records it as the job's restore point
-        (:meth:`CheckpointStorage.record_stop_savepoint`).
+        (:meth:`CheckpointStorage.record_stop_savepoint`). The global
+        committers commit first; one that fails leaves the output to the
+        restore of the savepoint, and raises.
         """
+        completed = self._savepoints.get(checkpoint_id)
+        if completed is not None:
+            for committer in self._committers:
+                await committer.commit_checkpoint(completed)
         for listener in self._listeners:
             listener.notify_checkpoint_complete(checkpoint_id)
 
@@ -337,10 +354,34 @@ class CheckpointCoordinator:
                 raise
             if sp is None:
                 failpoints.hit("final_metadata_durable" if pending.is_final else "metadata_durable")
+                if not await self._commit_globally(completed):
+                    self._settle_completed(pending, completed, notify=False)
+                    return
             self._settle_completed(pending, completed, notify=True)
             if sp is None:
                 retention = self._in_executor(self.storage.apply_retention, self.config.retained)
                 await to_the_end(retention)
+
+    async def _commit_globally(self, completed: CompletedCheckpoint) -> bool:
+        """Run the global committers (durable checkpoint, no task told yet); False: one failed.
+
+        A failed commit fails the job over without notifying anyone: the
+        checkpoint is durable, so the next attempt restores it and its
+        committers' recovery commits it again (idempotently).
+        """
+        for committer in self._committers:
+            try:
+                await committer.commit_checkpoint(completed)
+            except Exception as exc:
+                log.error(
+                    "checkpoint %d: the global commit of %s failed: %s",
+                    completed.checkpoint_id,
+                    committer.name,
+                    exc,
+                )
+                self._fail(exc)
+                return False
+        return True
 
     def _in_executor(self, fn: Callable[..., None], *args: Any) -> asyncio.Future[None]:
         return asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -366,6 +407,8 @@ class CheckpointCoordinator:
             "" if notify else "; the job stops: its sinks commit when the next run restores it",
         )
         waiter = self._pending.take_waiter(cid)
+        if sp is not None:
+            self._savepoints = {cid: completed}  # the newest: only a stop commits one
         if sp is None:
             self.latest_completed = completed
             for older in self._pending.regular_before(cid):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
+from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 
 
 class TriggerTarget(Protocol):
@@ -27,3 +28,16 @@ class CheckpointListener(Protocol):
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None: ...
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None: ...
+
+
+class CheckpointCommitter(Protocol):
+    """A sink's global committer, run by the coordinator when checkpoint n is complete.
+
+    Called after n's metadata is durable and before any task is notified, one
+    at a time, in checkpoint order (see ``connectors.base.GlobalCommitter``).
+    A failure fails the job over: the restore of n commits it again.
+    """
+
+    name: str
+
+    async def commit_checkpoint(self, completed: CompletedCheckpoint) -> None: ...

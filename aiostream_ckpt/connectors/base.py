@@ -323,3 +323,48 @@ class TransactionReporter(Protocol):
     def check_transaction_ages(self) -> None:
         """Log a WARNING, once per transaction, when one nears its timeout."""
         ...
+
+
+class GlobalCommitter(Protocol):
+    """One commit for all subtasks of a sink, made where the job's completion is known.
+
+    Flink's ``GlobalCommitter`` (the Delta and Iceberg sinks'): the writers'
+    :meth:`SinkWriter.prepare_commit` list what they pre-committed (data files
+    not yet in a table) in their states; those states go into the checkpoint's
+    metadata, so the process running the coordinator has all of them, whatever
+    process each subtask ran in. When checkpoint n is complete (its metadata
+    durable) :meth:`commit` makes one commit of everything they list, before
+    any task is told (so a writer that learns of n may forget what n committed).
+    The commit carries n as an idempotency token: a repeated commit of n, after
+    a crash between the commit and the notification, must change nothing.
+
+    ``states`` are the writer states by subtask index, as the checkpoint holds them.
+    """
+
+    def survey(self, states: dict[int, dict[str, Any]], checkpoint_id: int | None) -> OutputSurvey:
+        """Tell what :meth:`recover` would do (read-only), as a file writer's ``survey``."""
+        ...
+
+    async def recover(self, states: dict[int, dict[str, Any]], checkpoint_id: int | None) -> None:
+        """Before any writer recovers: commit what the restored checkpoint lists, unless done.
+
+        ``checkpoint_id`` None is a fresh start, 0 a restore to before every
+        checkpoint; output of newer checkpoints is retracted or refused as the
+        survey said, and data files no checkpoint lists are removed.
+        """
+        ...
+
+    async def commit(self, checkpoint_id: int, states: dict[int, dict[str, Any]]) -> None:
+        """Commit everything ``states`` list up to ``checkpoint_id``; idempotent."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class GlobalCommitSink(Protocol):
+    """Optional sink capability: one :class:`GlobalCommitter` commits its writers' output."""
+
+    def create_committer(self, ctx: ConnectorContext) -> GlobalCommitter:
+        """Return the committer of this sink (``ctx.subtask_index`` 0, the job's parallelism)."""
+        ...

@@ -152,7 +152,11 @@ class SavepointService:
         except CheckpointError as exc:  # still exact: a restore from it commits the output
             log.error("stop-with-savepoint: %s; its output stays pre-committed", exc)
             return
-        coordinator.commit_savepoint(result.checkpoint_id)
+        try:
+            await coordinator.commit_savepoint(result.checkpoint_id)
+        except Exception as exc:  # still exact: a restore from it commits the output
+            log.error("stop-with-savepoint: %s; its output stays pre-committed", exc)
+            return
         await self._wait_committed(result.checkpoint_id)
 
     async def cancel(self) -> None:

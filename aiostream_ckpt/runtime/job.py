@@ -33,6 +33,7 @@ from aiostream_ckpt.errors import (
 )
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.attempt import AttemptSetup, AttemptThreads, build_tasks
+from aiostream_ckpt.runtime.global_commit import GlobalCommitters, recover_checkpoint_id
 from aiostream_ckpt.runtime.graph import Chain, plan_chains
 from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
 from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
@@ -306,9 +307,13 @@ class JobRunner:
             local_dir=local_dir,
         )
         tasks: list[StreamTask] = []
+        committers = GlobalCommitters(
+            self.spec, attempt=attempt, restore=restore, executor=threads.io
+        )
+        committers.register(coordinator)
         try:
             if config.workers > 1:
-                return await self._run_workers(setup, chains, coordinator)
+                return await self._run_workers(setup, chains, coordinator, committers)
             tasks = build_tasks(setup, chains, coordinator, threads)
             self.run_state.tasks = tasks
             self.run_state.coordinator = coordinator
@@ -321,6 +326,8 @@ class JobRunner:
                     coordinator,
                     allow_retract=config.allow_retract_output,
                     allow_duplicates=config.allow_duplicate_output,
+                    committers=committers,
+                    recover_id=recover_checkpoint_id(restored, fallback=fallback),
                 )
             except BaseException:
                 await asyncio.gather(*(t.close() for t in tasks), return_exceptions=True)
@@ -328,6 +335,7 @@ class JobRunner:
             return await self._supervise(coordinator, [(t.task_id, t.run()) for t in tasks])
         finally:
             self._next_id_floor = max(self._next_id_floor, coordinator.next_checkpoint_id)
+            await committers.close()
             threads.shutdown()
             local.release()
 
@@ -341,7 +349,11 @@ class JobRunner:
         return max(self.storage.next_checkpoint_id(), after_restored, self._next_id_floor)
 
     async def _run_workers(
-        self, setup: AttemptSetup, chains: list[Chain], coordinator: CheckpointCoordinator
+        self,
+        setup: AttemptSetup,
+        chains: list[Chain],
+        coordinator: CheckpointCoordinator,
+        committers: GlobalCommitters,
     ) -> bool:
         """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
         assert self.launch is not None  # checked at construction
@@ -368,7 +380,9 @@ class JobRunner:
             await group.start()
             self.storage.remote_pins = group.remote_pins
             try:
+                recover_id = recover_checkpoint_id(setup.restored, fallback=setup.fallback)
                 surveys = await group.restore(setup)
+                surveys += await committers.surveys(setup.restored, recover_id)
                 highest = decide_restore(
                     surveys,
                     setup.restored,
@@ -376,6 +390,7 @@ class JobRunner:
                     allow_duplicates=self.config.allow_duplicate_output,
                 )
                 coordinator.skip_ids_through(highest)
+                await committers.recover(setup.restored, recover_id)
                 await group.recover()
                 return await self._supervise(coordinator, [("workers", group.run())], group.failure)
             finally:

@@ -19,7 +19,9 @@
    that cannot be retracted is refused unless ``--allow-duplicate-output``;
    new checkpoint ids start above every id the outputs used.
 5. **Recover** the outputs: only now do sinks and dead-letter writers commit,
-   abort and retract (move aside with a manifest).
+   abort and retract (move aside with a manifest); a sink's global committer
+   (``runtime.global_commit``: one table commit for all subtasks) before its
+   writers.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.connectors.base import OutputSurvey, RestoreInfo, duplicate_output_refusal
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError, RestoreRefusedError
+from aiostream_ckpt.runtime.global_commit import GlobalCommitters
 from aiostream_ckpt.runtime.task import StreamTask
 
 log = logging.getLogger(__name__)
@@ -143,13 +146,23 @@ async def restore_tasks(
     *,
     allow_retract: bool,
     allow_duplicates: bool,
+    committers: GlobalCommitters | None = None,
+    recover_id: int | None = None,
 ) -> None:
-    """Run steps 2-5 of the module docstring for one attempt (before the coordinator starts)."""
+    """Run steps 2-5 of the module docstring for one attempt (before the coordinator starts).
+
+    ``committers``: the sinks' global committers, surveyed with the writers
+    and recovered (to ``recover_id``) before them.
+    """
     surveys = await verify_and_survey(tasks)
+    if committers is not None:
+        surveys += await committers.surveys(restored, recover_id)
     highest = decide_restore(
         surveys, restored, allow_retract=allow_retract, allow_duplicates=allow_duplicates
     )
     coordinator.skip_ids_through(highest)
+    if committers is not None:
+        await committers.recover(restored, recover_id)
     await recover_outputs(tasks)
 
 

@@ -53,6 +53,9 @@ PROGRESS_WINDOWS = (
     "position",
 )
 RECOVERY_WINDOWS = ("restore_begin", "restore_before_sinks", "restore_after_sinks")
+#: The Delta sink's windows (``app.sink=delta``): its data files written at a barrier, in
+#: no commit; a complete checkpoint before its Delta commit; after it, no task told yet.
+DELTA_WINDOWS = ("delta_files_written", "delta_commit", "delta_committed")
 END_WINDOWS = ("final_metadata_durable", "final_committed")
 WINDOWS = PROGRESS_WINDOWS + RECOVERY_WINDOWS + END_WINDOWS
 #: Windows of tasks: at ``job.workers`` > 1 hit in a worker process, not in the main one.
@@ -60,11 +63,18 @@ WORKER_WINDOWS = (
     "pre_barrier_flush",
     "snapshot_write",
     "sink_commit",
+    "delta_files_written",
     *RECOVERY_WINDOWS,
     "final_committed",
 )
 #: Windows hit at every checkpoint: a plan's kill takes the 1st to 3rd hit.
-_NTH_WINDOWS = ("pre_barrier_flush", "snapshot_write", "metadata_durable", "sink_commit")
+_NTH_WINDOWS = (
+    "pre_barrier_flush",
+    "snapshot_write",
+    "metadata_durable",
+    "sink_commit",
+    *DELTA_WINDOWS,
+)
 #: The kill of the main process that follows a worker's once its restart checkpointed.
 MAIN_RUNNING = "main_running"
 #: SIGSTOP a worker process at an input position (a hung worker), see the module docstring.
@@ -134,18 +144,22 @@ def plan_round(
     position: bool = True,
     workers: int = 1,
     hangs: bool = False,
+    delta: bool = False,
 ) -> list[Kill]:
     """``kills`` kills: metadata durable first, end-of-input windows last.
 
     The first kill waits for a durable checkpoint, so that every later run has
     one to recover from and the recovery windows are reached. With ``workers``
     > 1, half the position kills take a worker (see the module docstring).
+    ``delta``: the job writes a Delta table; its windows join the mix.
     ``hangs``: the kills between are :data:`HANG` of a worker (the input's
     position needed), each followed by the main process's kill.
     """
     if hangs and (workers <= 1 or not position):
         raise ValueError("hangs need job.workers > 1 and input files to place them by")
     progress = [w for w in PROGRESS_WINDOWS if position or w != "position"]
+    if delta:
+        progress += DELTA_WINDOWS
     middle = [HANG] if hangs else progress + list(RECOVERY_WINDOWS)
     windows = ["metadata_durable"]
     ends = list(END_WINDOWS)[: max(0, kills - 1)]

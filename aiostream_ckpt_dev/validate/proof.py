@@ -15,6 +15,8 @@ This is the fast path: plain Python, no Spark, and it shares no code with the
 sinks it checks. Files are listed, ordered and parsed here from the directory
 itself (visible ``*.jsonl`` files, in the order of the numbers in their names:
 checkpoint, then subtask), never through :mod:`aiostream_ckpt.connectors`;
+a Delta table or a directory of Parquet part files is read as its readers see
+it (:mod:`.tables`: delta-rs's newest snapshot, or the visible ``*.parquet``);
 an app in Kafka mode (``ProofContract.kafka_outputs``) is proven on its topics,
 read as a ``read_committed`` consumer sees them (:mod:`.proof_kafka`).
 Records are compared in a canonical form (sorted keys, ignored fields
@@ -40,6 +42,12 @@ from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 from aiostream_ckpt_dev.validate.parse import canonical
 from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, new_twin, read_committed
 from aiostream_ckpt_dev.validate.result import CheckResult
+from aiostream_ckpt_dev.validate.tables import (
+    delta_files,
+    is_delta_table,
+    parquet_files,
+    table_records,
+)
 
 _NUMBERS = re.compile(r"\d+")
 MAX_EXAMPLES = 20
@@ -81,13 +89,26 @@ def output_files(directory: Path) -> list[Path]:
 
 
 def output_bytes(directories: Iterable[Path]) -> int:
-    return sum(f.stat().st_size for d in directories for f in output_files(d))
+    return sum(f.stat().st_size for d in directories for f in _data_files(d))
+
+
+def _data_files(directory: Path) -> list[Path]:
+    """List the committed data files: a Delta table's, visible Parquet ones, or JSON lines."""
+    if is_delta_table(directory):
+        return [directory / p for p, _ in delta_files(directory)]
+    return parquet_files(directory) or output_files(directory)
 
 
 def read_records(
     directory: Path, key: str | None = None, ignore: Sequence[str] = ()
 ) -> Iterator[Record]:
     """Yield the committed records of ``directory`` in commit order."""
+    table = table_records(directory)
+    if table is not None:
+        for rec, where in table:
+            canon, k, ok = canonical(orjson.dumps(rec), key, ignore)
+            yield canon, k, ok, where
+        return
     for path in output_files(directory):
         name = path.name
         with open(path, "rb") as f:
@@ -246,7 +267,8 @@ def compare_dirs(
 def describe(where: Location) -> str:
     if isinstance(where, KafkaTopic):
         return f"{where} (read_committed)"
-    return f"{where} ({len(output_files(where))} files)"
+    kind = " Delta table," if is_delta_table(where) else ""
+    return f"{where} ({kind} {len(_data_files(where))} files)".replace("( ", "(")
 
 
 def compare_oracle(
