@@ -13,7 +13,9 @@ import collections
 import contextlib
 import importlib.util
 import io
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,18 +107,64 @@ def spark_unavailable() -> str | None:
     return None
 
 
-def check_pv_count(inputs: list[Path], output: Path, *, use_spark: bool, work: Path) -> Verdict:
-    """Spark's verdict when ``use_spark`` and Spark can run, else the Python recount's.
+def check_pv_count(
+    inputs: list[Path],
+    output: Path,
+    *,
+    use_spark: bool,
+    work: Path,
+    echo: Callable[[str], None] | None = None,
+    tick: float = 10.0,
+) -> Verdict:
+    """The Python recount first, then Spark's verdict as confirmation when asked and possible.
 
-    The report names the check that ran and, when Spark was asked for but cannot
-    run, why it was skipped: a pass never claims a Spark check that did not happen.
+    The recount takes seconds and is said at once (``echo``); Spark's JVM takes
+    a minute to start, so while it runs a line every ``tick`` seconds says it
+    is still working instead of leaving the terminal silent. Both must pass.
+    The report names the checks that ran and, when Spark was asked for but
+    cannot run, why it was skipped: a pass never claims a Spark check that did
+    not happen. A failed recount skips Spark: it cannot turn a fail into a pass.
     """
+    say = echo or (lambda _line: None)
+    started = time.monotonic()
+    quick = python_recount(inputs, output)
+    say(
+        f"check: python recount {'PASS' if quick.passed else 'FAIL'}: {quick.summary} "
+        f"({time.monotonic() - started:.1f}s)"
+    )
     skipped = spark_unavailable() if use_spark else None
-    if not use_spark or skipped is not None:
-        verdict = python_recount(inputs, output)
-        if skipped is not None:
-            verdict.report = f"spark check skipped: {skipped}\n{verdict.report}"
-        return verdict
+    if skipped is not None:
+        quick.report = f"spark check skipped: {skipped}\n{quick.report}"
+    if not use_spark or skipped is not None or not quick.passed:
+        return quick
+    say("check: confirming with Spark (validate --check pv_count; its JVM starts first)")
+    with _ticking(say, tick, "check: Spark still running"):
+        spark = _spark_verdict(inputs, output, work)
+    say(f"check: spark {'PASS' if spark.passed else 'FAIL'} ({time.monotonic() - started:.0f}s)")
+    spark.report = f"{quick.report}\n{spark.report}"
+    return spark
+
+
+@contextlib.contextmanager
+def _ticking(say: Callable[[str], None], every: float, what: str) -> Iterator[None]:
+    """Say ``what`` and the time taken every ``every`` seconds until the block ends."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            say(f"{what} ({time.monotonic() - started:.0f}s)")
+
+    thread = threading.Thread(target=tick, name="check-ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _spark_verdict(inputs: list[Path], output: Path, work: Path) -> Verdict:
     from aiostream_ckpt_dev.validate.cli import validate_main
 
     buf = io.StringIO()

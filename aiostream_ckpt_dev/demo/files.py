@@ -6,10 +6,11 @@
    checkpoints; SIGKILL it at random moments (after it has completed a
    checkpoint in that attempt), restart it on the same checkpoint directory,
    until it finishes.
-3. Check the committed output against a recount of the input: with Spark
-   (``aiostream_ckpt_dev.validate``) when PySpark is installed, else in Python.
-   When Spark cannot run here (no PySpark, no Java) it says so and which
-   check ran instead.
+3. Check the committed output against a recount of the input: in Python
+   first (seconds, said at once), then with Spark (``aiostream_ckpt_dev.validate``)
+   as confirmation when PySpark is installed, with a line every 10 s while its
+   JVM starts and runs. When Spark cannot run here (no PySpark, no Java) it
+   says so and the Python recount decides.
 4. Prove the windowed app (``apps.sessions``) under kill -9 against a
    failure-free run (:mod:`.windowed`), and print that verdict too.
    Prints ``exactly-once verified: ...`` or exits non-zero.
@@ -29,6 +30,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
@@ -126,6 +128,13 @@ def worker_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
 
 
+def _say(label: str) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        print(f"{label}: {line}", flush=True)
+
+    return say
+
+
 def _stop_on_sigterm() -> None:
     """SIGTERM ends the demo like Ctrl-C (PID 1 ignores a signal it has no handler for)."""
 
@@ -178,7 +187,9 @@ def demo_main(argv: list[str]) -> int:
     )
     if result is None:
         return 1
-    verdict = check_pv_count(inputs, output, use_spark=not args.no_spark, work=work)
+    verdict = check_pv_count(
+        inputs, output, use_spark=not args.no_spark, work=work, echo=_say("demo")
+    )
     print(verdict.report)
     windowed = (
         args.windowed_kills == 0
