@@ -116,7 +116,7 @@ def check_pv_count(
     echo: Callable[[str], None] | None = None,
     tick: float = 10.0,
 ) -> Verdict:
-    """The Python recount first, then Spark's verdict as confirmation when asked and possible.
+    """Check with the Python recount first, then with Spark as confirmation when asked and possible.
 
     The recount takes seconds and is said at once (``echo``); Spark's JVM takes
     a minute to start, so while it runs a line every ``tick`` seconds says it
