@@ -57,9 +57,18 @@ def find_mvn(purpose: str) -> str:
 
 
 def copy_dependencies(
-    pom: Path, out: Path, *, settings: Path | None = None, refresh: bool = False
+    pom: Path,
+    out: Path,
+    *,
+    settings: Path | None = None,
+    refresh: bool = False,
+    exclude_transitive: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``copy-dependencies`` (runtime scope) of ``pom`` into ``out``."""
+    """Run ``copy-dependencies`` (runtime scope) of ``pom`` into ``out``.
+
+    ``exclude_transitive``: only the pom's own dependencies (Delta's jars
+    without the Hadoop, Jackson and log4j that PySpark already ships).
+    """
     cmd = [find_mvn("the jars"), "-q", "-B"]
     if refresh:
         cmd.append("-U")  # a "not found" cached by an earlier failed resolution must not stick
@@ -73,6 +82,8 @@ def copy_dependencies(
         f"-DoutputDirectory={out}",
         "-DincludeScope=runtime",
     ]
+    if exclude_transitive:
+        cmd.append("-DexcludeTransitive=true")
     # Options already in MAVEN_OPTS come later and win (a proxy, a bigger heap).
     opts = " ".join([*QUICK_START_JVM_OPTIONS, os.environ.get("MAVEN_OPTS", "")]).strip()
     env = {**os.environ, "MAVEN_OPTS": opts}

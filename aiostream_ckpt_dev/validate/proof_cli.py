@@ -35,6 +35,7 @@ from aiostream_ckpt_dev.validate.proof import (
 )
 from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, drop_topics, record_span
 from aiostream_ckpt_dev.validate.result import CheckResult, ValidationReport, print_report
+from aiostream_ckpt_dev.validate.tables import is_delta_table
 
 SECOND = "second-run"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
@@ -169,7 +170,8 @@ def prove(
         from aiostream_ckpt_dev.validate.session import get_spark
 
         t = time.monotonic()
-        session = get_spark(master, kafka=bool(topics))
+        tables = any(isinstance(w, Path) and is_delta_table(w) for w in places)
+        session = get_spark(master, kafka=bool(topics), delta=tables)
         startup = time.monotonic() - t
         results = spark_results(session, plan, contract)
     else:

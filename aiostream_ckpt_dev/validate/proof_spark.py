@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.api.contract import ProofContract
@@ -32,6 +33,7 @@ from aiostream_ckpt_dev.validate.proof import (
 from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic
 from aiostream_ckpt_dev.validate.readers import _read_lines, read_kafka_output
 from aiostream_ckpt_dev.validate.result import CheckResult
+from aiostream_ckpt_dev.validate.tables import delta_files, is_delta_table, parquet_files
 
 _EMPTY = "canon string, key string, parsed boolean, forder long, blk long, mid long, file string"
 
@@ -45,6 +47,8 @@ def load_output(spark: Any, where: Location, contract: ProofContract) -> Any:
     )
     if isinstance(where, KafkaTopic):
         return _load_topic(spark, where, canon)
+    if is_delta_table(where) or parquet_files(where):
+        return _load_table(spark, where, canon)
     files = output_files(where)
     if not files:
         return spark.createDataFrame([], _EMPTY)
@@ -62,6 +66,39 @@ def load_output(spark: Any, where: Location, contract: ProofContract) -> Any:
             "mid",
             F.col("file_name").alias("file"),
         )
+        .select("p.canon", "p.key", "p.parsed", "forder", "blk", "mid", "file")
+    )
+
+
+def _load_table(spark: Any, where: Path, canon: Any) -> Any:
+    """Read a Delta table (Delta Lake for Spark) or Parquet part files, each row as JSON.
+
+    Commit order: the numbers in the file names (checkpoint, subtask), then
+    the rows of a file as Spark reads them (``mid`` grows within a split).
+    """
+    from pyspark.sql import functions as F
+
+    if is_delta_table(where):
+        df = spark.read.format("delta").load(str(where))
+        names = [p.rsplit("/", 1)[-1] for p, _ in delta_files(where)]
+    else:
+        files = parquet_files(where)
+        df = spark.read.parquet(*[str(f) for f in files])
+        names = [f.name for f in files]
+    if not names:
+        return spark.createDataFrame([], _EMPTY)
+    order = spark.createDataFrame(
+        [(n, i) for i, n in enumerate(names)], "file_name string, forder long"
+    )
+    rows = df.select(
+        F.to_json(F.struct(*[F.col(c) for c in df.columns])).alias("value"),
+        F.col("_metadata.file_name").alias("file_name"),
+        F.col("_metadata.file_block_start").alias("blk"),
+        F.monotonically_increasing_id().alias("mid"),
+    )
+    return (
+        rows.join(F.broadcast(order), "file_name")
+        .select(canon("value").alias("p"), "forder", "blk", "mid", F.col("file_name").alias("file"))
         .select("p.canon", "p.key", "p.parsed", "forder", "blk", "mid", "file")
     )
 

@@ -22,7 +22,7 @@ DEFAULT_MASTER = "local[2]"
 
 _lock = threading.Lock()
 _session: Any = None
-_session_key: tuple[str, bool] | None = None
+_session_key: tuple[str, bool, bool] | None = None
 
 
 def find_java() -> str:
@@ -49,27 +49,30 @@ def get_spark(
     master: str | None = None,
     *,
     kafka: bool = False,
+    delta: bool = False,
     driver_memory: str = "1g",
     shuffle_partitions: int = 4,
 ) -> Any:
     """Return the process's SparkSession, starting it if needed.
 
     ``kafka=True`` puts Spark's Kafka source on the classpath (fetched once,
-    see :mod:`aiostream_ckpt_dev.validate.jars`). A session that already has it
-    is reused for file-only validations too.
+    see :mod:`aiostream_ckpt_dev.validate.jars`), ``delta=True`` Delta Lake
+    (:mod:`.delta_jars`). A session that already has them is reused for
+    validations that need less.
     """
     global _session, _session_key
     master = master or DEFAULT_MASTER
     with _lock:
         if _session is not None and _session_key is not None:
-            running_master, has_kafka = _session_key
-            if running_master == master and (has_kafka or not kafka):
+            running_master, has_kafka, has_delta = _session_key
+            if running_master == master and (has_kafka or not kafka) and (has_delta or not delta):
                 return _session
+            kafka, delta = kafka or has_kafka, delta or has_delta  # keep what it had
             _session.stop()
             _session = _session_key = None
             _end_jvm()
-        _session = _build(master, kafka, driver_memory, shuffle_partitions)
-        _session_key = (master, kafka)
+        _session = _build(master, kafka, delta, driver_memory, shuffle_partitions)
+        _session_key = (master, kafka, delta)
         return _session
 
 
@@ -108,7 +111,9 @@ def stop_spark() -> None:
         _session = _session_key = None
 
 
-def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int) -> Any:
+def _build(
+    master: str, kafka: bool, delta: bool, driver_memory: str, shuffle_partitions: int
+) -> Any:
     find_java()
     try:
         from pyspark import cloudpickle
@@ -142,10 +147,19 @@ def _build(master: str, kafka: bool, driver_memory: str, shuffle_partitions: int
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
+    jars: list[Path] = []
     if kafka:
         from aiostream_ckpt_dev.validate.jars import spark_kafka_jars
 
-        builder = builder.config("spark.jars", ",".join(str(j) for j in spark_kafka_jars()))
+        jars += spark_kafka_jars()
+    if delta:
+        from aiostream_ckpt_dev.validate.delta_jars import DELTA_SPARK_CONF, spark_delta_jars
+
+        jars += spark_delta_jars()
+        for key, value in DELTA_SPARK_CONF.items():
+            builder = builder.config(key, value)
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark

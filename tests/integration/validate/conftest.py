@@ -130,12 +130,13 @@ def build_case(
 def spark() -> Iterator[Any]:
     """The one SparkSession of the test session.
 
-    Started with the Kafka source when it can be had, so the Kafka test reuses
-    it; if the jars can't be fetched, file tests still run and the Kafka test
-    fails on its own ``get_spark(kafka=True)`` with the reason.
+    Started with the Kafka source and Delta Lake when they can be had, so the
+    Kafka and Delta tests reuse it; if the jars can't be fetched, file tests
+    still run and those tests fail on their own ``get_spark(kafka=True)`` or
+    ``get_spark(delta=True)`` with the reason.
     """
     try:
-        session = get_spark(kafka=True)
+        session = get_spark(kafka=True, delta=True)
     except ValidationError:
         session = get_spark()
     yield session
