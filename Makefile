@@ -11,7 +11,7 @@ SRC    := aiostream_ckpt aiostream_ckpt_dev apps tests bench
 PYTEST_WORKERS ?= 2
 XDIST = $(shell $(BIN)/python -c 'import xdist' 2>/dev/null && printf -- '-n %s --dist loadfile' $(PYTEST_WORKERS))
 
-.PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka bench-quick clean
+.PHONY: setup lint format test test-fast test-integration chaos test-container demo demo-kafka demo-delta bench-quick clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ demo: setup
 
 demo-kafka: setup
 	$(BIN)/aiostream-ckpt demo-kafka
+
+# the demo into a Delta table, proven by Spark (Delta Lake for Spark from Maven Central)
+demo-delta: setup
+	$(BIN)/aiostream-ckpt demo --sink delta
 
 bench-quick: setup
 	$(BIN)/python -m bench --quick --json bench/results/quick.json

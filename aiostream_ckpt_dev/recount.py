@@ -89,8 +89,13 @@ def check_pv_updates(
 
 
 def python_recount(inputs: list[Path], output: Path) -> Verdict:
+    """Recount in Python; a Delta table or Parquet output is read as its readers see it."""
+    from aiostream_ckpt_dev.validate.tables import table_records
+
     expected, malformed = recount_inputs(inputs)
-    return check_pv_updates(read_committed_output(output), expected, malformed=malformed)
+    table = table_records(output)
+    records = (r for r, _ in table) if table is not None else read_committed_output(output)
+    return check_pv_updates(records, expected, malformed=malformed)
 
 
 def spark_unavailable() -> str | None:

@@ -107,3 +107,20 @@ def test_sigterm_stops_the_demo_as_pid_1(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.spark
+def test_the_delta_demo_is_proven_by_spark(tmp_path: Path) -> None:
+    """``make demo-delta``, small: kill -9 twice, then the recount and Spark's proof pass."""
+    proc = subprocess.run(
+        cli_cmd(
+            "demo", "--sink", "delta", "--events", "60000", "--keys", "50", "--kills", "2",
+            "--interval", "100ms", "--windowed-kills", "0", "--workdir", str(tmp_path / "demo"),
+            "--seed", "5",
+        ),
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "spark path" in proc.stdout and "spark proof skipped" not in proc.stdout
+    assert "exactly-once verified" in proc.stdout
+    assert (tmp_path / "demo" / "output" / "_delta_log").is_dir()
