@@ -13,6 +13,7 @@ to the bit, or a record reaches an instance that does not own its state.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 import orjson
 
 DEFAULT_MAX_PARALLELISM = 128
+
+_SHARD_DIR = re.compile(r"shard-(\d+)-of-(\d+)")
 
 
 def serialize_key(key: Any) -> bytes:
@@ -106,3 +109,98 @@ class KeyGroupRange:
     @classmethod
     def from_json(cls, data: list[int]) -> KeyGroupRange:
         return cls(int(data[0]), int(data[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Shard ``index`` of ``count``: the part of a job one daemon runs (``--shard I/N``).
+
+    A shard owns the key groups instance ``index`` of ``count`` would own
+    (:meth:`key_groups`), so it lines up with partition ``index`` of a topic of
+    ``count`` partitions written by key group. Inside it the job runs at its
+    own parallelism ``p``; its subtask ``i`` *is* subtask ``index * p + i`` of
+    a job at parallelism ``count * p`` (:meth:`subtask`): key groups, state
+    handles, source splits and transactional ids all use that global index,
+    so N shards together are exactly one job at ``N * p``, and a rescale from
+    N to M shards is the restore at another parallelism that already exists.
+    The ranges agree: the subtasks ``index * p .. index * p + p - 1`` of
+    ``count * p`` own exactly :meth:`key_groups`.
+
+    ``Shard(0, 1)`` (:data:`WHOLE_JOB`) is a job without ``--shard``: every
+    global index is the local one.
+
+    >>> Shard(1, 2).key_groups(128)
+    KeyGroupRange(start=64, end=127)
+    >>> Shard(1, 2).subtask(0, 2), Shard(1, 2).parallelism(2)
+    (2, 4)
+    >>> KeyGroupRange.for_operator(2, 4, 128).start == Shard(1, 2).key_groups(128).start
+    True
+    >>> Shard.parse("1/2")
+    Shard(index=1, count=2)
+    >>> str(Shard(1, 2)), Shard(1, 2).dirname
+    ('1/2', 'shard-1-of-2')
+    """
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """Parse ``I/N``; raises ValueError saying what is expected."""
+        index, sep, count = str(text).strip().partition("/")
+        try:
+            if not sep:
+                raise ValueError
+            shard = cls(int(index), int(count))
+        except ValueError:
+            raise ValueError(f"I/N: shard I of N shards, e.g. 0/2, not {text!r}") from None
+        if shard.count < 1 or not 0 <= shard.index < shard.count:
+            raise ValueError(
+                f"I/N with I in 0..N-1 (shard {shard.index} of {shard.count} does not exist)"
+            )
+        return shard
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    @property
+    def sharded(self) -> bool:
+        """Whether other shards run the rest of the job (False without ``--shard``)."""
+        return self.count > 1
+
+    @property
+    def dirname(self) -> str:
+        """The shard's directory under the job's checkpoint and output directories."""
+        return f"shard-{self.index}-of-{self.count}"
+
+    @classmethod
+    def from_dirname(cls, name: str) -> Shard | None:
+        """Return the shard whose directory is ``name`` (``shard-I-of-N``); None for others.
+
+        >>> Shard.from_dirname("shard-1-of-2"), Shard.from_dirname("chk-3")
+        (Shard(index=1, count=2), None)
+        """
+        m = _SHARD_DIR.fullmatch(name)
+        if m is None:
+            return None
+        index, count = int(m.group(1)), int(m.group(2))
+        return cls(index, count) if 0 <= index < count else None
+
+    def key_groups(self, max_parallelism: int) -> KeyGroupRange:
+        return KeyGroupRange.for_operator(self.index, self.count, max_parallelism)
+
+    def subtask(self, local: int, parallelism: int) -> int:
+        """Global index of local subtask ``local`` of an operator at ``parallelism`` here."""
+        return self.index * parallelism + local
+
+    def parallelism(self, parallelism: int) -> int:
+        """Global parallelism of an operator that runs ``parallelism`` subtasks in each shard."""
+        return self.count * parallelism
+
+    def of_key_group(self, key_group: int, max_parallelism: int) -> int:
+        """Return the shard (of ``count``) that owns ``key_group``."""
+        return operator_index_for_key_group(key_group, self.count, max_parallelism)
+
+
+#: A job run without ``--shard``: one shard holding every key group.
+WHOLE_JOB = Shard(0, 1)

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiostream_ckpt.aio import Wakeup
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import RecordError
-from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM
+from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM, WHOLE_JOB, Shard
 
 #: Called by readers for records they cannot turn into events; the runtime
 #: routes them to the dead-letter output (or fails the job when fail-fast).
@@ -109,7 +109,13 @@ class OutputSurvey:
 
 @dataclass(slots=True)
 class ConnectorContext:
-    """What a reader or writer instance knows about its place in the job."""
+    """What a reader or writer instance knows about its place in the job.
+
+    ``subtask_index`` and ``parallelism`` are the job's, across all shards
+    (see :class:`~aiostream_ckpt.keygroups.Shard`): what splits, file names
+    and transactional ids are keyed by, so that shards never collide and a
+    rescale finds every old instance's state.
+    """
 
     job_name: str
     operator_uid: str
@@ -131,6 +137,12 @@ class ConnectorContext:
     #: inject, timers due). A reader that waits long (pacing) returns early then,
     #: with what is due (maybe nothing), so a barrier does not wait for its sleep.
     wakeup: Wakeup = field(default_factory=Wakeup)
+    #: The shard of the job this instance runs in (``--shard I/N``).
+    shard: Shard = WHOLE_JOB
+
+    def shard_path(self, directory: Path) -> Path:
+        """Where this instance's shard writes what the job would write to ``directory``."""
+        return directory / self.shard.dirname if self.shard.sharded else directory
 
 
 class SourceReader(Protocol):
@@ -297,6 +309,9 @@ class DirectoryOutput(Protocol):
     The job locks them, with its checkpoint directory, for as long as it runs:
     two jobs committing into one directory would reuse each other's staged
     and committed file names. A second job started on them is refused.
+    In a sharded job each shard's writers write under
+    :meth:`ConnectorContext.shard_path` of each directory, and that is what
+    the shard locks: shards never share an output directory.
     """
 
     def output_directories(self) -> Collection[Path]: ...

@@ -20,6 +20,7 @@ from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, file_key_groups
 from aiostream_ckpt.connectors.pacing import Pacer, check_rate
 from aiostream_ckpt.connectors.required import required_problem, required_violations
+from aiostream_ckpt.connectors.splits import assign_splits
 from aiostream_ckpt.connectors.staging import (
     DeadLetterWriter,
     RollingPolicy,
@@ -73,7 +74,8 @@ def _expand(paths: PathLike | Sequence[PathLike]) -> list[str]:
 class JsonLinesFileSource:
     """Bounded, replayable source of JSON lines; one split per file.
 
-    Readers take files round-robin by subtask index. ``parse=False`` yields each
+    Readers take files round-robin by subtask index (in a sharded job, within
+    their shard's block: :mod:`~aiostream_ckpt.connectors.splits`). ``parse=False`` yields each
     line's raw bytes (without the newline) instead of parsed events.
     ``with_position=True`` adds ``"_pos": [file, line_start_offset]`` to every
     event, so a validator can tie output back to input. ``required`` maps field
@@ -140,7 +142,7 @@ class JsonLinesFileSource:
                 self.key_groups, self.key_groups_of, ctx, source=f"file source {self.name!r}"
             )
         else:
-            own = self.splits[ctx.subtask_index :: ctx.parallelism]
+            own = assign_splits(self.splits, ctx, source=f"file source {self.name!r}")
         return JsonLinesFileReader(self, own, ctx)
 
 
@@ -366,6 +368,9 @@ class ExactlyOnceFileSink:
     job writing there is refused at its start. What a reader may rely on is the
     output contract of :mod:`aiostream_ckpt.connectors.output_recovery`.
 
+    A sharded job (``--shard I/N``) writes shard I's files into
+    ``directory/shard-I-of-N``: read them all with ``read_committed_output(directory)``.
+
     ``rolling``: by default every checkpoint closes and commits each subtask's
     part file; a :class:`RollingPolicy` with a size and/or age limit lets a part
     file span checkpoints (fewer, bigger files; each still committed atomically
@@ -392,7 +397,7 @@ class ExactlyOnceFileSink:
 
     def create_writer(self, ctx: ConnectorContext) -> StagedFileWriter:
         return StagedFileWriter(
-            self.directory,
+            ctx.shard_path(self.directory),
             subtask=ctx.subtask_index,
             parallelism=ctx.parallelism,
             attempt=ctx.attempt,

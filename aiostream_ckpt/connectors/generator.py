@@ -23,6 +23,7 @@ from typing import Any
 
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.pacing import MAX_PACING_SLEEP, Pacer, check_rate, pause
+from aiostream_ckpt.connectors.splits import assign_splits
 from aiostream_ckpt.connectors.staging import serialize_lines
 from aiostream_ckpt.errors import ConfigError
 
@@ -100,8 +101,9 @@ class GeneratorSource:
     """Seeded page-view events; bounded when ``count`` is given (total over splits).
 
     ``rate`` paces each split to that many events per second of ``ctx.clock``.
-    Split ``s`` is read by subtask ``s % parallelism``; give ``splits`` at
-    least the parallelism or some readers have nothing to do.
+    Split ``s`` is read by subtask ``s % parallelism`` (in a sharded job,
+    within its shard's block: :mod:`~aiostream_ckpt.connectors.splits`); give
+    ``splits`` at least the parallelism or some readers have nothing to do.
 
     >>> import asyncio
     >>> from aiostream_ckpt.connectors.base import ConnectorContext
@@ -171,7 +173,7 @@ class GeneratorSource:
         return out
 
     def create_reader(self, ctx: ConnectorContext) -> GeneratorReader:
-        own = list(range(ctx.subtask_index, self.splits, ctx.parallelism))
+        own = assign_splits(range(self.splits), ctx, source=f"generator {self.name!r}")
         return GeneratorReader(self, own, ctx)
 
 

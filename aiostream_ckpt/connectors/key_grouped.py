@@ -17,6 +17,12 @@ read, with the parallelisms that would work. A split that breaks its promise
 is caught per record by the operator's arrival check
 (:mod:`aiostream_ckpt.runtime.key_group_check`), before it touches state.
 
+In a sharded job (``--shard I/N``) every split must also lie in one shard
+(shard I owns the key groups subtask I of N would): a topic of N
+partitions written by key group gives partition I to shard I. Inputs whose
+splits straddle shards, or that leave a shard without a split (more shards
+than partitions), are refused before anything is read.
+
 Files carry their range in their name, ``kg-<start>-<end>-of-<max>...``
 (``kg-00000-00063-of-128.jsonl``), so any tool can write them;
 :func:`write_key_grouped` does it here. A Kafka topic of N partitions is
@@ -41,6 +47,7 @@ from aiostream_ckpt.errors import ConfigError, PartitioningError
 from aiostream_ckpt.keygroups import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,
+    Shard,
     key_group_of,
     operator_index_for_key_group,
 )
@@ -95,6 +102,9 @@ def assign_key_grouped(
             f"but the job runs with job.max_parallelism={maxp}: key groups would not match; "
             f"run with job.max_parallelism={declared_max_parallelism} or repartition the input"
         )
+    shard = ctx.shard
+    if shard.sharded:
+        _check_shards(ranges, shard, maxp, source)
     p = ctx.parallelism
     owners = {split: r.owner(p, maxp) for split, r in ranges.items()}
     straddling = [s for s, owner in owners.items() if owner is None]
@@ -103,25 +113,71 @@ def assign_key_grouped(
         r = ranges[split]
         first = operator_index_for_key_group(r.start, p, maxp)
         last = operator_index_for_key_group(r.end, p, maxp)
-        # the first few parallelisms that work (an error path: stop early)
-        fits = list(
-            islice(
-                (
-                    q
-                    for q in range(1, maxp + 1)
-                    if all(x.owner(q, maxp) is not None for x in ranges.values())
-                ),
-                9,
-            )
-        )
+        # the first few parallelisms (in each shard) that work (an error path: stop early)
+        fits = _first_fits(ranges, maxp, lambda q: shard.parallelism(q), maxp // shard.count)
+        what = f"parallelism {p}" if not shard.sharded else f"the job's {p} (shard {shard})"
         raise PartitioningError(
             f"{source}: split {split} holds key groups {r.start}-{r.end}, which subtasks "
-            f"{first}-{last} of parallelism {p} share ({len(straddling)} split(s) like it): "
+            f"{first}-{last} of {what} share ({len(straddling)} split(s) like it): "
             "it cannot be read without a shuffle at this parallelism; run at parallelism "
             f"{', '.join(map(str, fits[:8]))}{'...' if len(fits) > 8 else ''} or repartition "
             "the input into finer splits"
         )
     return [split for split, owner in owners.items() if owner == ctx.subtask_index]
+
+
+def _first_fits(
+    ranges: Mapping[str, KeyGroupRange], maxp: int, scale: Callable[[int], int], most: int
+) -> list[int]:
+    """Return the first counts q (at most 9) at which every split lies in one of ``scale(q)``."""
+    return list(
+        islice(
+            (
+                q
+                for q in range(1, most + 1)
+                if all(x.owner(scale(q), maxp) is not None for x in ranges.values())
+            ),
+            9,
+        )
+    )
+
+
+def _check_shards(
+    ranges: Mapping[str, KeyGroupRange], shard: Shard, maxp: int, source: str
+) -> None:
+    """Refuse an input whose splits do not each lie in one shard, or leave a shard without one.
+
+    A split read by one shard must hold only that shard's keys: shards
+    share no state. A topic of P partitions written by key group serves N
+    shards when each partition's key groups lie in one shard (N a divisor
+    of P when ``job.max_parallelism`` is a multiple of P).
+    """
+    n = shard.count
+    owners = {split: r.owner(n, maxp) for split, r in ranges.items()}
+    straddling = [s for s, owner in owners.items() if owner is None]
+    if straddling or shard.index not in owners.values():
+        fits = _first_fits(ranges, maxp, lambda q: q, maxp)
+        counts = f"{', '.join(map(str, fits[:8]))}{'...' if len(fits) > 8 else ''}"
+        if len(ranges) < n:
+            why = (
+                f"{len(ranges)} split(s) (partitions or files) for {n} shards: more shards "
+                "than the input has partitions"
+            )
+        elif straddling:
+            split = straddling[0]
+            r = ranges[split]
+            first, last = shard.of_key_group(r.start, maxp), shard.of_key_group(r.end, maxp)
+            why = (
+                f"split {split} holds key groups {r.start}-{r.end}, which shards "
+                f"{first}-{last} of {n} share ({len(straddling)} split(s) like it)"
+            )
+        else:
+            own = shard.key_groups(maxp)
+            why = f"no split holds the key groups of shard {shard} ({own.start}-{own.end})"
+        raise PartitioningError(
+            f"{source}: {why}: each shard must read whole partitions of its own key groups; "
+            f"run {counts} shard(s), or repartition the input"
+        )
 
 
 def partition_key_groups(

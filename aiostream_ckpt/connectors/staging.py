@@ -55,6 +55,7 @@ from aiostream_ckpt.connectors.output_recovery import (
 )
 from aiostream_ckpt.durable import child_path, fsync_dir
 from aiostream_ckpt.errors import ConnectorError
+from aiostream_ckpt.keygroups import Shard
 from aiostream_ckpt.user_errors import function_name
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,13 @@ def _commit_file(directory: Path, staged: str, final: str) -> None:
 def committed_files(
     directory: str | Path, *, prefix: str = "part", suffix: str = "jsonl"
 ) -> list[Path]:
-    """List the committed files of ``directory`` in commit order (checkpoint, subtask)."""
+    """List the committed files of ``directory`` in commit order (checkpoint, subtask).
+
+    A sharded job's shards write into ``shard-I-of-N`` subdirectories (of
+    every layout the job ran in, before and after a rescale): their files
+    are listed too. A rescaled job's checkpoint ids go on above every old
+    shard's, so a key's output stays in commit order across the layouts.
+    """
     naming = _Naming(prefix, suffix)
     found: list[tuple[int, int, Path]] = []
     with os.scandir(directory) as it:
@@ -252,8 +259,18 @@ def committed_files(
             parsed = naming.committed(entry.name)
             if parsed is not None:
                 found.append((parsed[0], parsed[1], Path(entry.path)))
+            elif entry.is_dir() and Shard.from_dirname(entry.name) is not None:
+                found.extend((c, s, p) for p, (c, s) in _committed_in(Path(entry.path), naming))
     found.sort()
     return [p for _, _, p in found]
+
+
+def _committed_in(directory: Path, naming: _Naming) -> Iterator[tuple[Path, tuple[int, int]]]:
+    with os.scandir(directory) as it:
+        for entry in it:
+            parsed = naming.committed(entry.name)
+            if parsed is not None:
+                yield Path(entry.path), parsed
 
 
 def read_committed_output(directory: str | Path, *, prefix: str = "part") -> Iterator[Any]:

@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--from-savepoint", type=Path, help="restore from this savepoint")
     run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run shard I of N: the key groups of partition I of N of key-grouped inputs, "
+        "with its own checkpoints under <checkpoint.dir>/shard-I-of-N (job.shard)",
+    )
+    run.add_argument(
         "--allow-non-restored-state",
         action="store_true",
         help="drop savepoint state of operators (uids) the job no longer has",
@@ -152,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
     sets = list(args.sets)
     if args.from_savepoint is not None:
         sets.append(f"job.restore_from={args.from_savepoint}")
+    if args.shard is not None:
+        sets.append(f"job.shard={args.shard}")
     if args.allow_non_restored_state:
         sets.append("job.allow_non_restored_state=true")
     if args.allow_retract_output:

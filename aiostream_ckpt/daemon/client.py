@@ -97,7 +97,7 @@ def daemon_address_file(env: Mapping[str, str] | None = None) -> Path | None:
     loaded = load_config(env=os.environ if env is None else env)
     if loaded.daemon.address_file is not None:
         return loaded.daemon.address_file
-    directory = loaded.job.checkpoint.directory
+    directory = loaded.job.checkpoint_dir()
     return directory / ADDRESS_FILE if directory is not None else None
 
 

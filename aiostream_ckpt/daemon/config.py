@@ -52,6 +52,7 @@ from aiostream_ckpt.jobspec.config import (
     RestartStrategyKind,
     StateConfig,
 )
+from aiostream_ckpt.keygroups import Shard
 
 ENV_PREFIX = "AIOSTREAM_"
 
@@ -100,6 +101,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.heartbeat_interval": (None, "heartbeat_interval", parse_duration),
     "job.heartbeat_timeout": (None, "heartbeat_timeout", parse_duration),
     "job.max_parallelism": (None, "max_parallelism", _parse_int),
+    "job.shard": (None, "shard", Shard.parse),
     "job.batch_size": (None, "batch_size", _parse_int),
     "job.channel_capacity": (None, "channel_capacity", _parse_int),
     "job.chaining": (None, "chaining", parse_bool),

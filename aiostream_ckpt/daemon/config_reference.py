@@ -96,6 +96,12 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "longest a healthy worker's loop may be held",
     ),
     "job.max_parallelism": (None, "key groups: the most parallelism a restore can rescale to"),
+    "job.shard": (
+        "(none: the whole job)",
+        "`I/N`: run shard I of N of the job (`run --shard I/N`): the key groups that line up "
+        "with partition I of N of every key-grouped input, its own checkpoint chain in "
+        "`<checkpoint.dir>/shard-I-of-N`; see docs/shards.md",
+    ),
     "job.batch_size": (None, "records per batch"),
     "job.channel_capacity": (None, "batches per channel between tasks"),
     "job.chaining": (None, "run consecutive forward operators in one task"),

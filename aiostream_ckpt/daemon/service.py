@@ -55,7 +55,7 @@ class JobDaemon:
             launch=launch,
             early=early,
         )
-        ckpt_dir = self.runner.config.checkpoint.directory
+        ckpt_dir = self.runner.config.checkpoint_dir()
         assert ckpt_dir is not None  # JobRunner refuses a job without one
         self.savepoints = SavepointService(
             self.runner, self.stats, self.settings.savepoint_dir or ckpt_dir / "savepoints"
@@ -149,6 +149,7 @@ class JobDaemon:
             "config": {
                 "parallelism": config.parallelism,
                 "max_parallelism": config.max_parallelism,
+                "shard": str(config.shard) if config.shard.sharded else None,
                 "checkpoint_interval_s": config.checkpoint.interval,
                 "checkpointing_mode": config.checkpoint.mode.value,
                 "restored_from": str(config.restore_from) if config.restore_from else None,

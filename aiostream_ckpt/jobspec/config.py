@@ -17,6 +17,7 @@ from aiostream_ckpt.checkpoint.config import CheckpointConfig as CheckpointConfi
 from aiostream_ckpt.checkpoint.config import CheckpointingMode as CheckpointingMode
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.errors import check_config as _check
+from aiostream_ckpt.keygroups import WHOLE_JOB, Shard
 
 
 class RestartStrategyKind(Enum):
@@ -131,6 +132,8 @@ class JobConfig:
     #: seconds a running worker may be silent before it is killed and the attempt fails
     heartbeat_timeout: float = 20.0
     max_parallelism: int = 128
+    #: the part of the job this daemon runs (``--shard I/N``; see ``keygroups.Shard``)
+    shard: Shard = WHOLE_JOB
     batch_size: int = 2048
     channel_capacity: int = 8
     chaining: bool = True
@@ -157,6 +160,13 @@ class JobConfig:
             "job.parallelism",
             self.parallelism,
             f"1..max_parallelism ({self.max_parallelism})",
+        )
+        _check(
+            self.shard.count <= self.max_parallelism,
+            "job.shard",
+            str(self.shard),
+            f"at most job.max_parallelism ({self.max_parallelism}) shards: each shard owns "
+            "whole key groups, and there are that many",
         )
         cores = usable_cores()
         _check(
@@ -194,6 +204,20 @@ class JobConfig:
         self.restart.validate()
         return self
 
+    def checkpoint_dir(self) -> Path | None:
+        """Return this daemon's checkpoint directory: ``checkpoint.dir``, or its shard's in it.
+
+        Each shard has its own chain (``<checkpoint.dir>/shard-I-of-N``), so
+        shards share no checkpoint and one lock per shard refuses a second
+        daemon given the same shard.
+        """
+        directory = self.checkpoint.directory
+        return None if directory is None else self.shard_path(directory)
+
+    def shard_path(self, directory: Path) -> Path:
+        """``directory`` itself, or its shard's subdirectory when the job runs sharded."""
+        return directory / self.shard.dirname if self.shard.sharded else directory
+
     def local_state_root(self) -> Path:
         """Where attempts keep their working state: ``state.local_dir``.
 
@@ -202,20 +226,20 @@ class JobConfig:
         the temp dir, which a read-only root does not have).
         """
         if self.state.local_dir is not None:
-            return self.state.local_dir
-        if self.checkpoint.directory is None:
+            return self.shard_path(self.state.local_dir)
+        directory = self.checkpoint_dir()
+        if directory is None:
             raise ConfigError("checkpoint.dir is not set: the job needs a checkpoint directory")
-        return self.checkpoint.directory / "local-state"
+        return directory / "local-state"
 
     def dead_letter_dir(self) -> Path | None:
         """Where dead letters go: ``errors.dead_letter_dir`` or the checkpoint's; None if none."""
         if not self.errors.dead_letters_needed:
             return None
         if self.errors.dead_letter_dir is not None:
-            return self.errors.dead_letter_dir
-        return (
-            None if self.checkpoint.directory is None else self.checkpoint.directory / "dead-letter"
-        )
+            return self.shard_path(self.errors.dead_letter_dir)
+        directory = self.checkpoint_dir()
+        return None if directory is None else directory / "dead-letter"
 
     def with_checkpoint_dir(self, directory: Path) -> JobConfig:
         return dataclasses.replace(

@@ -149,6 +149,7 @@ def _connector_context(
             max_parallelism=setup.config.max_parallelism,
             restore=setup.restore,
             executor=io,
+            shard=setup.config.shard,
         )
         if dead_letter is not None:
             ctx.dead_letter = dead_letter

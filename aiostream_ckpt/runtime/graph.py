@@ -37,6 +37,7 @@ from aiostream_ckpt.jobspec.graph import (
     TransformKind,
     WindowSpec,
 )
+from aiostream_ckpt.keygroups import Shard
 from aiostream_ckpt.runtime.async_keyed import make_async_operator
 from aiostream_ckpt.runtime.broadcast import (
     BroadcastProcessOperator,
@@ -293,24 +294,29 @@ def build_chain_specs(
     errors = config.errors
     writers: dict[tuple[int, int, int], list[ChannelSender]] = {}
     here = share.here if share is not None else _everywhere
+    shard = config.shard
     for ci, chain in enumerate(chains):
         p = chain.parallelism
+        # identity (state, splits, files, transactional ids, checkpoints) is the job's
+        # subtask across all shards; ``sub`` is the local one, for wiring and placement
+        gp = shard.parallelism(p)
         for sub in range(p):
             if not here(sub):
                 continue
+            g = shard.subtask(sub, p)
             spec = ChainSpec(
-                task_id=task_id(chain.head.uid, sub), subtask=sub, parallelism=p, operators=[]
+                task_id=task_id(chain.head.uid, sub), subtask=g, parallelism=gp, operators=[]
             )
             for t in chain.nodes:
                 if t.kind is TransformKind.SOURCE:
                     spec.head_uid = t.uid
                     if dead_letter_factory is not None:
-                        spec.dead_letter = dead_letter_factory(t.uid, sub)
+                        spec.dead_letter = dead_letter_factory(t.uid, g)
                         spec.dead_letter_uid = t.uid
                     dl = spec.dead_letter.add if spec.dead_letter is not None else None
                     if errors.on_malformed is MalformedPolicy.FAIL:
                         dl = None
-                    ctx = connector_context(t.uid, sub, p, dl)
+                    ctx = connector_context(t.uid, g, gp, dl)
                     spec.reader = t.source().create_reader(ctx)
                     spec.reader_wakeup = ctx.wakeup
                     if t.watermark_strategy is not None:
@@ -318,20 +324,20 @@ def build_chain_specs(
                             t.watermark_strategy, spec.reader, monotonic
                         )
                 elif t.kind is TransformKind.SINK:
-                    if t.partitioning is Partitioning.FORWARD_KEYED:
+                    if _checks_key_groups(t, chain, shard):
                         spec.operators.append(_key_group_check(t, spec, config))
                     spec.sink_uid = t.uid
-                    spec.writer = t.sink().create_writer(connector_context(t.uid, sub, p, None))
+                    spec.writer = t.sink().create_writer(connector_context(t.uid, g, gp, None))
                 else:
-                    if t.partitioning is Partitioning.FORWARD_KEYED:
+                    if _checks_key_groups(t, chain, shard):
                         spec.operators.append(_key_group_check(t, spec, config))
                     op = _make_operator(t)
                     if op.keyed:
                         op.backend = backend_factory(
                             operator_uid=t.uid,
-                            subtask_index=sub,
+                            subtask_index=g,
                             key_group_range=KeyGroupRange.for_operator(
-                                sub, p, config.max_parallelism
+                                g, gp, config.max_parallelism
                             ),
                             max_parallelism=config.max_parallelism,
                             local_dir=local_dir / f"{t.uid}-{sub}-a{attempt}",
@@ -349,7 +355,7 @@ def build_chain_specs(
             if errors.on_process_error is ProcessErrorPolicy.DEAD_LETTER and runs_user_code:
                 if spec.dead_letter is None and dead_letter_factory is not None:
                     spec.dead_letter_uid = (spec.operators[0] if spec.operators else t).uid
-                    spec.dead_letter = dead_letter_factory(spec.dead_letter_uid, sub)
+                    spec.dead_letter = dead_letter_factory(spec.dead_letter_uid, g)
                 spec.process_error_limit = errors.max_process_errors_per_checkpoint
             if chain.inputs:
                 n = sum(_channels_per_edge(e, e.source.parallelism) for e in chain.inputs)
@@ -454,6 +460,24 @@ def _key_group_check(t: Transformation, spec: ChainSpec, config: JobConfig) -> K
         parallelism=spec.parallelism,
         max_parallelism=config.max_parallelism,
         describe_input=describe_input,
+        shard=config.shard,
+    )
+
+
+def _checks_key_groups(t: Transformation, chain: Chain, shard: Shard) -> bool:
+    """Whether records reach ``t`` keyed without a gate that routes them by key group.
+
+    ``reinterpret_as_keyed`` (trusted input), and in a sharded job a ``key_by``
+    chained at parallelism 1: the one subtask of this shard may only see keys
+    of the shard's key groups.
+    """
+    if t.partitioning is Partitioning.FORWARD_KEYED:
+        return True
+    return (
+        shard.sharded
+        and t.partitioning is Partitioning.HASH
+        and t is not chain.head
+        and t.key_selector is not None
     )
 
 
@@ -463,7 +487,17 @@ def _make_gate(e: Edge, writers: list[ChannelSender], config: JobConfig) -> Outp
         return ForwardGate(writers)
     if how is Partitioning.HASH:
         assert e.key_selector is not None
-        return KeyGroupGate(writers, e.key_selector, config.max_parallelism, e.target.uid)
+        shard = config.shard
+        target_p = e.target.parallelism
+        return KeyGroupGate(
+            writers,
+            e.key_selector,
+            config.max_parallelism,
+            e.target.uid,
+            first=shard.subtask(0, target_p),
+            parallelism=shard.parallelism(target_p),
+            shard=shard,
+        )
     if how is Partitioning.BROADCAST:
         return BroadcastGate(writers)
     return RebalanceGate(writers)

@@ -44,6 +44,7 @@ from aiostream_ckpt.runtime.recovery import (
     restore_tasks,
 )
 from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
+from aiostream_ckpt.runtime.shard_layout import check_shard_layout
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.worker_group import WorkerGroup
 from aiostream_ckpt.runtime.worker_metrics import WorkerReports
@@ -143,7 +144,9 @@ class JobRunner:
         self.local_root = self.config.local_state_root()
         #: one owner per directory: held while :meth:`run` runs (the daemon may hold them longer)
         self.locks = DirectoryLocks(spec.job_name, job_directories(spec))
-        self.storage = CheckpointStorage(self.config.checkpoint.directory)
+        checkpoints = self.config.checkpoint_dir()
+        assert checkpoints is not None
+        self.storage = CheckpointStorage(checkpoints)
         self.run_state = JobRun()
         self._on_started = on_started
         self.restore_points = RestorePoints(self.storage, self.config.restore_from)
@@ -201,6 +204,7 @@ class JobRunner:
         apply_process_profile(self.process)
         with self.locks:
             try:
+                check_shard_layout(self.config)
                 return await self._run_attempts()
             finally:
                 if self.run_state.status is JobStatus.CREATED:  # refused: no attempt ran

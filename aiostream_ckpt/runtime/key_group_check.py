@@ -22,8 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 from aiostream_ckpt.errors import PartitioningError
-from aiostream_ckpt.keygroups import KeyGroupRange, key_group_of, operator_index_for_key_group
+from aiostream_ckpt.keygroups import (
+    WHOLE_JOB,
+    KeyGroupRange,
+    Shard,
+    key_group_of,
+    operator_index_for_key_group,
+)
 from aiostream_ckpt.runtime.operators import StreamOperator
+from aiostream_ckpt.runtime.partitioners import outside_shard
 from aiostream_ckpt.runtime.record_errors import dead_letter_or_raise
 from aiostream_ckpt.user_errors import short_repr
 
@@ -37,6 +44,10 @@ class KeyGroupCheck(StreamOperator):
     read it from), for the error. A key selector that raises is handled as in
     the shuffle: dead-lettered under ``errors.on_process_error=dead_letter``
     in the name of ``target_uid``, or the job fails naming it.
+
+    In a sharded job the same check guards a ``key_by`` chained without a
+    shuffle (an operator at parallelism 1 in each shard): a key of another
+    shard fails the job naming that shard (:func:`outside_shard`).
     """
 
     def __init__(
@@ -48,6 +59,7 @@ class KeyGroupCheck(StreamOperator):
         parallelism: int,
         max_parallelism: int,
         describe_input: Callable[[], str],
+        shard: Shard = WHOLE_JOB,
     ) -> None:
         super().__init__(f"{target_uid}.key-groups")
         self.target_uid = target_uid
@@ -57,6 +69,7 @@ class KeyGroupCheck(StreamOperator):
         self._max_parallelism = max_parallelism
         self._range = KeyGroupRange.for_operator(subtask, parallelism, max_parallelism)
         self._describe_input = describe_input
+        self._shard = shard
         self._known: dict[Any, None] = {}
 
     def process_batch(self, batch: list[Any]) -> list[Any]:
@@ -109,6 +122,9 @@ class KeyGroupCheck(StreamOperator):
 
     def _misrouted(self, key: Any, kg: int, record: Any) -> str:
         p, maxp = self._parallelism, self._max_parallelism
+        if kg not in self._shard.key_groups(maxp):
+            why = outside_shard(self.target_uid, key, kg, self._shard, maxp)
+            return f"{why} (from {self._describe_input()})"
         owner = operator_index_for_key_group(kg, p, maxp)
         own = self._range
         return (

@@ -139,15 +139,18 @@ def job_directories(spec: JobSpec) -> list[OwnedDirectory]:
     directory in ``state.local_dir`` (:mod:`aiostream_ckpt.state.local_dirs`).
     """
     config = spec.config
-    assert config.checkpoint.directory is not None
-    dirs = [OwnedDirectory(config.checkpoint.directory, "checkpoint directory")]
+    checkpoints = config.checkpoint_dir()
+    assert checkpoints is not None
+    dirs = [OwnedDirectory(checkpoints, "checkpoint directory")]
     dead_letters = config.dead_letter_dir()
     if dead_letters is not None:  # writers of sources and process functions, one subdir each
         dirs.append(OwnedDirectory(dead_letters, "dead-letter directory (errors.dead_letter_dir)"))
     for t in spec.transformations:
         if t.kind is TransformKind.SINK and isinstance(t.fn, DirectoryOutput):
             role = f"output directory of sink {t.uid!r}"
-            dirs += [OwnedDirectory(Path(p), role) for p in t.fn.output_directories()]
+            dirs += [
+                OwnedDirectory(config.shard_path(Path(p)), role) for p in t.fn.output_directories()
+            ]
     return dirs
 
 

@@ -185,8 +185,9 @@ async def serve_attempt(
     except _Stopped:
         return 0
     config = spec.config
-    assert config.checkpoint.directory is not None  # the main process refuses a job without
-    storage = CheckpointStorage(config.checkpoint.directory)
+    checkpoints = config.checkpoint_dir()
+    assert checkpoints is not None  # the main process refuses a job without
+    storage = CheckpointStorage(checkpoints)
     restored_dir = path_or_none(first["restored"])
     setup = AttemptSetup(
         job_name=spec.job_name,

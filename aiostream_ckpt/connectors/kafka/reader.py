@@ -26,6 +26,7 @@ from aiostream_ckpt.connectors.kafka.common import (
 from aiostream_ckpt.connectors.kafka.fetch import install_lean_fetch
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, partition_key_groups
 from aiostream_ckpt.connectors.required import required_problem, required_violations
+from aiostream_ckpt.connectors.splits import assign_splits
 from aiostream_ckpt.errors import ConnectorError
 from aiostream_ckpt.keygroups import KeyGroupRange
 
@@ -157,7 +158,7 @@ class KafkaSourceReader:
         if src.key_grouped:
             self._own = self._key_grouped(every, topics)
         else:
-            self._own = every[ctx.subtask_index :: ctx.parallelism]
+            self._own = assign_splits(every, ctx, source=f"Kafka source {src.name!r}")
         consumer.assign(self._own)
         if not self._own:
             return

@@ -307,6 +307,8 @@ class TransactionalKafkaWriter(_WriterBase):
         fenced, was committed after the restore point and would be written
         again. Subtask 0 checks, for the whole sink. Flink cannot tell (its
         sink keeps no positions); we promise no duplicates, so we ask the topic.
+        Not in a sharded job: there the other shards' records follow the output
+        end too, so the check would refuse every restore of a shard.
         """
         assert self._committer is not None and self._encoder is not None
         ends = {int(p): int(o) for p, o in state.get("output_end", {}).items()}
@@ -316,7 +318,10 @@ class TransactionalKafkaWriter(_WriterBase):
             return
         self._output_end = ends
         restore = self._ctx.restore
-        if self._ctx.subtask_index != 0 or restore is None:
+        if self._ctx.subtask_index != 0 or restore is None or self._ctx.shard.sharded:
+            # sharded: the other shards commit into the same partitions while this one
+            # restores, and the topic cannot tell whose records are whose (their own
+            # checkpoints' newer output is still refused: see ``survey``)
             return
         newer = await self._committer.committed_after(ends)
         if not newer:

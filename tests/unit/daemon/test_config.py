@@ -71,6 +71,9 @@ def test_gc_threshold_setting() -> None:
         (["checkpoint.max_delta_ratio=-1"], "checkpoint.max_delta_ratio"),
         (["errors.on_process_error=skip"], "one of fail, dead_letter"),
         (["errors.max_process_errors_per_checkpoint=0"], "max_process_errors_per_checkpoint"),
+        (["job.shard=2/2"], "job.shard='2/2' (from --set): must be I/N with I in 0..N-1"),
+        (["job.shard=1"], "job.shard='1' (from --set): must be I/N: shard I of N shards"),
+        (["job.shard=0/200"], "job.shard='0/200': must be at most job.max_parallelism (128)"),
     ],
 )
 def test_bad_values_name_the_key(sets: list[str], message: str) -> None:
@@ -83,3 +86,8 @@ def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[job\n"), env={})
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml", env={})
+
+
+def test_a_shard_from_the_environment() -> None:
+    loaded = load_config(None, env={"AIOSTREAM_JOB__SHARD": "1/3"})
+    assert (loaded.job.shard.index, loaded.job.shard.count) == (1, 3)
