@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt.connectors.kafka.common import bootstrap_client, require_topics
+from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
+from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM
 from aiostream_ckpt_dev.demo.files import run_demo_worker
 from aiostream_ckpt_dev.demo.windowed import prove_windowed, verified_line
 from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
@@ -115,11 +117,22 @@ async def send_lines(
     return futures
 
 
-async def load_jsonl(bootstrap: str, topic: str, path: Path) -> int:
+async def load_jsonl(
+    bootstrap: str,
+    topic: str,
+    path: Path,
+    *,
+    key_grouped: Callable[[Any], Any] | None = None,
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+) -> int:
     """Produce every line of ``path`` as one record, batches dealt round-robin over partitions.
 
     Batches are built directly (``create_batch``/``send_batch``): per-record
-    ``send()`` costs a coroutine and a future per event.
+    ``send()`` costs a coroutine and a future per event. ``key_grouped`` (the
+    consuming job's key selector, applied to each parsed line) places each
+    line by key group instead, as ``KafkaSink(partitioner=KeyGroupPartitioner(key))``
+    would: a ``KafkaSource(key_grouped=True)`` (and sharded jobs) then read
+    the topic; a line that does not parse or key goes to partition 0.
     """
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
@@ -130,8 +143,20 @@ async def load_jsonl(bootstrap: str, topic: str, path: Path) -> int:
         partitions = sorted(await producer.partitions_for(topic))
         futures = []
         for i, lines in enumerate(_line_chunks(path)):
-            p = partitions[i % len(partitions)]
-            futures += await send_lines(producer, topic, p, lines)
+            if key_grouped is None:
+                p = partitions[i % len(partitions)]
+                futures += await send_lines(producer, topic, p, lines)
+            else:
+                place = KeyGroupPartitioner(key_grouped, max_parallelism)
+                by_partition: dict[int, list[bytes]] = {}
+                for line in lines:
+                    try:
+                        j = place.partition_of_key(key_grouped(orjson.loads(line)), len(partitions))
+                    except Exception:  # malformed: the job dead-letters it wherever it is
+                        j = 0
+                    by_partition.setdefault(partitions[j], []).append(line)
+                for p, part in sorted(by_partition.items()):
+                    futures += await send_lines(producer, topic, p, part)
             sent += len(lines)
         await producer.flush()
         for fut in futures:
