@@ -95,7 +95,7 @@ class ParquetFileSink:
 
     def create_writer(self, ctx: ConnectorContext) -> ParquetStagedWriter:
         return ParquetStagedWriter(
-            self.directory,
+            ctx.shard_path(self.directory),
             schema=RecordSchema(self.schema, sink=self.name),
             subtask=ctx.subtask_index,
             parallelism=ctx.parallelism,

@@ -94,6 +94,13 @@ class DeltaSink:
         return [Path(self.uri)]
 
     def create_writer(self, ctx: ConnectorContext) -> DeltaWriter:
+        if ctx.shard.sharded:
+            # shards would share one table and one appId: each shard's checkpoint n would
+            # look committed once another shard's n is (docs/shards.md)
+            raise ConfigError(
+                f"Delta sink {self.name!r}: not supported in a sharded job (--shard "
+                f"{ctx.shard}) yet: the shards would commit into one table under one appId"
+            )
         return DeltaWriter(self, ctx, self._app_id(ctx))
 
     def create_committer(self, ctx: ConnectorContext) -> DeltaCommitter:
