@@ -134,6 +134,30 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--prefix", action="append", default=[], help="also this id prefix")
         if action == "list":
             a.add_argument("--json", action="store_true", help="JSON rows instead of a table")
+    rs = sub.add_parser(
+        "rescale",
+        help="merge every shard's stop-with-savepoint into the restore point of M new shards",
+    )
+    where = rs.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="the job's checkpoint.dir: each shard's stop-with-savepoint is found there",
+    )
+    where.add_argument(
+        "--from",
+        dest="savepoints",
+        metavar="SP[,SP...]",
+        help="the savepoints of every shard, comma-separated (taken with stop-with-savepoint)",
+    )
+    rs.add_argument("--shards", type=int, required=True, metavar="M", help="new number of shards")
+    rs.add_argument(
+        "--from-shards",
+        type=int,
+        metavar="N",
+        help="the layout to rescale when checkpoint.dir holds stopped shards of several",
+    )
+    rs.add_argument("--out", type=Path, help="directory of the rescale point (a new one)")
     sub.add_parser("broker", help="a local Kafka broker for development", add_help=False)
     sub.add_parser(
         "validate",
@@ -363,6 +387,10 @@ def _main(argv: list[str]) -> int:
             from aiostream_ckpt.daemon.transactions import transactions_main
 
             return transactions_main(args)
+        if args.command == "rescale":
+            from aiostream_ckpt.daemon.rescale import rescale_main
+
+            return rescale_main(args)
         if args.command == "health":
             from aiostream_ckpt.daemon.client import health_main
 

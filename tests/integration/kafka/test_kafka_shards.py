@@ -139,3 +139,72 @@ async def test_a_stale_daemon_of_a_shard_is_fenced_by_its_replacement(
     expected, malformed = recount_inputs([events])
     verdict = check_pv_updates(map(orjson.loads, values), expected, malformed=malformed)
     assert verdict.passed, verdict.problems[:10]
+
+
+async def test_two_shards_rescaled_to_four_through_savepoints_stay_exact(
+    kafka_broker: Any, new_topic: Any, read_topic: Any, tmp_path: Path
+) -> None:
+    """Stop both shards with a savepoint, ``rescale`` to 4, run 4 daemons to the end.
+
+    Each new shard restores the key groups of its partition from the old
+    shard that held them, its partition's offset from the merged positions,
+    and commits or fences what the old shards' transactions left.
+    """
+    bootstrap = kafka_broker.bootstrap_servers
+    source, output = await new_topic(4, prefix="in"), await new_topic(2, prefix="out")
+    events = tmp_path / "events.jsonl"
+    write_generated_jsonl(events, EVENTS, seed=12, keys=300)
+    assert await load_jsonl(bootstrap, source, events, key_grouped=app_id) == EVENTS
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> list[str]:
+        args = [
+            [*_args(ckpt, bootstrap, source, output, s), "--set", "shutdown.mode=savepoint"]
+            for s in ("0/2", "1/2")
+        ]
+        with DaemonProcess(*args[0]) as a, DaemonProcess(*args[1]) as b:
+            for d in (a, b):
+                d.wait_for("checkpoint 3 completed")
+            for d in (a, b):
+                d.proc.send_signal(signal.SIGTERM)
+            for d in (a, b):
+                assert d.wait(120) == 0, d.stderr[-3000:]
+                assert "savepoint" in d.summary(), d.stderr[-3000:]
+        plan = subprocess.run(
+            cli_cmd("rescale", "--checkpoint-dir", str(ckpt), "--shards", "4"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        point = orjson.loads(plan.stdout.strip().splitlines()[-1])["restore_point"]
+        procs = [
+            subprocess.Popen(
+                cli_cmd(
+                    *_args(ckpt, bootstrap, source, output, f"{j}/4"), "--from-savepoint", point
+                ),
+                stderr=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                text=True,
+                cwd=REPO,
+            )
+            for j in range(4)
+        ]
+        logs = []
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+            logs.append(err)
+        return logs
+
+    logs = await asyncio.to_thread(run)
+    base = re.escape(f"pv-{output}-pv-sink")
+    for j, log in enumerate(logs):
+        assert "restoring from savepoint" in log, log[-3000:]
+        assert re.search(rf"transactional producers {base}-{j}-0\.\.\d+ ready", log), log[-3000:]
+        assert f"reading {source}:{j}@" in log, log[-3000:]
+    values = await read_topic(output, timeout_s=60)
+    expected, malformed = recount_inputs([events])
+    verdict = check_pv_updates(map(orjson.loads, values), expected, malformed=malformed)
+    assert verdict.passed, verdict.problems[:10]
