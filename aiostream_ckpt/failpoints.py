@@ -34,6 +34,8 @@ POINTS: dict[str, str] = {
     "pre_barrier_flush": "a task's operators wrote what they hold (buffered windows, held "
     "sessions) into keyed state for a barrier; the snapshot has not started",
     "snapshot_write": "a task's asynchronous state snapshot file is written but not yet fsynced",
+    "channel_state_write": "an unaligned checkpoint's in-flight records are written to its "
+    "channel state file, not yet fsynced (the task has not acknowledged)",
     "metadata_durable": "a checkpoint's metadata is durable; no task has been notified "
     "(sinks have not committed)",
     "sink_commit": "a sink committed one more pre-committed file (or Kafka transaction); "
@@ -47,6 +49,8 @@ POINTS: dict[str, str] = {
     "restore_begin": "a task began restoring from a checkpoint (sources not yet rewound)",
     "restore_before_sinks": "a task restored its state; its sink has not yet recovered "
     "(committed/aborted the restored transactions)",
+    "channel_state_replay": "a task restored from an unaligned checkpoint has replayed half "
+    "of its in-flight records; no new input has been read",
     "restore_after_sinks": "a task's sink recovered; processing has not resumed",
     "final_metadata_durable": "end of input: the final checkpoint's metadata is durable, "
     "its output not yet committed",

@@ -15,6 +15,10 @@ Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
   ``kg-<start>-<end>-of-<max>...``, as ``write_key_grouped`` writes them):
   the count reads it with ``reinterpret_as_keyed``, chained to the source,
   without a shuffle.
+- ``slow_ms``: each event first waits that many milliseconds in a ``map_async``
+  (``slow_capacity`` at once, default 32), a slow enrichment: the source runs
+  into backpressure, so checkpoints meet full channels (what unaligned
+  checkpoints are for; the chaos suite's unaligned parts). The output is the same.
 - ``output``: directory of the exactly-once file sink; ``roll_size`` (bytes)
   and/or ``roll_interval`` (``"1h"``) let a part file span checkpoints
   (default: one part file per checkpoint and subtask). ``sink=parquet``
@@ -37,6 +41,7 @@ without a shuffle, and writes ``output_topic`` the same way).
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from operator import itemgetter
@@ -77,6 +82,17 @@ class CountPageViews(KeyedProcessFunction[dict[str, Any], dict[str, Any]]):
         n = self.pv.value() + 1
         self.pv.update(n)
         out.collect({"app_id": ctx.current_key, "pv": n})
+
+
+class SlowStep:
+    """An event as it is, after ``seconds`` (``app.slow_ms``): a stand-in for a slow lookup."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def __call__(self, event: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(self.seconds)
+        return event
 
 
 def expected_updates(params: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -192,6 +208,12 @@ def build(env: StreamEnvironment) -> None:
         raise ValueError("set app.output (the output directory)")
     source = event_source(p)
     events = env.from_source(source, uid="events")
+    if "slow_ms" in p:
+        events = events.map_async(
+            SlowStep(float(p["slow_ms"]) / 1000),
+            capacity=int(p.get("slow_capacity", 32)),
+            uid="slow-step",
+        )
     counts = _keyed(events, p).process(CountPageViews(), uid="pv-count", name="pv-count")
     counts.sink_to(output_sink(p), uid="pv-sink")
 

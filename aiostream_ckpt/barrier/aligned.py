@@ -9,7 +9,7 @@ is declined (as Flink's alignment limit does) and the held elements released.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiostream_ckpt.barrier.handler import AlignmentState, BarrierDecision, BarrierHandler
@@ -48,7 +48,7 @@ class AlignedBarrierHandler(BarrierHandler):
     def is_held(self, channel: int) -> bool:
         return channel in self._arrived
 
-    def hold(self, channel: int, element: Any) -> None:
+    def hold(self, channel: int, element: Any) -> bool:
         self._held.append((channel, element))
         if type(element) is list:
             self._held_batches += 1
@@ -58,8 +58,16 @@ class AlignedBarrierHandler(BarrierHandler):
                     f"checkpoint {cid}: alignment held more than {self._max_buffered} "
                     "batches; declining it"
                 )
+        return True
 
-    def on_barrier(self, channel: int, barrier: CheckpointBarrier) -> BarrierDecision | None:
+    @property
+    def current(self) -> CheckpointBarrier | None:
+        """The barrier being aligned, if any."""
+        return self._current
+
+    def on_barrier(
+        self, channel: int, barrier: CheckpointBarrier, in_line: Sequence[Any] = ()
+    ) -> BarrierDecision | None:
         cid = barrier.checkpoint_id
         if cid <= self._last_completed:
             return None  # a late barrier of an aborted/subsumed checkpoint

@@ -7,7 +7,7 @@ replayed after a failure: duplicates, never loss. Nothing blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiostream_ckpt.barrier.handler import BarrierDecision, BarrierHandler
@@ -29,10 +29,12 @@ class CheckpointBarrierTracker(BarrierHandler):
     def is_held(self, channel: int) -> bool:
         return False
 
-    def hold(self, channel: int, element: Any) -> None:
+    def hold(self, channel: int, element: Any) -> bool:
         raise AssertionError("the at-least-once handler never holds")
 
-    def on_barrier(self, channel: int, barrier: CheckpointBarrier) -> BarrierDecision | None:
+    def on_barrier(
+        self, channel: int, barrier: CheckpointBarrier, in_line: Sequence[Any] = ()
+    ) -> BarrierDecision | None:
         cid = barrier.checkpoint_id
         if cid <= self._last_completed:
             return None

@@ -17,11 +17,22 @@ class CheckpointKind(Enum):
 
 @dataclass(frozen=True, slots=True)
 class CheckpointBarrier:
-    """Barrier n: everything before it belongs to snapshot n, nothing after it does."""
+    """Barrier n: everything before it belongs to snapshot n, nothing after it does.
+
+    An ``unaligned`` barrier (Flink's FLIP-76) travels ahead of the records
+    queued in front of it; what it overtook is in flight, persisted with n as
+    channel state (``barrier.unaligned``) instead of waited for. Savepoints
+    are always aligned.
+    """
 
     checkpoint_id: int
     timestamp: float
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
+    unaligned: bool = False
+
+    def as_unaligned(self) -> CheckpointBarrier:
+        """Return this barrier to be forwarded unaligned (its alignment timed out here)."""
+        return CheckpointBarrier(self.checkpoint_id, self.timestamp, self.kind, unaligned=True)
 
 
 @dataclass(frozen=True, slots=True)

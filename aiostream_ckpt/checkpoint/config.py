@@ -33,6 +33,9 @@ class CheckpointConfig:
     full_every: int = 10
     max_delta_ratio: float = 0.5
     alignment_max_buffered_batches: int = 4096
+    #: Flink's unaligned checkpoints: barriers overtake queued records, which go
+    #: into the checkpoint as channel state (``barrier.unaligned``)
+    unaligned: bool = False
 
     def validate(self) -> None:
         _check(self.interval >= 0, "checkpoint.interval", self.interval, ">= 0")
@@ -56,3 +59,18 @@ class CheckpointConfig:
             self.alignment_max_buffered_batches,
             ">= 1",
         )
+        if self.unaligned:
+            _check(
+                self.mode is CheckpointingMode.EXACTLY_ONCE,
+                "checkpoint.mode",
+                self.mode.value,
+                "exactly_once with checkpoint.unaligned=true (at-least-once holds nothing back, "
+                "so there is nothing for a barrier to overtake)",
+            )
+            _check(
+                self.max_concurrent == 1,
+                "checkpoint.max_concurrent",
+                self.max_concurrent,
+                "1 with checkpoint.unaligned=true (as in Flink: a task takes one unaligned "
+                "checkpoint at a time)",
+            )

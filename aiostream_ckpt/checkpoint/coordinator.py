@@ -148,7 +148,9 @@ class CheckpointCoordinator:
         interval = self.config.interval
         while not self._final_pending:
             await self._clock.sleep(next_at - self._clock.monotonic())
-            while self._pending.regular_count() >= self.config.max_concurrent:
+            while self._pending.regular_count() >= self.config.max_concurrent or (
+                self.config.unaligned and self._pending.savepoint_count()
+            ):  # an unaligned barrier would overtake the savepoint's: it could never align
                 self._slot_free.clear()
                 await self._slot_free.wait()
             earliest = self._last_completion + self.config.min_pause
@@ -179,7 +181,10 @@ class CheckpointCoordinator:
         )
         fut = self._pending.add(pending, savepoint_dir)
         kind = CheckpointKind.SAVEPOINT if is_savepoint else CheckpointKind.CHECKPOINT
-        barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind)
+        # savepoints are always aligned; so is the final checkpoint: it must commit every
+        # record, and an unaligned barrier would leave those it overtook in its channel state
+        unaligned = self.config.unaligned and not is_savepoint and not final
+        barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind, unaligned)
         log.debug("triggering %s %d", kind.value, cid)
         deadline = pending.trigger_monotonic + self.config.timeout
         self._pending.expire_with(
@@ -399,11 +404,12 @@ class CheckpointCoordinator:
         self._last_completion = self._clock.monotonic()
         self._append_history(completed_entry(completed))
         log.info(
-            "%s %d completed in %.0f ms (%d bytes)%s",
+            "%s %d completed in %.0f ms (%d bytes)%s%s",
             "savepoint" if sp else "checkpoint",
             cid,
             completed.duration_seconds * 1000,
             completed.size_bytes,
+            _in_flight_note(completed),
             "" if notify else "; the job stops: its sinks commit when the next run restores it",
         )
         waiter = self._pending.take_waiter(cid)
@@ -475,3 +481,13 @@ class CheckpointCoordinator:
     @property
     def pending_ids(self) -> Sequence[int]:
         return self._pending.ids()
+
+
+def _in_flight_note(completed: CompletedCheckpoint) -> str:
+    """``; unaligned, N in-flight records (B bytes)`` when some task took it unaligned."""
+    tasks = completed.tasks.values()
+    if not any(t.get("unaligned") for t in tasks):
+        return ""
+    records = sum(int(t.get("in_flight_records", 0)) for t in tasks)
+    size = sum(int(t.get("in_flight_bytes", 0)) for t in tasks)
+    return f"; unaligned, {records} in-flight records ({size} bytes)"

@@ -52,11 +52,17 @@ class TaskAck:
 
     task_id: str
     #: operator uid -> {"subtask": i, "parallelism": p, "keyed": handle|None, "operator": json|None}
+    #: (and "time", the task's event time; "channel", an unaligned checkpoint's in-flight records)
     states: dict[str, dict[str, Any]]
     sync_seconds: float
     async_seconds: float
     alignment_seconds: float
     size_bytes: int
+    #: whether the task took it unaligned, and what it persisted of its channels'
+    #: in-flight records (included in ``size_bytes``)
+    unaligned: bool = False
+    in_flight_bytes: int = 0
+    in_flight_records: int = 0
     #: the worker process (``job.workers`` > 1) the task ran in, and its pid; None: the main one
     worker: int | None = None
     pid: int | None = None
@@ -105,6 +111,9 @@ class PendingCheckpoint:
                 "async_ms": ack.async_seconds * 1000,
                 "alignment_ms": ack.alignment_seconds * 1000,
                 "size_bytes": ack.size_bytes,
+                "unaligned": ack.unaligned,
+                "in_flight_bytes": ack.in_flight_bytes,
+                "in_flight_records": ack.in_flight_records,
             }
             if ack.worker is not None:  # where it ran (``checkpoints inspect``)
                 tasks[ack.task_id].update(worker=ack.worker, pid=ack.pid)
@@ -116,6 +125,8 @@ class PendingCheckpoint:
                 }
                 if st.get("time") is not None:  # the task's event time (time.checkpointed)
                     entry["time"] = st["time"]
+                if st.get("channel") is not None:  # in-flight records (runtime.channel_state)
+                    entry["channel"] = st["channel"]
         return CompletedCheckpoint(
             checkpoint_id=self.checkpoint_id,
             is_savepoint=self.is_savepoint,

@@ -55,6 +55,10 @@ class PendingCheckpoints:
         """How many checkpoints (not savepoints) are pending: ``max_concurrent`` counts these."""
         return sum(1 for p in self._pending.values() if not p.is_savepoint)
 
+    def savepoint_count(self) -> int:
+        """How many savepoints are pending."""
+        return sum(1 for p in self._pending.values() if p.is_savepoint)
+
     def regular_before(self, checkpoint_id: int) -> list[int]:
         """Pending checkpoints (not savepoints) older than ``checkpoint_id``: it subsumes them."""
         return [c for c, p in self._pending.items() if c < checkpoint_id and not p.is_savepoint]

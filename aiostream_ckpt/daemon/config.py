@@ -124,6 +124,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
         "alignment_max_buffered_batches",
         _parse_int,
     ),
+    "checkpoint.unaligned": ("checkpoint", "unaligned", parse_bool),
     "state.local_dir": ("state", "local_dir", _path),
     "state.cache_max_entries": ("state", "cache_max_entries", _parse_int),
     "state.allow_pickle": ("state", "allow_pickle", parse_bool),

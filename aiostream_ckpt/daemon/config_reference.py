@@ -55,6 +55,16 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "full file in C, so this bounds recovery time when much of the state changes between "
         "checkpoints",
     ),
+    "checkpoint.unaligned": (
+        None,
+        "unaligned checkpoints (Flink's): a barrier overtakes the records queued in front of "
+        "it, which are stored with the checkpoint and replayed first on restore, so a "
+        "checkpoint does not wait for backpressured channels to drain; costs checkpoint "
+        "size, and a checkpoint with in-flight records cannot be restored at another "
+        "parallelism (savepoints stay aligned: rescale from one). Needs `checkpoint.mode="
+        "exactly_once` and `checkpoint.max_concurrent=1`; see the README's \"Aligned or "
+        'unaligned checkpoints"',
+    ),
     "checkpoint.alignment_max_buffered_batches": (
         None,
         "batches an aligning task may hold back per checkpoint before it declines it",

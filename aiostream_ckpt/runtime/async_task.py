@@ -11,7 +11,9 @@ after the async operator runs on results as the rest of a chain runs on input.
 - A watermark is queued in the operator behind the records before it and
   forwarded when it leaves (it never overtakes a result, in either order mode).
 - At a barrier the ready results go out first, then the snapshot takes the
-  records still in flight as operator state, and the calls go on.
+  records still in flight as operator state, and the calls go on. An
+  unaligned barrier is taken even while the operator is full (its records
+  waiting for room are operator state too).
 - At the end of input every call is awaited and emitted before end-of-input.
 
 The async operator is never chained to its input (``runtime.graph``), so it is
@@ -93,12 +95,19 @@ class AsyncWaitTask(StreamTask):
                 await self._emit_ready()
                 if op.blocked:  # records wait for room (a batch, restored ones): read nothing else
                     op.admit()
-                    if op.blocked:
+                    if not op.blocked:
+                        continue
+                    if not queue.has_priority:  # ... but an unaligned barrier overtakes them
                         fresh_time()  # uvloop polls from this time: see the module docstring
-                        await op.wakeup()
-                    continue
-                if replay:
-                    channel, element = replay.popleft()
+                        arrival = queue.priority_arrival()
+                        await asyncio.wait(
+                            {op.wakeup(), arrival}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        arrival.cancel()
+                        continue
+                    channel, element = queue.get_nowait()
+                elif replay:
+                    channel, element = self._take_replay()
                 elif get is None and not queue.empty():
                     # taken at once: a get task takes loop iterations while the room waits
                     channel, element = queue.get_nowait()
@@ -117,8 +126,7 @@ class AsyncWaitTask(StreamTask):
                             continue
                     channel, element = get.result()
                     get = None
-                if handler.holding and handler.is_held(channel):
-                    handler.hold(channel, element)
+                if handler.holding and handler.is_held(channel) and handler.hold(channel, element):
                     continue
                 if type(element) is list:
                     metrics.records_in += len(element)

@@ -53,6 +53,10 @@ class TaskMetrics:
     #: newest checkpoint this task acknowledged, and the size of the state it acked
     last_acked_checkpoint: int | None = None
     last_checkpoint_size_bytes: int = 0
+    #: of the newest acknowledged checkpoint: the in-flight bytes its channel state
+    #: holds (0 when aligned), and how long collecting them took after the snapshot
+    last_in_flight_bytes: int = 0
+    last_in_flight_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -84,3 +88,10 @@ class ChainSpec:
     #: One entry per input edge (upstream uid, parallelism, partitioning): the meaning
     #: of the input channel indexes, compared before restoring per-channel watermarks.
     input_layout: list[str] = field(default_factory=list)
+
+    @property
+    def input_uid(self) -> str | None:
+        """The operator whose checkpoint entry holds the task's channel state (the first)."""
+        if self.input_gate is None:
+            return None
+        return self.operators[0].uid if self.operators else self.sink_uid

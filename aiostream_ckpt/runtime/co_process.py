@@ -17,18 +17,10 @@ from typing import Any
 from aiostream_ckpt.jobspec.co_functions import CoProcessFunction, KeyedCoProcessFunction
 from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channels import ChannelWriter
+from aiostream_ckpt.runtime.elements import SecondInput
 from aiostream_ckpt.runtime.operators import ProcessOperator, RecordFailed
 from aiostream_ckpt.runtime.task import StreamTask
 from aiostream_ckpt.runtime.timed_process import TimedKeyedProcessOperator
-
-
-class SecondInput:
-    """A batch of the second input of a two-input operator."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: list[Any]) -> None:
-        self.batch = batch
 
 
 class SecondInputWriter(ChannelWriter):

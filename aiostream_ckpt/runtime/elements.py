@@ -8,8 +8,22 @@ The checkpoint's own elements (barriers) live in ``checkpoint.barriers``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiostream_ckpt.checkpoint.barriers import CancelCheckpoint, CheckpointBarrier
+
+
+class SecondInput:
+    """A batch of the second input of a two-input operator (``runtime.co_process``).
+
+    Not a ``list``: the plain loop hands it to the task's control path, which
+    a two-input task extends.
+    """
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: list[Any]) -> None:
+        self.batch = batch
 
 
 @dataclass(frozen=True, slots=True)

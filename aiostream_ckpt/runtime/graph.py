@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.barrier.aligned import AlignedBarrierHandler
+from aiostream_ckpt.barrier.alternating import AlternatingBarrierHandler
 from aiostream_ckpt.barrier.handler import BarrierHandler
 from aiostream_ckpt.barrier.tracker import CheckpointBarrierTracker
+from aiostream_ckpt.barrier.unaligned import UnalignedBarrierHandler
 from aiostream_ckpt.connectors.base import ConnectorContext, DeadLetterFn
 from aiostream_ckpt.connectors.files import DeadLetterWriter
 from aiostream_ckpt.errors import JobGraphError
@@ -44,13 +46,14 @@ from aiostream_ckpt.runtime.broadcast import (
     KeyedBroadcastProcessOperator,
 )
 from aiostream_ckpt.runtime.chain import ChainSpec
+from aiostream_ckpt.runtime.channel_state import ChannelStateCodec
 from aiostream_ckpt.runtime.channels import ChannelSender, InputGate
 from aiostream_ckpt.runtime.co_process import (
     CoProcessOperator,
     KeyedCoProcessOperator,
-    SecondInput,
     SecondInputWriter,
 )
+from aiostream_ckpt.runtime.elements import SecondInput
 from aiostream_ckpt.runtime.key_group_check import KeyGroupCheck
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
@@ -262,9 +265,14 @@ def _barrier_handler(
 ) -> BarrierHandler:
     if config.checkpoint.mode is CheckpointingMode.AT_LEAST_ONCE:
         return CheckpointBarrierTracker(channels, monotonic)
-    return AlignedBarrierHandler(
+    aligned = AlignedBarrierHandler(
         channels, monotonic, config.checkpoint.alignment_max_buffered_batches
     )
+    if not config.checkpoint.unaligned:
+        return aligned
+    encode = ChannelStateCodec(allow_pickle=config.state.allow_pickle).encode
+    unaligned = UnalignedBarrierHandler(channels, monotonic, encode)
+    return AlternatingBarrierHandler(channels, monotonic, aligned, unaligned)
 
 
 def _channels_per_edge(e: Edge, upstream_p: int) -> int:

@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.errors import PartitioningError
 from aiostream_ckpt.keygroups import WHOLE_JOB, Shard
 from aiostream_ckpt.runtime.channels import ChannelSender
@@ -24,7 +25,8 @@ class OutputGate(ABC):
     """Sends batches to downstream channels according to a partitioning scheme.
 
     Control elements always go to every channel (barriers must reach every
-    input of every downstream instance for alignment to complete).
+    input of every downstream instance for alignment to complete); an
+    unaligned barrier goes ahead of what each channel has queued.
     """
 
     __slots__ = ("writers",)
@@ -37,6 +39,10 @@ class OutputGate(ABC):
         """Send one batch of records downstream."""
 
     async def broadcast_control(self, element: Any) -> None:
+        if type(element) is CheckpointBarrier and element.unaligned:
+            for w in self.writers:
+                w.send_priority(element)
+            return
         for w in self.writers:
             await w.send(element)
 

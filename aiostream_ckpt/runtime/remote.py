@@ -8,6 +8,11 @@ receiving ends, :class:`RemoteInput`, put what arrives into the downstream
 task's :class:`~.channels.InputGate`, so the task's loop, barrier alignment and
 watermarks do not know whether a channel crosses a process.
 
+An unaligned barrier (``checkpoint.unaligned``) is sent at once, spending no
+credit, and enters the receiving gate's priority lane, ahead of what this
+channel has queued there or waiting here (:meth:`InputGate.in_line` counts
+those as the channel's in-flight elements).
+
 Why credits (Flink's credit-based flow control): a socket buffer is not a
 bound the engine controls, and one connection carries many channels, so a
 full gate must stop *its* channel, not the whole connection. A sender starts
@@ -38,6 +43,7 @@ from typing import Any, cast
 import orjson
 
 from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.errors import AiostreamError, ChannelError
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.wire import (
@@ -120,6 +126,10 @@ class RemoteChannelWriter:
         self._conn.send_element(self.channel_id, element, self.trusted)
         self.credits -= 1
 
+    def send_priority(self, element: Any) -> None:
+        """Send an unaligned barrier now, without a credit: the receiver grants none for it."""
+        self._conn.send_element(self.channel_id, element)
+
     async def _wait_for_credit(self) -> None:
         while self.credits <= 0:
             self._conn.check_usable()
@@ -165,15 +175,19 @@ class RemoteInput:
         self.index = index
         self.wrap = wrap
         self.pending: deque[tuple[int, Any]] = deque()
+        gate.attach_pending(index, self.pending)
         self.received = 0
         self._wake = asyncio.Event()
 
     def receive(self, element: Any) -> bool:
         """Take one element; True when it entered the gate (grant its credit now)."""
         self.received += 1
+        queue = self.gate.queue
+        if type(element) is CheckpointBarrier and element.unaligned:
+            queue.put_priority((self.index, element), len(self.pending))  # without a credit
+            return False
         if self.wrap is not None and type(element) is list:
             element = self.wrap(element)
-        queue = self.gate.queue
         if not self.pending and not queue.full():
             queue.put_nowait((self.index, element))
             return True

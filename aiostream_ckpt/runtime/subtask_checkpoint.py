@@ -4,18 +4,23 @@ The task hands barrier n here once it must snapshot: a source task when the
 coordinator triggered n, an input task when its barrier handler decided (see
 ``barrier/``). The steps, numbered as in the code:
 
-1. Snapshot targets: ask the responder where each keyed operator writes n. A
-   storage that cannot take them (full, gone) declines n here, as a failed
-   write does, and the job goes on within ``checkpoint.tolerable_failures``.
+1. Snapshot targets: ask the responder where each keyed operator writes n
+   (and, for an unaligned n, where the channel state goes). A storage that
+   cannot take them (full, gone) declines n here, as a failed write does, and
+   the job goes on within ``checkpoint.tolerable_failures``.
 2. Synchronous snapshot, under the lock commits take too: each operator's
    pre-barrier flush (``prepare_snapshot_pre_barrier``: state it holds outside
    keyed state goes in), the source's position, the dead letters' pre-commit,
    each keyed backend's synchronous part, operator state, the sink's
    pre-commit (closing a rolling file at the end of input or for a savepoint).
 3. Forward barrier n to every output, declined or not: downstream snapshots
-   while this task still writes, and a sink's transaction rolls over.
+   while this task still writes, and a sink's transaction rolls over. An
+   unaligned barrier goes ahead of what the outputs have queued.
 4. Asynchronous part, in the background: each backend prepares on the loop
-   and writes its files in a worker thread (see ``state.backend``).
+   and writes its files in a worker thread (see ``state.backend``). An
+   unaligned n also waits for its channel state (complete once barrier n came
+   on every input channel: :meth:`in_flight_complete`) and writes it in a
+   worker thread (``runtime.channel_state``).
 5. Acknowledge n to the responder with the states, sizes and timings; or
    decline it when a write failed.
 6. Settle: the backends' deferred work, after the acknowledgement.
@@ -42,6 +47,7 @@ import orjson
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks
+from aiostream_ckpt.barrier.handler import InFlight
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.responder import CheckpointResponder
@@ -49,12 +55,15 @@ from aiostream_ckpt.clock import Clock
 from aiostream_ckpt.connectors.base import CheckpointPositionReader
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
+from aiostream_ckpt.runtime.channel_state import CHANNEL_KEY, write_channel_state
 from aiostream_ckpt.runtime.process_errors import ProcessErrorHandler
 from aiostream_ckpt.state.backend import AsyncSnapshotPart, SnapshotTarget
 from aiostream_ckpt.time.checkpointed import TIME_KEY
 
 log = logging.getLogger(__name__)
 
+#: the key of the channel state's target among the keyed operators' (no uid is empty)
+_CHANNEL_TARGET = ""
 #: Where the sink writer's and the dead-letter writer's states sit in their
 #: operators' checkpoint entries (``"operator"``), read back by ``runtime.subtask_restore``.
 WRITER_KEY = "writer"
@@ -95,12 +104,37 @@ class SubtaskCheckpointCoordinator:
         #: set (and replaced) each time a completion was acted on: wakes :meth:`committed`
         self._acted = asyncio.Event()
         self._end_checkpoint: int | None = None
+        #: unaligned checkpoints snapshotted here whose channel state is not complete yet
+        self._in_flight: dict[int, asyncio.Future[InFlight]] = {}
         #: Set once the output this task made before its end is committed (step 8).
         self.done = asyncio.Event()
 
     def decline(self, checkpoint_id: int, reason: BaseException) -> None:
         """Tell the responder this task cannot take ``checkpoint_id`` (e.g. alignment overflow)."""
         self._responder.decline(checkpoint_id, self._task_id, reason)
+
+    def in_flight_complete(self, in_flight: InFlight) -> None:
+        """Hand an unaligned checkpoint its channel state: its last barrier came (step 4)."""
+        fut = self._in_flight.pop(in_flight.checkpoint_id, None)
+        if fut is None or fut.done():
+            return
+        if in_flight.error is not None:
+            fut.set_exception(in_flight.error)
+        else:
+            fut.set_result(in_flight)
+
+    def abandon(self, checkpoint_id: int) -> None:
+        """Give up ``checkpoint_id`` here: a newer barrier overtook it; decline it."""
+        reason = CheckpointError(
+            f"task {self._task_id}: a newer barrier came before checkpoint {checkpoint_id} "
+            "was complete here",
+            retriable=True,
+        )
+        fut = self._in_flight.pop(checkpoint_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(reason)  # its asynchronous part declines it
+        else:
+            self.decline(checkpoint_id, reason)
 
     async def checkpoint(
         self, barrier: CheckpointBarrier, alignment_seconds: float, *, ended: bool
@@ -121,8 +155,13 @@ class SubtaskCheckpointCoordinator:
         def put(uid: str, **kw: Any) -> None:
             states.setdefault(uid, dict(base)).update(kw)
 
+        in_flight: asyncio.Future[InFlight] | None = None
+        if barrier.unaligned and spec.input_uid is not None:
+            in_flight = self._in_flight[cid] = asyncio.get_running_loop().create_future()
+            put(spec.input_uid)
         async with self._lock:
-            targets = self._snapshot_targets(cid)  # 1. where keyed state goes (or decline)
+            # 1. where keyed state goes, and the channel state (or decline)
+            targets = self._snapshot_targets(cid, spec.input_uid if in_flight else None)
             # 2. the synchronous snapshot
             for op in spec.operators:
                 op.prepare_snapshot_pre_barrier(cid)  # before any backend freezes its writes
@@ -159,24 +198,43 @@ class SubtaskCheckpointCoordinator:
             self._end_checkpoint = cid
         await self._broadcast(barrier)  # 3. forward
         if targets is None:
+            if in_flight is not None:
+                del self._in_flight[cid]
             return  # declined: no backend took a snapshot, there is nothing to finish
+        channel_target = targets.pop(_CHANNEL_TARGET, None)
         self._bg.spawn(
-            self._finish(cid, states, parts, sync_seconds, alignment_seconds),
+            self._finish(
+                cid,
+                states,
+                parts,
+                sync_seconds,
+                alignment_seconds,
+                (in_flight, channel_target) if in_flight is not None else None,
+            ),
             f"{self._task_id}-snapshot-{cid}",
         )
 
-    def _snapshot_targets(self, cid: int) -> dict[str, SnapshotTarget] | None:
+    def _snapshot_targets(
+        self, cid: int, channel_uid: str | None
+    ) -> dict[str, SnapshotTarget] | None:
         """Where each keyed operator writes checkpoint ``cid``; None when it was declined.
 
-        Created before any backend starts its snapshot, so a storage that cannot
-        take them declines before any work is done.
+        With a ``channel_uid``, also where the channel state goes (under
+        ``_CHANNEL_TARGET``). Created before any backend starts its snapshot, so
+        a storage that cannot take them declines before any work is done.
         """
+        subtask = self._spec.subtask
         try:
-            return {
-                op.uid: self._responder.snapshot_target(cid, op.uid, self._spec.subtask)
+            targets = {
+                op.uid: self._responder.snapshot_target(cid, op.uid, subtask)
                 for op in self._spec.operators
                 if op.backend is not None
             }
+            if channel_uid is not None:
+                targets[_CHANNEL_TARGET] = self._responder.snapshot_target(
+                    cid, channel_uid, subtask
+                )
+            return targets
         except CheckpointError as exc:
             log.warning("task %s: snapshot %d cannot be stored: %s", self._task_id, cid, exc)
             self.decline(cid, exc)
@@ -189,17 +247,21 @@ class SubtaskCheckpointCoordinator:
         parts: list[tuple[str, AsyncSnapshotPart]],
         sync_seconds: float,
         alignment_seconds: float,
+        channels: tuple[asyncio.Future[InFlight], SnapshotTarget | None] | None,
     ) -> None:
         """Run steps 4 to 6 in the background, while the task processes on."""
         started = self._clock.monotonic()
         loop = asyncio.get_running_loop()
-        size = 0
+        size = in_flight_bytes = in_flight_records = 0
         try:  # 4. the asynchronous part
             for uid, part in parts:
                 await part.prepare()  # on the loop, in slices: see AsyncSnapshotPart
                 handle = await loop.run_in_executor(self._executor, part.write)
                 states[uid]["keyed"] = handle
                 size += int(handle.get("size_bytes", 0))
+            if channels is not None:
+                in_flight_bytes, in_flight_records = await self._write_channels(states, *channels)
+                size += in_flight_bytes
         except Exception as exc:
             log.warning("task %s: asynchronous snapshot %d failed: %s", self._task_id, cid, exc)
             self.decline(cid, exc)  # 5. ... or decline
@@ -216,13 +278,41 @@ class SubtaskCheckpointCoordinator:
                 async_seconds=self._clock.monotonic() - started,
                 alignment_seconds=alignment_seconds,
                 size_bytes=size,
+                unaligned=channels is not None,
+                in_flight_bytes=in_flight_bytes,
+                in_flight_records=in_flight_records,
             ),
         )
         m = self._metrics
         if m.last_acked_checkpoint is None or cid > m.last_acked_checkpoint:  # may finish late
             m.last_acked_checkpoint, m.last_checkpoint_size_bytes = cid, size
+            m.last_in_flight_bytes = in_flight_bytes
         for _, part in parts:
             await part.settle()  # 6. deferred work, after the ack
+
+    async def _write_channels(
+        self,
+        states: dict[str, dict[str, Any]],
+        in_flight: asyncio.Future[InFlight],
+        target: SnapshotTarget | None,
+    ) -> tuple[int, int]:
+        """Wait for the channel state, write it (a worker thread); return its bytes, records."""
+        spec = self._spec
+        done = await in_flight
+        assert target is not None and spec.input_uid is not None
+        handle = await asyncio.get_running_loop().run_in_executor(
+            self._executor,
+            write_channel_state,
+            target.exclusive_dir,
+            target.root,
+            done.channels,
+            spec.input_layout,
+        )
+        self._metrics.last_in_flight_seconds = done.seconds
+        if handle is None:
+            return 0, 0
+        states[spec.input_uid][CHANNEL_KEY] = handle
+        return int(handle["size_bytes"]), int(handle["records"])
 
     # -- notifications (the coordinator's CheckpointListener) --------------------------
 

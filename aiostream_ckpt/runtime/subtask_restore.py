@@ -6,7 +6,9 @@ sink commits or retracts anything. The steps, numbered as in the code:
 
 1. State: rewind the source to the union of its restored positions; restore
    each keyed operator's state (its files verified, in a worker thread) and
-   operator state; open the operators; resume event time.
+   operator state; read the in-flight records of an unaligned checkpoint
+   (verified, in a worker thread; the task replays them before any new
+   input); open the operators; resume event time.
 2. Survey (read-only): what recovering each writer would commit, keep or
    retract, so the job can refuse a restore before changing anything.
 3. Outputs: the dead-letter writer and the sink commit what the checkpoint
@@ -27,6 +29,12 @@ from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.connectors.base import OutputSurvey
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.runtime.chain import ChainSpec
+from aiostream_ckpt.runtime.channel_state import (
+    CHANNEL_KEY,
+    ChannelStateCodec,
+    read_channel_state,
+    restore_check,
+)
 from aiostream_ckpt.runtime.subtask_checkpoint import DEAD_LETTER_KEY, WRITER_KEY
 from aiostream_ckpt.runtime.writer_state import restored_writer_state
 
@@ -50,6 +58,12 @@ class SubtaskRestore:
         #: start, 0 when every checkpoint was set aside (all earlier output is newer)
         self.checkpoint_id = restored.checkpoint_id if restored is not None else None
         self._state_restored = self._outputs_recovered = False
+        self._in_flight: list[tuple[int, Any]] = []
+
+    def take_in_flight(self) -> list[tuple[int, Any]]:
+        """Return the restored in-flight elements, ``(channel, element)`` in replay order; once."""
+        out, self._in_flight = self._in_flight, []
+        return out
 
     async def restore_state(
         self, restore_time: Callable[[CompletedCheckpoint | None], None]
@@ -90,8 +104,37 @@ class SubtaskRestore:
                     backend=op.backend,
                 )
             )
+        if restored is not None:
+            self._in_flight = await self._read_in_flight(restored)
         restore_time(restored)
         self._state_restored = True
+
+    async def _read_in_flight(self, restored: CompletedCheckpoint) -> list[tuple[int, Any]]:
+        """Read this subtask's channel state, refusing one whose channels changed meaning."""
+        spec = self._spec
+        uid = spec.input_uid
+        if uid is None:
+            return []
+        old = restored.subtask_states(uid)
+        old_parallelism = int(restored.operators[uid]["parallelism"]) if old else 0
+        for st in old.values():
+            handle = st.get(CHANNEL_KEY)
+            if handle:
+                restore_check(
+                    handle,
+                    checkpoint_id=restored.checkpoint_id,
+                    uid=uid,
+                    old_parallelism=old_parallelism,
+                    parallelism=spec.parallelism,
+                    layout=spec.input_layout,
+                )
+        handle = (old.get(spec.subtask) or {}).get(CHANNEL_KEY)
+        if not handle:
+            return []
+        codec = ChannelStateCodec(allow_pickle=True)  # pickled only if it was allowed then
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, read_channel_state, restored.root, handle, codec
+        )
 
     async def survey_outputs(self) -> list[OutputSurvey]:
         """Step 2: tell what recovering this task's writers would do (read-only)."""

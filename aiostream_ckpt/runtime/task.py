@@ -25,6 +25,7 @@ from collections import deque
 from concurrent.futures import Executor
 from typing import Any
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks, unless_failed, unless_set
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
@@ -72,7 +73,12 @@ class StreamTask:
         self._closed = False
         self.state = TaskState.CREATED
         self.metrics = TaskMetrics()
+        #: elements to take before the gate's: held ones an alignment released, and
+        #: after a restore the in-flight ones of an unaligned checkpoint
         self._replay: deque[tuple[int, Any]] = deque()
+        #: restored in-flight elements not replayed yet, and how many are left when the
+        #: ``channel_state_replay`` fail point is passed (half way)
+        self._restored_left = self._restored_hit_at = 0
         self._ended_channels: set[int] = set()
         self._bg_error: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._bg = BackgroundTasks(self._background_failed)
@@ -160,8 +166,17 @@ class StreamTask:
         self._restore.checkpoint_id = checkpoint_id
 
     async def restore_state(self) -> None:
-        """Rewind the source, restore state, open the operators, resume event time; once."""
+        """Rewind the source, restore state, open the operators, resume event time; once.
+
+        An unaligned checkpoint's in-flight elements are replayed first, before
+        the gate is read.
+        """
         await self._restore.restore_state(lambda r: self._time.restore(r, self._time_uids()))
+        in_flight = self._restore.take_in_flight()
+        if in_flight:
+            self._replay.extend(in_flight)
+            self._restored_left = len(in_flight)
+            self._restored_hit_at = len(in_flight) // 2
 
     async def survey_outputs(self) -> list[OutputSurvey]:
         return await self._restore.survey_outputs()
@@ -236,7 +251,7 @@ class StreamTask:
         await self._time.announce()
         while not self._done.is_set():
             if replay:
-                channel, element = replay.popleft()
+                channel, element = self._take_replay()
             elif self.state is TaskState.ENDED:
                 item = await unless_set(get(), self._done)
                 if item is None:
@@ -244,8 +259,7 @@ class StreamTask:
                 channel, element = item
             else:
                 channel, element = await get()
-            if handler.holding and handler.is_held(channel):
-                handler.hold(channel, element)
+            if handler.holding and handler.is_held(channel) and handler.hold(channel, element):
                 continue
             if type(element) is list:
                 metrics.records_in += len(element)
@@ -254,20 +268,43 @@ class StreamTask:
             else:
                 await self._on_control(channel, element)
 
+    def _take_replay(self) -> tuple[int, Any]:
+        """Return the next element to replay; an unaligned barrier that came goes first."""
+        gate = self.spec.input_gate
+        assert gate is not None
+        if gate.queue.has_priority:
+            return gate.queue.get_nowait()  # it overtakes the replay too: in_line counts it
+        if self._restored_left:
+            self._restored_left -= 1
+            if self._restored_left == self._restored_hit_at:
+                failpoints.hit("channel_state_replay")
+        return self._replay.popleft()
+
     async def _on_control(self, channel: int, element: Any) -> None:
         handler = self.spec.barrier_handler
         assert handler is not None
         if isinstance(element, CheckpointBarrier):
+            in_line: list[Any] = []
+            if element.unaligned and handler.keeps_in_flight:
+                # what it overtook on its channel, in line to be processed: in flight
+                assert self.spec.input_gate is not None
+                in_line, _ = self.spec.input_gate.in_line(
+                    channel, element.checkpoint_id, self._replay
+                )
             try:
-                decision = handler.on_barrier(channel, element)
+                decision = handler.on_barrier(channel, element, in_line)
             except CheckpointError as exc:
                 self._checkpoints.decline(element.checkpoint_id, exc)
                 return
             if decision is None:
                 return
+            if decision.abandoned is not None:
+                self._checkpoints.abandon(decision.abandoned)
             if decision.barrier is not None:
                 self.metrics.last_alignment_ms = decision.alignment_seconds * 1000
                 await self._checkpoint(decision.barrier, decision.alignment_seconds)
+            if decision.in_flight is not None:
+                self._checkpoints.in_flight_complete(decision.in_flight)
             self._replay.extendleft(reversed(decision.released))
         elif isinstance(element, Watermark):
             await self._time.on_watermark(channel, element.timestamp)

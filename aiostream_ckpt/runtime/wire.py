@@ -49,7 +49,7 @@ from aiostream_ckpt.state.codecs import EXACT_SCALARS, json_misfit, type_name
 
 #: payload length, channel id, kind
 HEADER = struct.Struct("<IIB")
-_BARRIER = struct.Struct("<qdB")
+_BARRIER = struct.Struct("<qdBB")  # id, timestamp, kind, unaligned
 _I64 = struct.Struct("<q")
 _U32 = struct.Struct("<I")
 _KINDS = list(CheckpointKind)
@@ -197,7 +197,8 @@ def encode_control(element: Any) -> tuple[FrameKind, bytes]:
     cls = type(element)
     if cls is CheckpointBarrier:
         kind = _KINDS.index(element.kind)
-        return FrameKind.BARRIER, _BARRIER.pack(element.checkpoint_id, element.timestamp, kind)
+        payload = _BARRIER.pack(element.checkpoint_id, element.timestamp, kind, element.unaligned)
+        return FrameKind.BARRIER, payload
     if cls is Watermark:
         return FrameKind.WATERMARK, _I64.pack(element.timestamp)
     if cls is WatermarkStatus:
@@ -212,8 +213,8 @@ def encode_control(element: Any) -> tuple[FrameKind, bytes]:
 def decode_control(kind: int, payload: bytes) -> Any:
     """Return the control element of a frame (``kind`` is not ``BATCH``)."""
     if kind == FrameKind.BARRIER:
-        cid, ts, k = _BARRIER.unpack(payload)
-        return CheckpointBarrier(cid, ts, _KINDS[k])
+        cid, ts, k, unaligned = _BARRIER.unpack(payload)
+        return CheckpointBarrier(cid, ts, _KINDS[k], bool(unaligned))
     if kind == FrameKind.WATERMARK:
         return Watermark(_I64.unpack(payload)[0])
     if kind == FrameKind.STATUS:

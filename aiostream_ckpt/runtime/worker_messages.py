@@ -38,11 +38,13 @@ def barrier_message(task_id: str, barrier: CheckpointBarrier) -> Message:
         "id": barrier.checkpoint_id,
         "timestamp": barrier.timestamp,
         "kind": barrier.kind.value,
+        "unaligned": barrier.unaligned,
     }
 
 
 def barrier_of(message: Message) -> CheckpointBarrier:
-    return CheckpointBarrier(message["id"], message["timestamp"], CheckpointKind(message["kind"]))
+    kind = CheckpointKind(message["kind"])
+    return CheckpointBarrier(message["id"], message["timestamp"], kind, message["unaligned"])
 
 
 def ack_message(checkpoint_id: int, ack: TaskAck) -> Message:

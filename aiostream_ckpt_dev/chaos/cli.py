@@ -194,7 +194,14 @@ def run_chaos(
         rdir.mkdir(parents=True)
         rrun = _round_run(run, contract, rdir, kafka)
         want = min(kills_per_round, kills - verdict.kills)
-        plan = plan_round(rng, want, position=bool(rrun[1]), workers=workers, hangs=hangs)
+        plan = plan_round(
+            rng,
+            want,
+            position=bool(rrun[1]),
+            workers=workers,
+            hangs=hangs,
+            unaligned=_unaligned(run),
+        )
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
         if run.config is not None:
             cmd += ["--config", str(run.config)]
@@ -310,6 +317,12 @@ def _workers(run: AppRun) -> int:
     from aiostream_ckpt.daemon.config import load_config
 
     return load_config(run.config, env=os.environ, sets=run.sets).job.workers
+
+
+def _unaligned(run: AppRun) -> bool:
+    from aiostream_ckpt.daemon.config import load_config
+
+    return load_config(run.config, env=os.environ, sets=run.sets).job.checkpoint.unaligned
 
 
 def _kafka(run: AppRun, contract: ProofContract) -> str | None:

@@ -57,7 +57,10 @@ RECOVERY_WINDOWS = ("restore_begin", "restore_before_sinks", "restore_after_sink
 #: no commit; a complete checkpoint before its Delta commit; after it, no task told yet.
 DELTA_WINDOWS = ("delta_files_written", "delta_commit", "delta_committed")
 END_WINDOWS = ("final_metadata_durable", "final_committed")
-WINDOWS = PROGRESS_WINDOWS + RECOVERY_WINDOWS + END_WINDOWS
+#: Windows of unaligned checkpoints (``checkpoint.unaligned=true``): in-flight records
+#: being written with a checkpoint, and being replayed after a restore.
+UNALIGNED_WINDOWS = ("channel_state_write", "channel_state_replay")
+WINDOWS = PROGRESS_WINDOWS + RECOVERY_WINDOWS + END_WINDOWS + UNALIGNED_WINDOWS
 #: Windows of tasks: at ``job.workers`` > 1 hit in a worker process, not in the main one.
 WORKER_WINDOWS = (
     "pre_barrier_flush",
@@ -66,6 +69,7 @@ WORKER_WINDOWS = (
     "delta_files_written",
     *RECOVERY_WINDOWS,
     "final_committed",
+    *UNALIGNED_WINDOWS,
 )
 #: Windows hit at every checkpoint: a plan's kill takes the 1st to 3rd hit.
 _NTH_WINDOWS = (
@@ -74,6 +78,7 @@ _NTH_WINDOWS = (
     "metadata_durable",
     "sink_commit",
     *DELTA_WINDOWS,
+    "channel_state_write",
 )
 #: The kill of the main process that follows a worker's once its restart checkpointed.
 MAIN_RUNNING = "main_running"
@@ -145,6 +150,7 @@ def plan_round(
     workers: int = 1,
     hangs: bool = False,
     delta: bool = False,
+    unaligned: bool = False,
 ) -> list[Kill]:
     """``kills`` kills: metadata durable first, end-of-input windows last.
 
@@ -153,7 +159,9 @@ def plan_round(
     > 1, half the position kills take a worker (see the module docstring).
     ``delta``: the job writes a Delta table; its windows join the mix.
     ``hangs``: the kills between are :data:`HANG` of a worker (the input's
-    position needed), each followed by the main process's kill.
+    position needed), each followed by the main process's kill. ``unaligned``
+    (``checkpoint.unaligned=true``): the windows of in-flight records too
+    (:data:`UNALIGNED_WINDOWS`), twice as often as another window each.
     """
     if hangs and (workers <= 1 or not position):
         raise ValueError("hangs need job.workers > 1 and input files to place them by")
@@ -161,6 +169,8 @@ def plan_round(
     if delta:
         progress += DELTA_WINDOWS
     middle = [HANG] if hangs else progress + list(RECOVERY_WINDOWS)
+    if unaligned and not hangs:
+        middle += [*UNALIGNED_WINDOWS, *UNALIGNED_WINDOWS]
     windows = ["metadata_durable"]
     ends = list(END_WINDOWS)[: max(0, kills - 1)]
     windows += [rng.choice(middle) for _ in range(kills - 1 - len(ends))] + ends
