@@ -13,12 +13,15 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aiostream_ckpt.aio import Wakeup
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import RecordError
 from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM, WHOLE_JOB, Shard
+
+if TYPE_CHECKING:
+    from aiostream_ckpt.connectors.kafka.security import KafkaSecurity
 
 #: Called by readers for records they cannot turn into events; the runtime
 #: routes them to the dead-letter output (or fails the job when fail-fast).
@@ -133,6 +136,8 @@ class ConnectorContext:
     #: The attempt's threads for a writer's blocking file work (fsync, rename);
     #: ``None``: the loop's default executor.
     executor: Executor | None = None
+    #: How the job's Kafka clients connect (``kafka.*``: TLS, SASL); None: plaintext.
+    kafka_security: KafkaSecurity | None = None
     #: A source's: set while its task has work between two reads (a barrier to
     #: inject, timers due). A reader that waits long (pacing) returns early then,
     #: with what is due (maybe nothing), so a barrier does not wait for its sleep.

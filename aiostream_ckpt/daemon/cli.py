@@ -132,6 +132,17 @@ def _parser() -> argparse.ArgumentParser:
         a.add_argument("--checkpoint-dir", type=Path, required=True)
         a.add_argument("--bootstrap", required=True, help="Kafka host:port[,host:port]")
         a.add_argument("--prefix", action="append", default=[], help="also this id prefix")
+        a.add_argument(
+            "--config", type=Path, help="the job's TOML config (its kafka.* keys: TLS, SASL)"
+        )
+        a.add_argument(
+            "--set",
+            dest="sets",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a config key, e.g. kafka.security_protocol=SASL_SSL (AIOSTREAM_KAFKA__* too)",
+        )
         if action == "list":
             a.add_argument("--json", action="store_true", help="JSON rows instead of a table")
     rs = sub.add_parser(

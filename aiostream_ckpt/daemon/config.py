@@ -33,6 +33,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.connectors.kafka.security import KafkaSecurity
 from aiostream_ckpt.daemon.settings import (
     DAEMON_KEYS,
     DaemonSettings,
@@ -92,6 +93,14 @@ def _path(value: Any) -> Path:
     return Path(str(value)).expanduser()
 
 
+def _protocol(value: Any) -> str:
+    return str(value).strip().upper().replace("-", "_")  # sasl-ssl -> SASL_SSL
+
+
+def _mechanism(value: Any) -> str:
+    return str(value).strip().upper().replace("_", "-")  # scram_sha_512 -> SCRAM-SHA-512
+
+
 # key -> (section attribute or None for top level, field name, parser)
 _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.parallelism": (None, "parallelism", _parse_int),
@@ -143,7 +152,19 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
         "max_process_errors_per_checkpoint",
         _parse_int,
     ),
+    "kafka.security_protocol": ("kafka", "security_protocol", _protocol),
+    "kafka.sasl_mechanism": ("kafka", "sasl_mechanism", _mechanism),
+    "kafka.sasl_username": ("kafka", "sasl_username", str),
+    "kafka.sasl_password": ("kafka", "sasl_password", str),
+    "kafka.sasl_password_file": ("kafka", "sasl_password_file", _path),
+    "kafka.ssl_cafile": ("kafka", "ssl_cafile", _path),
+    "kafka.ssl_certfile": ("kafka", "ssl_certfile", _path),
+    "kafka.ssl_keyfile": ("kafka", "ssl_keyfile", _path),
+    "kafka.ssl_key_password_file": ("kafka", "ssl_key_password_file", _path),
+    "kafka.ssl_check_hostname": ("kafka", "ssl_check_hostname", parse_bool),
 }
+#: keys whose values are never shown (``--print-config``, errors): secrets
+SECRET_KEYS = frozenset({"kafka.sasl_password"})
 _OTHER_KEYS = {"job.name": str, "log.format": str, "log.level": str, "progress.interval": str}
 #: the app's own parameters: any ``app.<name>``
 APP_KEYS = "app.*"
@@ -153,6 +174,7 @@ _SECTIONS = {
     "state": StateConfig,
     "restart": RestartConfig,
     "errors": ErrorConfig,
+    "kafka": KafkaSecurity,
 }
 
 
@@ -289,7 +311,8 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
         try:
             value = parse(raw)
         except (ValueError, TypeError) as exc:
-            msg = f"invalid config {key}={raw!r} (from {origin}): must be {exc}"
+            shown = "(secret)" if key in SECRET_KEYS else repr(raw)
+            msg = f"invalid config {key}={shown} (from {origin}): must be {exc}"
             raise ConfigError(msg) from None
         if section is None:
             top[name] = value

@@ -196,6 +196,38 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "between two checkpoints fail the job without restarts (a broken function, not a "
         "bad record)",
     ),
+    "kafka.security_protocol": (
+        None,
+        "how every Kafka client of the job connects (sources, sinks, their transaction "
+        "recovery; the `transactions` command and `demo-kafka` read it too): `PLAINTEXT`, `SSL`, "
+        "`SASL_PLAINTEXT` or `SASL_SSL`; a source's `consumer_config` / a sink's "
+        "`producer_config` still win key by key. Wrong credentials or an untrusted "
+        "certificate fail the start at once, naming the broker and what failed",
+    ),
+    "kafka.sasl_mechanism": (None, "with `SASL_*`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`"),
+    "kafka.sasl_username": (None, "with `SASL_*`: the user"),
+    "kafka.sasl_password": (
+        None,
+        "with `SASL_*`: the password; give it as `AIOSTREAM_KAFKA__SASL_PASSWORD` (or use "
+        "`kafka.sasl_password_file`), not in a file others read: it is never logged, shown by "
+        "REST or put in an error",
+    ),
+    "kafka.sasl_password_file": (
+        None,
+        "with `SASL_*`: a file holding the password (read at each connect)",
+    ),
+    "kafka.ssl_cafile": (
+        None,
+        "with `SSL`/`SASL_SSL`: PEM file of the CA(s) that signed the brokers' certificates "
+        "(unset: the system's trust store)",
+    ),
+    "kafka.ssl_certfile": (None, "client certificate (PEM) for brokers that require one (mTLS)"),
+    "kafka.ssl_keyfile": (None, "the client certificate's private key (PEM)"),
+    "kafka.ssl_key_password_file": (None, "a file holding the private key's password"),
+    "kafka.ssl_check_hostname": (
+        None,
+        "check that a broker's certificate names the host connected to",
+    ),
     "rest.enabled": (None, "serve the REST API"),
     "rest.bind": (None, "REST address; any non-loopback address needs `rest.token`"),
     "rest.port": (None, "REST port (`0`: a free port, logged and in `rest.address_file`)"),

@@ -153,6 +153,7 @@ class JobDaemon:
                 "checkpoint_interval_s": config.checkpoint.interval,
                 "checkpointing_mode": config.checkpoint.mode.value,
                 "restored_from": str(config.restore_from) if config.restore_from else None,
+                "kafka": config.kafka.describe(),  # never the password
             },
             "graph": {
                 "operators": [

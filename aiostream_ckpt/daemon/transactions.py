@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,9 +131,16 @@ def _describe_row(
     return row
 
 
-async def list_rows(bootstrap: str, job: JobTransactions) -> list[dict[str, Any]]:
-    """One row per transactional id the job owns (broker and checkpoint), open ones first."""
-    client = await bootstrap_client(bootstrap, {}, timeout_s=_TIMEOUT_S, what="transactions")
+async def list_rows(
+    bootstrap: str, job: JobTransactions, config: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One row per transactional id the job owns (broker and checkpoint), open ones first.
+
+    ``config``: client settings (the job's ``kafka.*`` TLS/SASL, as ``client_kwargs``).
+    """
+    client = await bootstrap_client(
+        bootstrap, config or {}, timeout_s=_TIMEOUT_S, what="transactions"
+    )
     try:
         ids: set[str] = set(job.listed)
         for prefix in job.prefixes:
@@ -144,14 +152,18 @@ async def list_rows(bootstrap: str, job: JobTransactions) -> list[dict[str, Any]
     return sorted(rows, key=lambda r: (r["recovery"] == "none", r["transactional_id"]))
 
 
-async def commit_one(bootstrap: str, job: JobTransactions, txn_id: str) -> str:
+async def commit_one(
+    bootstrap: str, job: JobTransactions, txn_id: str, config: dict[str, Any] | None = None
+) -> str:
     listed = job.listed.get(txn_id)
     if listed is None:
         raise _refused(
             f"{txn_id} is not pre-committed in the newest completed checkpoint "
             f"({job.checkpoint_id}): only those may be committed"
         )
-    client = await bootstrap_client(bootstrap, {}, timeout_s=_TIMEOUT_S, what="transactions")
+    client = await bootstrap_client(
+        bootstrap, config or {}, timeout_s=_TIMEOUT_S, what="transactions"
+    )
     try:
         outcome = await end_prepared_transaction(
             client, listed.txn, commit=True, timeout_s=_TIMEOUT_S
@@ -168,13 +180,17 @@ async def commit_one(bootstrap: str, job: JobTransactions, txn_id: str) -> str:
     return f"committed {txn_id} of checkpoint {listed.checkpoint_id}"
 
 
-async def abort_one(bootstrap: str, job: JobTransactions, txn_id: str) -> str:
+async def abort_one(
+    bootstrap: str, job: JobTransactions, txn_id: str, config: dict[str, Any] | None = None
+) -> str:
     if not any(txn_id.startswith(f"{p}-") for p in job.prefixes):
         raise _refused(
             f"{txn_id} is not one of this job's transactional ids "
             f"(prefixes: {', '.join(sorted(job.prefixes))})"
         )
-    client = await bootstrap_client(bootstrap, {}, timeout_s=_TIMEOUT_S, what="transactions")
+    client = await bootstrap_client(
+        bootstrap, config or {}, timeout_s=_TIMEOUT_S, what="transactions"
+    )
     try:
         listed = job.listed.get(txn_id)
         if listed is not None:
@@ -204,11 +220,20 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def client_config(config_file: Path | None, sets: list[str]) -> dict[str, Any]:
+    """Return the job's Kafka TLS/SASL settings (``kafka.*``: TOML, env, ``--set``) as kwargs."""
+    from aiostream_ckpt.daemon.config import load_config
+
+    loaded = load_config(config_file, env=os.environ, sets=sets)
+    return loaded.job.kafka.client_kwargs()
+
+
 def transactions_main(args: argparse.Namespace) -> int:
     bootstrap = check_bootstrap_servers(args.bootstrap)
+    config = client_config(getattr(args, "config", None), getattr(args, "sets", []))
     job = read_job_transactions(args.checkpoint_dir, args.prefix)
     if args.action == "list":
-        rows = asyncio.run(list_rows(bootstrap, job))
+        rows = asyncio.run(list_rows(bootstrap, job, config))
         if args.json:
             print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
         else:
@@ -216,5 +241,5 @@ def transactions_main(args: argparse.Namespace) -> int:
         return 0
     _refuse_if_running(args.checkpoint_dir)
     run = commit_one if args.action == "commit" else abort_one
-    print(asyncio.run(run(bootstrap, job, args.id)))
+    print(asyncio.run(run(bootstrap, job, args.id, config)))
     return 0

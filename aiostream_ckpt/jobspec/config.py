@@ -15,6 +15,7 @@ from pathlib import Path
 # re-exported: the checkpoint's knobs are part of the job's configuration
 from aiostream_ckpt.checkpoint.config import CheckpointConfig as CheckpointConfig
 from aiostream_ckpt.checkpoint.config import CheckpointingMode as CheckpointingMode
+from aiostream_ckpt.connectors.kafka.security import KafkaSecurity
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.errors import check_config as _check
 from aiostream_ckpt.keygroups import WHOLE_JOB, Shard
@@ -141,6 +142,8 @@ class JobConfig:
     state: StateConfig = field(default_factory=StateConfig)
     restart: RestartConfig = field(default_factory=RestartConfig)
     errors: ErrorConfig = field(default_factory=ErrorConfig)
+    #: how every Kafka client of the job connects (``kafka.*``: TLS, SASL)
+    kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
     restore_from: Path | None = None
     allow_non_restored_state: bool = False
     #: let a savepoint restore move output committed after it aside (see the output contract)
@@ -202,6 +205,7 @@ class JobConfig:
         self.checkpoint.validate()
         self.state.validate()
         self.restart.validate()
+        self.kafka.validate()
         return self
 
     def checkpoint_dir(self) -> Path | None:

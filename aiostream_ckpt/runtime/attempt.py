@@ -150,6 +150,7 @@ def _connector_context(
             restore=setup.restore,
             executor=io,
             shard=setup.config.shard,
+            kafka_security=setup.config.kafka,
         )
         if dead_letter is not None:
             ctx.dead_letter = dead_letter

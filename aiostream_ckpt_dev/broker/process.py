@@ -30,6 +30,13 @@ from types import TracebackType
 
 from aiostream_ckpt.errors import ConfigError, ConnectorError
 from aiostream_ckpt_dev.broker.jars import ensure_kafka_jars
+from aiostream_ckpt_dev.broker.security import (
+    SECURE_PROTOCOLS,
+    Certificates,
+    listener_properties,
+    make_certificates,
+    scram_format_args,
+)
 from aiostream_ckpt_dev.kafka_wire import metadata_broker_count
 from aiostream_ckpt_dev.maven import QUICK_START_JVM_OPTIONS
 
@@ -119,6 +126,7 @@ class KafkaBroker:
         start_timeout_s: float = 90.0,
         detach: bool = False,
         libs_dir: Path | None = None,
+        secure: bool = False,
     ) -> None:
         self._own_dir = data_dir is None
         self._dir = Path(data_dir) if data_dir is not None else None
@@ -131,6 +139,9 @@ class KafkaBroker:
         self._detach = detach
         self._libs_dir = libs_dir
         self._proc: subprocess.Popen[bytes] | None = None
+        #: ``secure``: SSL, SASL_SSL and SASL_PLAINTEXT listeners too (:mod:`.security`)
+        self._secure = secure
+        self._secure_ports: dict[str, int] = {}
 
     # -- public surface ----------------------------------------------------
 
@@ -155,6 +166,19 @@ class KafkaBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    def listener(self, protocol: str) -> str:
+        """Return ``host:port`` of ``protocol``'s listener (SSL and SASL_* need ``secure``)."""
+        if protocol == "PLAINTEXT":
+            return self.bootstrap_servers
+        if protocol not in self._secure_ports:
+            raise ConfigError(f"this broker has no {protocol} listener (KafkaBroker(secure=True))")
+        return f"{LOOPBACK}:{self._secure_ports[protocol]}"
+
+    @property
+    def certificates(self) -> Certificates:
+        """The CA (``ca_file``) clients of the TLS listeners trust, and a CA they must not."""
+        return make_certificates(self.data_dir / "tls")
 
     @property
     def log_path(self) -> Path:
@@ -187,6 +211,9 @@ class KafkaBroker:
         for attempt in range(attempts):
             self._port = self._port or free_port()
             self._controller_port = self._controller_port or free_port()
+            if self._secure:
+                for protocol in SECURE_PROTOCOLS:
+                    self._secure_ports[protocol] = self._secure_ports.get(protocol) or free_port()
             self._write_config()
             self._format(java, libs)
             self._launch(java, libs)
@@ -197,6 +224,7 @@ class KafkaBroker:
                 if attempt + 1 < attempts and "Address already in use" in self.log_tail():
                     self.kill()
                     self._port = self._controller_port = None
+                    self._secure_ports = {}
                     continue
                 self.kill()
                 raise
@@ -315,6 +343,15 @@ class KafkaBroker:
             # The cleaner's 128 MiB dedupe buffer would take a quarter of the heap.
             "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
         }
+        if self._secure:
+            ports = self._secure_ports
+            extra = ",".join(f"{p}://{LOOPBACK}:{ports[p]}" for p in SECURE_PROTOCOLS)
+            props["listeners"] += "," + extra
+            props["advertised.listeners"] += "," + extra
+            props["listener.security.protocol.map"] += "," + ",".join(
+                f"{p}:{p}" for p in SECURE_PROTOCOLS
+            )
+            props.update(listener_properties(self.certificates))
         props.update(self._properties)
         return props
 
@@ -347,6 +384,7 @@ class KafkaBroker:
             random_cluster_id(),
             "-c",
             str(self.data_dir / "server.properties"),
+            *(scram_format_args() if self._secure else ()),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
         if proc.returncode != 0:

@@ -42,6 +42,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
         # Lets tests see a timed-out transaction aborted in ~1 s instead of 10.
         properties={"transaction.abort.timed.out.transaction.cleanup.interval.ms": "500"},
         start_timeout_s=300,
+        secure=True,  # SSL, SASL_SSL and SASL_PLAINTEXT listeners beside PLAINTEXT
     )
     try:
         broker.start()

@@ -115,10 +115,19 @@ def ids_to_fence(
 class Committer:
     """Ends transactions for one writer through its bootstrapped client."""
 
-    def __init__(self, sink: KafkaSink, client: Any, *, label: str) -> None:
+    def __init__(
+        self,
+        sink: KafkaSink,
+        client: Any,
+        *,
+        label: str,
+        producer_config: dict[str, Any] | None = None,
+    ) -> None:
         self._sink = sink
         self._client = client
         self._label = label
+        #: the sink's producer config over the job's TLS/SASL (its check consumers use it)
+        self._producer_config = producer_config if producer_config is not None else {}
 
     async def commit_listed(self, pending: list[PendingTxn]) -> list[tuple[PendingTxn, str]]:
         """EndTxn(commit) each; return those that had already ended, with the broker's answer."""
@@ -228,7 +237,7 @@ class Committer:
                 isolation_level="read_committed",
                 enable_auto_commit=False,
                 auto_offset_reset="none",
-                **client_kwargs(self._sink.producer_config),
+                **client_kwargs(self._producer_config),
             )
         )
 

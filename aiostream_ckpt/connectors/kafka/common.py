@@ -55,14 +55,20 @@ async def start_with_deadline(
     timeout_s: float,
     what: str,
     backoff_s: float = 0.5,
+    config: Mapping[str, Any] | None = None,
 ) -> T:
     """Create and start a client, retrying connection failures until ``timeout_s``.
 
     A fresh client per attempt: aiokafka's ``start()`` may only be called once.
     Raises a retriable ``ConnectorError`` (one line) when the deadline passes.
+    With TLS or SASL in ``config`` (the client's), the first connection
+    failure is diagnosed (:func:`diagnose_connection`): wrong credentials or
+    an untrusted certificate fail at once, naming the broker and what failed,
+    instead of being retried as an unreachable broker.
     """
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
+    diagnosed = config is None or config.get("security_protocol", "PLAINTEXT") == "PLAINTEXT"
     while True:
         client = bootstrap_to_end(make())
         remaining = deadline - time.monotonic()
@@ -74,6 +80,12 @@ async def start_with_deadline(
             await _quiet_stop(stop, client)
             if isinstance(exc, kafka_errors.KafkaError) and not _is_connect_error(exc):
                 raise connector_error(f"{what} failed on {bootstrap_servers}", exc) from exc
+            if not diagnosed:
+                assert config is not None
+                diagnosed = True
+                problem = await diagnose_connection(bootstrap_servers, config, timeout_s=10.0)
+                if problem is not None:
+                    raise problem from exc
         except BaseException:
             await _quiet_stop(stop, client)
             raise
@@ -85,6 +97,86 @@ async def start_with_deadline(
                 retriable=True,
             ) from last
         await asyncio.sleep(backoff_s)
+
+
+_CONN_KEYS = (
+    "security_protocol",
+    "ssl_context",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+)
+
+
+async def diagnose_connection(
+    bootstrap_servers: str, config: Mapping[str, Any], *, timeout_s: float
+) -> ConnectorError | None:
+    """Connect to each bootstrap server as the client would; the error of a TLS or SASL failure.
+
+    Why: aiokafka logs why a connection failed and raises only "Unable to
+    bootstrap", which the start loop retries as a broker that is down. A
+    certificate nobody trusts or a wrong password does not get better, so it
+    is told apart here and raised at once (not retriable), naming the broker,
+    the protocol and, for SASL, the mechanism and user (never the password).
+    ``None`` when every server is merely unreachable (the retry loop reports
+    that) or one accepts the connection.
+    """
+    import ssl
+
+    from aiokafka.conn import create_conn
+
+    kwargs = {k: config[k] for k in _CONN_KEYS if k in config}
+    protocol = kwargs.get("security_protocol", "PLAINTEXT")
+    user, mechanism = kwargs.get("sasl_plain_username"), kwargs.get("sasl_mechanism")
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host.strip("[]"), int(port), request_timeout_ms=int(timeout_s * 1000), **kwargs
+                ),
+                timeout_s,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            return ConnectorError(
+                f"Kafka broker {server.strip()} ({protocol}): TLS failed: the broker's certificate "
+                f"is not trusted ({exc.verify_message}; set kafka.ssl_cafile to the CA that "
+                "signed it)",
+                retriable=False,
+            )
+        except ssl.SSLError as exc:
+            return ConnectorError(
+                f"Kafka broker {server.strip()} ({protocol}): TLS handshake failed: "
+                f"{exc.reason or exc} (is this port a TLS listener?)",
+                retriable=False,
+            )
+        except (
+            kafka_errors.SaslAuthenticationFailed,
+            kafka_errors.AuthenticationFailedError,
+            kafka_errors.IllegalSaslStateError,
+        ) as exc:
+            return ConnectorError(
+                f"Kafka broker {server.strip()} ({protocol}): SASL {mechanism} authentication "
+                f"of user {user!r} failed: {_broker_message(exc)}",
+                retriable=False,
+            )
+        except kafka_errors.UnsupportedSaslMechanismError as exc:
+            return ConnectorError(
+                f"Kafka broker {server.strip()} ({protocol}): SASL mechanism {mechanism} "
+                f"refused: {_broker_message(exc)}",
+                retriable=False,
+            )
+        except (OSError, kafka_errors.KafkaError, TimeoutError):
+            continue  # unreachable or closed: the start loop retries and reports it
+        else:
+            conn.close()
+            return None
+    return None
+
+
+def _broker_message(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text if text and text != "None" else type(exc).__name__
 
 
 def _is_connect_error(exc: BaseException) -> bool:
@@ -184,6 +276,7 @@ async def bootstrap_client(
         bootstrap_servers=bootstrap_servers,
         timeout_s=timeout_s,
         what=what,
+        config=config,
     )
 
 

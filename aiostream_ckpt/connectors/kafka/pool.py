@@ -84,13 +84,18 @@ class Slot:
         self.state = new
 
 
-async def start_producer(sink: KafkaSink, transactional_id: str | None) -> Any:
-    """Start a producer (transactional if ``transactional_id``) under the connect deadline."""
+async def start_producer(
+    sink: KafkaSink, transactional_id: str | None, producer_config: dict[str, Any]
+) -> Any:
+    """Start a producer (transactional if ``transactional_id``) under the connect deadline.
+
+    ``producer_config``: the sink's, over the job's TLS/SASL settings (``merged_config``).
+    """
     config: dict[str, Any] = {
         "acks": "all",
         "enable_idempotence": True,
         "max_batch_size": MAX_BATCH_SIZE,
-        **sink.producer_config,
+        **producer_config,
     }
     if transactional_id is not None:
         config["transactional_id"] = transactional_id
@@ -110,6 +115,7 @@ async def start_producer(sink: KafkaSink, transactional_id: str | None) -> Any:
             bootstrap_servers=sink.bootstrap_servers,
             timeout_s=sink.connect_timeout_s,
             what=f"producer {transactional_id or '(idempotent)'} start",
+            config=config,
         )
     except ConnectorError as exc:
         if "InvalidTransactionTimeout" in str(exc):
@@ -148,8 +154,10 @@ class ProducerPool:
         *,
         label: str,
         on_failure: Callable[[BaseException], None],
+        producer_config: dict[str, Any],
     ) -> None:
         self._sink = sink
+        self._producer_config = producer_config
         self._label = label
         self._on_failure = on_failure
         self.slots = [Slot(i, f"{prefix}-{i}") for i in range(size)]
@@ -164,7 +172,10 @@ class ProducerPool:
     async def start(self) -> None:
         """Start a producer on every slot (InitProducerId: fences and aborts their old ones)."""
         started = await asyncio.gather(
-            *(start_producer(self._sink, s.transactional_id) for s in self.slots),
+            *(
+                start_producer(self._sink, s.transactional_id, self._producer_config)
+                for s in self.slots
+            ),
             return_exceptions=True,
         )
         for slot, producer in zip(self.slots, started, strict=True):
@@ -218,7 +229,9 @@ class ProducerPool:
         slot.advance(SlotState.STARTING)
         slot.opened_at, slot.warned, slot.prepared, slot.ranges = None, False, None, None
         await quietly(old.stop(), f"stopping {slot.transactional_id}")
-        slot.producer = await start_producer(self._sink, slot.transactional_id)
+        slot.producer = await start_producer(
+            self._sink, slot.transactional_id, self._producer_config
+        )
         slot.advance(SlotState.IDLE)
         self._changed.set()
 

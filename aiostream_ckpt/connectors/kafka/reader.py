@@ -24,6 +24,7 @@ from aiostream_ckpt.connectors.kafka.common import (
     start_with_deadline,
 )
 from aiostream_ckpt.connectors.kafka.fetch import install_lean_fetch
+from aiostream_ckpt.connectors.kafka.security import merged_config
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, partition_key_groups
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.connectors.splits import assign_splits
@@ -59,6 +60,7 @@ class KafkaSourceReader:
         self._decoders: list[tuple[Any, bool]] = []  # (decoder, of the key)
         self._registries: list[Any] = []
         self._group: str | None = None
+        self._client_config: dict[str, Any] = {}
 
     @property
     def partitions(self) -> list[tuple[str, int]]:
@@ -73,11 +75,13 @@ class KafkaSourceReader:
         if src.commits_offsets:
             group = src.group_id or f"{ctx.job_name}-{ctx.operator_uid}"
         self._group = group
+        #: the job's TLS/SASL settings (``kafka.*``) under the source's own consumer_config
+        self._client_config = merged_config(ctx.kafka_security, src.consumer_config)
         config: dict[str, Any] = {
             "isolation_level": src.isolation_level,
             "enable_auto_commit": False,
             "auto_offset_reset": "earliest",
-            **src.consumer_config,
+            **self._client_config,
             "group_id": group,
         }
 
@@ -94,6 +98,7 @@ class KafkaSourceReader:
             bootstrap_servers=src.bootstrap_servers,
             timeout_s=src.connect_timeout_s,
             what="consumer start",
+            config=config,
         )
         install_lean_fetch(self._consumer)  # _emit reads only offset, key and value
         if src.value_format is not None or src.key_format is not None:
@@ -144,7 +149,7 @@ class KafkaSourceReader:
         src, ctx, consumer = self._src, self._ctx, self._consumer
         client = await bootstrap_client(
             src.bootstrap_servers,
-            src.consumer_config,
+            self._client_config,
             timeout_s=src.connect_timeout_s,
             what="source metadata",
         )

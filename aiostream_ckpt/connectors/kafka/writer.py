@@ -43,6 +43,7 @@ from aiostream_ckpt.connectors.kafka.pool import (
     quietly,
     start_producer,
 )
+from aiostream_ckpt.connectors.kafka.security import merged_config
 from aiostream_ckpt.connectors.kafka.transactions import prepared_transaction
 from aiostream_ckpt.connectors.kafka.txn_admin import (
     OPEN_STATES,
@@ -69,6 +70,8 @@ class _WriterBase(ABC):
     def __init__(self, sink: KafkaSink, ctx: ConnectorContext) -> None:
         self._sink = sink
         self._ctx = ctx
+        #: the job's TLS/SASL settings (``kafka.*``) under the sink's own producer_config
+        self._producer_config = merged_config(ctx.kafka_security, sink.producer_config)
         self._client: Any = None
         self._encoder: RecordEncoder | None = None
         self._recovered = False
@@ -86,7 +89,7 @@ class _WriterBase(ABC):
         sink = self._sink
         self._client = await bootstrap_client(
             sink.bootstrap_servers,
-            sink.producer_config,
+            self._producer_config,
             timeout_s=sink.connect_timeout_s,
             what="sink metadata",
         )
@@ -212,6 +215,7 @@ class TransactionalKafkaWriter(_WriterBase):
             sink.pool_size_for(ctx),
             label=self._label,
             on_failure=self._on_background_failure,
+            producer_config=self._producer_config,
         )
         self._open: Slot | None = None
         self._pending: list[Slot] = []
@@ -249,7 +253,9 @@ class TransactionalKafkaWriter(_WriterBase):
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         """Commit what the restored checkpoint lists, fence what an earlier run left, check."""
         await self._connect()
-        committer = self._committer = Committer(self._sink, self._client, label=self._label)
+        committer = self._committer = Committer(
+            self._sink, self._client, label=self._label, producer_config=self._producer_config
+        )
         state = restored or {}
         pending = [PendingTxn.from_state(e) for e in state.get("pending", [])]
         unsure = await committer.commit_listed(pending)
@@ -539,7 +545,7 @@ class AtLeastOnceKafkaWriter(_WriterBase):
 
     async def recover(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         await self._connect()
-        self._producer = await start_producer(self._sink, None)
+        self._producer = await start_producer(self._sink, None, self._producer_config)
         self._recovered = True
 
     async def write(self, batch: list[Any]) -> None:
