@@ -15,11 +15,16 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+import orjson
+
 from aiostream_ckpt.api.broadcast import BroadcastConnectedStream, BroadcastStream
 from aiostream_ckpt.api.connected import ConnectedStreams
 from aiostream_ckpt.api.interval_join import IntervalJoin
 from aiostream_ckpt.api.windowed_stream import WindowedStream
 from aiostream_ckpt.connectors.base import Sink
+from aiostream_ckpt.connectors.kafka.sink import KafkaSink
+from aiostream_ckpt.connectors.kafka.source import KafkaSource
+from aiostream_ckpt.connectors.key_grouped import KeyGroupPartitioner
 from aiostream_ckpt.connectors.stdout import StdoutSink
 from aiostream_ckpt.errors import JobGraphError
 from aiostream_ckpt.jobspec.async_functions import (
@@ -291,6 +296,70 @@ class Stream(Generic[T]):
         return KeyedStream(
             self._env, self._node, key_selector, Partitioning.FORWARD_KEYED, key_type=key_type
         )
+
+    def through(
+        self,
+        topic: str,
+        bootstrap_servers: str,
+        key: Callable[[Any], K],
+        *,
+        key_type: type[K] | Any = None,
+        uid: str | None = None,
+        parallelism: int | None = None,
+        serializer: Callable[[Any], bytes] = orjson.dumps,
+        deserializer: Callable[[bytes], Any] = orjson.loads,
+        producer_config: dict[str, Any] | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        transactional_id_prefix: str | None = None,
+    ) -> KeyedStream[Any, K]:
+        """Repartition by another key through a Kafka topic: Kafka Streams' repartition topic.
+
+        The records go into ``topic`` (it must exist) by key group of ``key``,
+        exactly-once (a :class:`~aiostream_ckpt.connectors.kafka.sink.KafkaSink`
+        in transactions committed with each checkpoint), and are read back
+        ``read_committed`` as key-grouped input, keyed by ``key`` without a
+        further shuffle: the returned stream is ``reinterpret_as_keyed(key)``.
+        It is how a sharded job (``--shard I/N``) keys by another key than its
+        input is partitioned by: each shard writes every record to the
+        partition of its new key's shard and reads only its own partitions
+        (a ``key_by`` on another key fails there, naming the shard). It works
+        unsharded too, as one more stage.
+
+        Each hop stays exactly-once: the first stage's records reach the
+        topic in the transaction of the checkpoint that covers them (a
+        restore replays the others into new transactions; aborted ones are
+        never read), and the second stage's offsets in the topic are in the
+        same checkpoints as its state. The topic needs as many partitions as
+        the key-grouped rules ask: each partition in one shard, and in one
+        subtask of it (``job.parallelism`` 1 and 2 shards: 2 or 4 partitions).
+        Records travel as ``serializer`` bytes (JSON: tuples come back as
+        lists). The topic is read without end, so a job with ``through``
+        runs until it is stopped. ``uid`` names the two ends: ``<uid>-write``
+        and ``<uid>-read`` (default ``through-<topic>``).
+        """
+        name = uid or f"through-{topic}"
+        maxp = self._env.config.max_parallelism
+        sink = KafkaSink(
+            topic,
+            bootstrap_servers,
+            semantic="exactly_once",
+            partitioner=KeyGroupPartitioner(key, maxp),
+            serializer=serializer,
+            producer_config=producer_config,
+            transactional_id_prefix=transactional_id_prefix,
+            name=f"{name}-write",
+        )
+        self.sink_to(sink, uid=f"{name}-write", parallelism=parallelism)
+        source = KafkaSource(
+            topic,
+            bootstrap_servers,
+            deserializer=deserializer,
+            consumer_config=consumer_config,
+            key_grouped=True,
+            name=f"{name}-read",
+        )
+        read = self._env.from_source(source, uid=f"{name}-read", parallelism=parallelism)
+        return read.reinterpret_as_keyed(key, key_type=key_type)
 
     def rebalance(self) -> Stream[T]:
         """Spread batches round-robin over the next operator's instances."""
