@@ -155,6 +155,7 @@ def run_chaos(
     faults: bool = False,
     reference_runs: int = 2,
     hangs: bool = False,
+    delta: bool = False,
 ) -> ChaosVerdict:
     """Run rounds of planned kills until ``kills`` happened; prove each against one reference.
 
@@ -164,6 +165,7 @@ def run_chaos(
     first did, or no round runs: the proof assumes a deterministic app.
     With ``hangs`` (``job.workers`` > 1), the kills between a round's first and
     its end-of-input ones SIGSTOP a worker instead (:data:`.windows.HANG`).
+    ``delta``: the app writes a Delta table; the plans take its windows too.
     """
     rng = random.Random(seed)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -201,6 +203,7 @@ def run_chaos(
             workers=workers,
             hangs=hangs,
             unaligned=_unaligned(run),
+            delta=delta,
         )
         cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", run.module]
         if run.config is not None:

@@ -15,7 +15,11 @@ the input (``PROOF.oracle``), read by the proof's file reader: no code is
 shared with the sink being checked. A last pv_count part also injects the
 faults of :mod:`.faults` between its restarts (two successors at once,
 a corrupt newest checkpoint); its proof reads the committed output a reader
-sees, not what a fallback moved aside. Prints one verdict line::
+sees, not what a fallback moved aside. Two pv_count parts write a Delta
+table (``app.sink=delta``), with the Delta sink's windows in their plans
+(data files written at a barrier, before and after the Delta commit), one of
+them with the faults (a fallback then retracts by a Delta commit); their
+proof reads the table's newest version through delta-rs. Prints one verdict line::
 
     chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
 
@@ -50,6 +54,7 @@ class Part:
     faults: bool = False  # inject chaos.faults between the restarts
     workers: int = 1  # job.workers
     hangs: bool = False  # SIGSTOP a worker between the first and the end-of-input kills
+    delta: bool = False  # into a Delta table (app.sink=delta): its windows join the plan
 
 
 def _pv_inputs(d: Path, parallelism: int) -> list[Path]:
@@ -101,6 +106,9 @@ PARTS = (
     ),
     # hung workers (SIGSTOP), each caught by its heartbeats, then the main process's kill
     Part("apps.pv_count", 2, 0.1, _pv_inputs, (*_WORKERS, *_HEARTBEATS), workers=2, hangs=True),
+    # into a Delta table: its windows too; with faults, a fallback retracts by a Delta commit
+    Part("apps.pv_count", 2, 0.2, _pv_inputs, ("app.sink=delta",), delta=True),
+    Part("apps.pv_count", 1, 0.1, _pv_inputs, ("app.sink=delta",), faults=True, delta=True),
 )
 
 
@@ -127,6 +135,7 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
     faults = ", faults" if part.faults else ""
     workers = f", {part.workers} workers" if part.workers > 1 else ""
     workers += ", hung workers" if part.hangs else ""
+    workers += ", into a Delta table" if part.delta else ""
     print(
         f"chaos suite: {part.app} parallelism {part.parallelism}{workers}, {want} kills{faults}",
         flush=True,
@@ -141,6 +150,7 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
         keep=keep,
         faults=part.faults,
         hangs=part.hangs,
+        delta=part.delta,
     )
     print(f"  {verdict.details()}", flush=True)
     print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)

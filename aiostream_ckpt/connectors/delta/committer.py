@@ -256,8 +256,8 @@ class DeltaCommitter:
             ),
         )
         log.warning(
-            "%s: retracted %d record(s) in %d data file(s) of checkpoints %d..%d (a Delta "
-            "commit removing them; time travel still reads them until vacuum)",
+            "%s: retracted %d committed record(s) in %d data file(s) of checkpoints %d..%d (a "
+            "Delta commit removing them; time travel still reads them until vacuum)",
             self.uri,
             sum(n for _, n in newer),
             len(newer),
