@@ -113,3 +113,41 @@ def test_a_kill_in_every_window_keeps_the_delta_table_exact(
     reference_run(run, pv_count.PROOF, tmp_path / "ref")
     proof = compare_dirs(table, tmp_path / "ref" / "out-output", pv_count.PROOF)
     assert proof.passed, (proof.counts, proof.examples)
+
+
+def test_at_two_workers_one_commit_is_made_in_the_main_process(tmp_path: Path) -> None:
+    """Subtasks in two worker processes; the Delta commit where the coordinator runs.
+
+    A worker is killed after writing its data files at a barrier, the main
+    process right before and right after a Delta commit: the table still holds
+    each record once, and every commit of the run is one per checkpoint.
+    """
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 40_000, seed=7 + i) for i in range(2)]
+    table = tmp_path / "table"
+    sets = [
+        f"app.input={','.join(map(str, inputs))}",
+        f"app.output={table}",
+        "app.sink=delta",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "job.parallelism=2",
+        "job.workers=2",
+        "restart.delay=0s",
+        "checkpoint.interval=60ms",
+        "job.batch_size=256",
+        "app.rate=20000",
+    ]
+    cmd = cli_cmd(
+        "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]
+    )
+    plan = [Kill("metadata_durable", 2), Kill("delta_files_written", 2), Kill("delta_commit", 2)]
+    plan += [Kill("delta_committed", 2)]
+    log = tmp_path / "worker.log"
+    result = run_round(cmd, plan, inputs=inputs, log_path=log, timeout=600, workers=2)
+    assert result.exit_code == 0, log.read_text()[-3000:]
+    assert result.kills["worker:delta_files_written"] == 1, (result.kills, result.missed)
+    assert result.kills["delta_commit"] == 1 and result.kills["delta_committed"] == 1
+    check = check_pv_output(table, recount(*inputs))
+    assert check.exact and check.records == 80_000, (check.duplicates, check.gaps)
+    history = DeltaTable(str(table)).history()
+    versions = [int(h["aiostream.checkpoint"]) for h in history if "aiostream.checkpoint" in h]
+    assert len(versions) >= 3 and len(versions) == len(set(versions)), versions
