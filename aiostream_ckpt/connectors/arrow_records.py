@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any, Union
 
 from aiostream_ckpt.connectors.base import RecordErrorFn
-from aiostream_ckpt.errors import ConfigError, ConnectorError, RecordError
+from aiostream_ckpt.errors import ConfigError, ConnectorError
 
 try:
     import pyarrow as pa
@@ -38,7 +38,27 @@ except ImportError as _exc:  # pragma: no cover - the extra is installed in dev
         "the Parquet and Delta sinks need pyarrow: pip install 'aiostream-ckpt[parquet]'"
     ) from _exc
 
-__all__ = ["RecordSchema", "SchemaDeclaration", "arrow_schema_of", "schema_from_state"]
+__all__ = [
+    "RecordSchema",
+    "SchemaDeclaration",
+    "SchemaMismatch",
+    "arrow_schema_of",
+    "schema_from_state",
+]
+
+
+class SchemaMismatch(ValueError):
+    """A record does not fit the sink's schema.
+
+    Not an :class:`~aiostream_ckpt.errors.AiostreamError`: the fault is the
+    record's, as a serializer's ``TypeError`` is, so the task's
+    ``errors.on_process_error`` policy may dead-letter it (the engine's own
+    errors are never dead-lettered).
+    """
+
+
+#: What converting a record that does not fit raises (SchemaMismatch is a ValueError).
+_DOES_NOT_FIT = (pa.ArrowException, TypeError, ValueError, OverflowError)
 
 #: What a sink may be given as its schema.
 SchemaDeclaration = Union["pa.Schema", type, None]
@@ -171,13 +191,13 @@ class RecordSchema:
             self.schema = self._infer(rows)
         try:
             return self._convert(rows, self.schema)
-        except (RecordError, pa.ArrowException, TypeError, ValueError, OverflowError):
+        except _DOES_NOT_FIT:
             pass  # some record does not fit: find it, one by one
         kept = []
         for rec in rows:
             try:
                 self._convert([rec], self.schema)
-            except (RecordError, pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            except _DOES_NOT_FIT as exc:
                 record_failed(self.function, rec, _record_error(exc, self.schema))
                 continue
             kept.append(rec)
@@ -219,27 +239,27 @@ class RecordSchema:
         wanted = set(schema.names)
         for rec in rows:
             if not isinstance(rec, Mapping):
-                raise RecordError(f"a record is a {type(rec).__name__}, not a mapping of fields")
+                raise SchemaMismatch(f"a record is a {type(rec).__name__}, not a mapping of fields")
             if not wanted.issuperset(rec):
                 extra = sorted(str(k) for k in rec if k not in wanted)
-                raise RecordError(f"field(s) {', '.join(extra)} not in the schema")
+                raise SchemaMismatch(f"field(s) {', '.join(extra)} not in the schema")
         columns = []
         for field in schema:
             values = [rec.get(field.name) for rec in rows]
             found = pa.array(values)
             if not _fits(found.type, field.type):
-                raise RecordError(f"field {field.name!r} is {found.type}, not {field.type}")
+                raise SchemaMismatch(f"field {field.name!r} is {found.type}, not {field.type}")
             column = found.cast(field.type, safe=True)
             if not field.nullable and column.null_count:
-                raise RecordError(f"field {field.name!r} is missing or null (not nullable)")
+                raise SchemaMismatch(f"field {field.name!r} is missing or null (not nullable)")
             columns.append(column)
         return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _record_error(exc: BaseException, schema: pa.Schema) -> RecordError:
-    if isinstance(exc, RecordError):
-        return RecordError(f"record does not fit the schema: {exc}")
-    return RecordError(f"record does not fit the schema {_describe(schema)}: {exc}")
+def _record_error(exc: BaseException, schema: pa.Schema) -> SchemaMismatch:
+    if isinstance(exc, SchemaMismatch):
+        return SchemaMismatch(f"record does not fit the schema: {exc}")
+    return SchemaMismatch(f"record does not fit the schema {_describe(schema)}: {exc}")
 
 
 def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from aiostream_ckpt.connectors.arrow_records import SchemaMismatch
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.output_recovery import LOCATION_FILE, RETRACTED_DIR
 from aiostream_ckpt.connectors.parquet import (
@@ -17,7 +18,7 @@ from aiostream_ckpt.connectors.parquet import (
     committed_parquet_files,
     read_committed_parquet,
 )
-from aiostream_ckpt.errors import ConfigError, ConnectorError, RecordError
+from aiostream_ckpt.errors import ConfigError, ConnectorError
 
 
 class Count(TypedDict):
@@ -124,7 +125,7 @@ async def test_record_failed_may_raise_the_jobs_error(tmp_path: Path) -> None:
         raise exc
 
     w.record_failed = fail
-    with pytest.raises(RecordError, match="field 'count' is string"):
+    with pytest.raises(SchemaMismatch, match="field 'count' is string"):
         await w.write([{"app_id": "a", "count": "x"}])
 
 
