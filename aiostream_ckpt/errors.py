@@ -50,6 +50,22 @@ class CheckpointError(AiostreamError):
     """A checkpoint could not be taken, stored or read."""
 
 
+class ObjectStoreError(AiostreamError):
+    """An object store (S3 API) refused a request or could not be reached.
+
+    ``retriable``: unreachable or overloaded after the client's own retries (a
+    restart may help); not for a missing bucket or refused credentials.
+    """
+
+
+class PreconditionFailedError(ObjectStoreError):
+    """A conditional write lost: the object exists (If-None-Match) or changed (If-Match)."""
+
+
+class ObjectNotFoundError(ObjectStoreError):
+    """The object (or the multipart upload) does not exist."""
+
+
 class DirectoryOwnedError(AiostreamError):
     """A directory the job would write is owned by another running job (or cannot be locked)."""
 

