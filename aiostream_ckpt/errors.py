@@ -50,6 +50,27 @@ class CheckpointError(AiostreamError):
     """A checkpoint could not be taken, stored or read."""
 
 
+class FencedError(CheckpointError):
+    """Another daemon took over this job's checkpoints in the object store (no retry helps).
+
+    Completing a checkpoint there is a conditional write on the chain object;
+    it failed because a newer owner wrote it. This daemon may neither complete
+    a checkpoint nor commit output any more: it stops.
+    """
+
+    retriable = False
+
+
+class CheckpointOutcomeUnknownError(CheckpointError):
+    """Completing a checkpoint may or may not have landed (the object store did not answer).
+
+    Neither completed nor aborted: the job fails over (retriable) and the next
+    attempt restores what the store says, committing or aborting its output.
+    """
+
+    retriable = True
+
+
 class ObjectStoreError(AiostreamError):
     """An object store (S3 API) refused a request or could not be reached.
 

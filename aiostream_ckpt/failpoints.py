@@ -36,6 +36,8 @@ POINTS: dict[str, str] = {
     "snapshot_write": "a task's asynchronous state snapshot file is written but not yet fsynced",
     "channel_state_write": "an unaligned checkpoint's in-flight records are written to its "
     "channel state file, not yet fsynced (the task has not acknowledged)",
+    "checkpoint_uploaded": "checkpoint.dir=s3://: a checkpoint's state files and metadata "
+    "are in the object store; the chain write that completes it has not been made",
     "metadata_durable": "a checkpoint's metadata is durable; no task has been notified "
     "(sinks have not committed)",
     "sink_commit": "a sink committed one more pre-committed file (or Kafka transaction); "

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.errors import check_config as _check
+from aiostream_ckpt.objectstore import ObjectLocation
 
 
 class CheckpointingMode(Enum):
@@ -20,9 +22,17 @@ class CheckpointingMode(Enum):
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Checkpointing knobs (seconds for durations; ``interval`` 0 disables periodic ones)."""
+    """Checkpointing knobs (seconds for durations; ``interval`` 0 disables periodic ones).
+
+    With ``checkpoint.dir=s3://...``, ``remote`` is that location and
+    ``directory`` its local copy (``checkpoint.local_dir``): the working
+    state, snapshots before their upload, downloaded chains.
+    """
 
     directory: Path | None = None
+    remote: ObjectLocation | None = None
+    #: the local copy's directory as configured (``checkpoint.local_dir``); None: the default
+    local_dir: Path | None = None
     interval: float = 1.0
     timeout: float = 60.0
     max_concurrent: int = 1
@@ -38,6 +48,8 @@ class CheckpointConfig:
     unaligned: bool = False
 
     def validate(self) -> None:
+        if self.remote is not None and self.directory is None:
+            raise ConfigError(f"checkpoint.dir={self.remote} needs checkpoint.local_dir")
         _check(self.interval >= 0, "checkpoint.interval", self.interval, ">= 0")
         _check(self.timeout > 0, "checkpoint.timeout", self.timeout, "> 0")
         _check(self.max_concurrent >= 1, "checkpoint.max_concurrent", self.max_concurrent, ">= 1")

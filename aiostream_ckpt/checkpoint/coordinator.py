@@ -44,7 +44,7 @@ from aiostream_ckpt.checkpoint.participants import (
 from aiostream_ckpt.checkpoint.pending import PendingCheckpoints
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, savepoint_target
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.errors import CheckpointError
+from aiostream_ckpt.errors import CheckpointError, CheckpointOutcomeUnknownError, FencedError
 from aiostream_ckpt.state.backend import SnapshotTarget
 
 log = logging.getLogger(__name__)
@@ -346,6 +346,17 @@ class CheckpointCoordinator:
             write = self._in_executor(self.storage.write_completed, completed)
             try:
                 await to_the_end(write)
+            except CheckpointOutcomeUnknownError as exc:
+                # completed or not, the store will say: not aborted (its output would be
+                # rolled back), not completed (nothing commits); the job fails over
+                log.error("checkpoint %d: %s", cid, exc)
+                self._fail(exc)
+                return
+            except FencedError as exc:
+                log.error("checkpoint %d: %s", cid, exc)
+                self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc), count=False)
+                self._fail(exc)
+                return
             except CheckpointError as exc:
                 log.error("checkpoint %d: %s", cid, exc)
                 self._abort(cid, AbortReason.STORAGE_FAILED, detail=str(exc))

@@ -260,6 +260,16 @@ class CheckpointStorage:
             if (self.checkpoint_dir(cid) / METADATA_FILE).exists():
                 yield cid
 
+    def read_completed(
+        self, checkpoint_id: int, *, with_state: bool = False
+    ) -> CompletedCheckpoint:
+        """Read and verify completed checkpoint ``checkpoint_id``'s metadata.
+
+        ``with_state``: make its state files readable below :attr:`root` too
+        (here they are; an object store's copy downloads them).
+        """
+        return read_checkpoint(self.checkpoint_dir(checkpoint_id))
+
     def latest_valid(self) -> CompletedCheckpoint | None:
         """Return the newest completed checkpoint whose metadata verifies."""
         for cid in self.completed_newest_first():

@@ -54,6 +54,7 @@ from aiostream_ckpt.jobspec.config import (
     StateConfig,
 )
 from aiostream_ckpt.keygroups import Shard
+from aiostream_ckpt.objectstore import ObjectLocation, S3Settings, is_object_url
 
 ENV_PREFIX = "AIOSTREAM_"
 
@@ -101,6 +102,24 @@ def _mechanism(value: Any) -> str:
     return str(value).strip().upper().replace("_", "-")  # scram_sha_512 -> SCRAM-SHA-512
 
 
+def _checkpoint_dir(value: Any) -> Path | ObjectLocation:
+    """Parse a local directory, or ``s3://bucket/prefix`` (see ``_resolve_checkpoint_dir``)."""
+    if is_object_url(value):
+        return ObjectLocation.parse(str(value), "checkpoint.dir")
+    return _path(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return str(value) or None
+
+
+def default_local_copy(location: ObjectLocation) -> Path:
+    """Where an object-store ``checkpoint.dir`` is copied locally by default (temp dir)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "aiostream-ckpt" / location.bucket / location.prefix
+
+
 # key -> (section attribute or None for top level, field name, parser)
 _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.parallelism": (None, "parallelism", _parse_int),
@@ -118,7 +137,8 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
     "job.allow_non_restored_state": (None, "allow_non_restored_state", parse_bool),
     "job.allow_retract_output": (None, "allow_retract_output", parse_bool),
     "job.allow_duplicate_output": (None, "allow_duplicate_output", parse_bool),
-    "checkpoint.dir": ("checkpoint", "directory", _path),
+    "checkpoint.dir": ("checkpoint", "directory", _checkpoint_dir),
+    "checkpoint.local_dir": ("checkpoint", "local_dir", _path),
     "checkpoint.interval": ("checkpoint", "interval", parse_duration),
     "checkpoint.timeout": ("checkpoint", "timeout", parse_duration),
     "checkpoint.max_concurrent": ("checkpoint", "max_concurrent", _parse_int),
@@ -134,6 +154,11 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
         _parse_int,
     ),
     "checkpoint.unaligned": ("checkpoint", "unaligned", parse_bool),
+    "s3.endpoint_url": ("s3", "endpoint_url", _optional_str),
+    "s3.region": ("s3", "region", _optional_str),
+    "s3.profile": ("s3", "profile", _optional_str),
+    "s3.max_attempts": ("s3", "max_attempts", _parse_int),
+    "s3.addressing_style": ("s3", "addressing_style", str),
     "state.local_dir": ("state", "local_dir", _path),
     "state.cache_max_entries": ("state", "cache_max_entries", _parse_int),
     "state.allow_pickle": ("state", "allow_pickle", parse_bool),
@@ -175,6 +200,7 @@ _SECTIONS = {
     "restart": RestartConfig,
     "errors": ErrorConfig,
     "kafka": KafkaSecurity,
+    "s3": S3Settings,
 }
 
 
@@ -268,6 +294,25 @@ def load_config(
     return _build(merged, base or JobConfig())
 
 
+def _resolve_checkpoint_dir(values: dict[str, Any], base: JobConfig) -> None:
+    """Split ``checkpoint.dir``: a local path, or a location with a local copy."""
+    local = values.get("local_dir")
+    given = values.get("directory")
+    if isinstance(given, ObjectLocation):
+        values["remote"] = given
+        values["directory"] = local or default_local_copy(given)
+        return
+    if local is not None and (given is not None or base.checkpoint.remote is None):
+        raise ConfigError(
+            "checkpoint.local_dir is the local copy of an object-store checkpoint.dir "
+            "(s3://...); with a local checkpoint.dir it has no meaning"
+        )
+    if local is not None:
+        values["directory"] = local
+    elif given is not None:
+        values["remote"] = None
+
+
 def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -318,6 +363,7 @@ def _build(merged: dict[str, tuple[Any, str]], base: JobConfig) -> LoadedConfig:
             top[name] = value
         else:
             sections[section][name] = value
+    _resolve_checkpoint_dir(sections["checkpoint"], base)
     replaced = {
         name: dataclasses.replace(getattr(base, name), **values)
         for name, values in sections.items()

@@ -24,8 +24,34 @@ END = "<!-- config-reference:end -->"
 MEANINGS: dict[str, tuple[str | None, str]] = {
     "checkpoint.dir": (
         "(required)",
-        "checkpoint directory (also the resume point after kill -9); one per job",
+        "checkpoint directory (also the resume point after kill -9); one per job. "
+        "`s3://bucket/prefix`: checkpoints complete in an object store (`s3.*`; "
+        "`pip install 'aiostream-ckpt[s3]'`), fenced by conditional writes, and a restart on "
+        "a host with an empty disk downloads them (see *Checkpoints in an object store*)",
     ),
+    "checkpoint.local_dir": (
+        "`<temp dir>/aiostream-ckpt/<bucket>/<prefix>`",
+        "with an `s3://` checkpoint.dir: its local copy (snapshots before their upload, "
+        "downloaded chains; the working state's default home); with a local one, refused",
+    ),
+    "s3.endpoint_url": (
+        "`AWS_ENDPOINT_URL`",
+        "the S3 API endpoint (a self-hosted store such as SeaweedFS or MinIO); unset: AWS, "
+        "or the SDK's usual `AWS_ENDPOINT_URL[_S3]`",
+    ),
+    "s3.region": ("`AWS_REGION`, the profile", "the store's region"),
+    "s3.profile": (
+        "`AWS_PROFILE`",
+        "the shared-credentials profile; credentials otherwise come from the SDK's usual "
+        "chain (`AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, files, instance roles), never "
+        "from this config",
+    ),
+    "s3.max_attempts": (
+        None,
+        "tries per request, the first included, with exponential backoff between them "
+        "(connection errors, timeouts, throttling, 5xx)",
+    ),
+    "s3.addressing_style": (None, "`auto`, `path` (most self-hosted stores) or `virtual`"),
     "checkpoint.interval": (
         None,
         "periodic checkpoints; `0` turns them off (a final one is still taken)",

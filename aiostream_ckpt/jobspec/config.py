@@ -19,6 +19,7 @@ from aiostream_ckpt.connectors.kafka.security import KafkaSecurity
 from aiostream_ckpt.errors import ConfigError
 from aiostream_ckpt.errors import check_config as _check
 from aiostream_ckpt.keygroups import WHOLE_JOB, Shard
+from aiostream_ckpt.objectstore import ObjectLocation, S3Settings
 
 
 class RestartStrategyKind(Enum):
@@ -144,6 +145,8 @@ class JobConfig:
     errors: ErrorConfig = field(default_factory=ErrorConfig)
     #: how every Kafka client of the job connects (``kafka.*``: TLS, SASL)
     kafka: KafkaSecurity = field(default_factory=KafkaSecurity)
+    #: how to reach an object store (``checkpoint.dir=s3://...``, s3:// file sinks)
+    s3: S3Settings = field(default_factory=S3Settings)
     restore_from: Path | None = None
     allow_non_restored_state: bool = False
     #: let a savepoint restore move output committed after it aside (see the output contract)
@@ -206,6 +209,7 @@ class JobConfig:
         self.state.validate()
         self.restart.validate()
         self.kafka.validate()
+        self.s3.validate()
         return self
 
     def checkpoint_dir(self) -> Path | None:
@@ -217,6 +221,17 @@ class JobConfig:
         """
         directory = self.checkpoint.directory
         return None if directory is None else self.shard_path(directory)
+
+    def checkpoint_location(self) -> ObjectLocation | None:
+        """Return this daemon's object-store chain: ``checkpoint.dir=s3://...``, or its shard's.
+
+        A shard's is ``<prefix>/shard-I-of-N``, as its local directory: each
+        shard claims and fences its own chain.
+        """
+        remote = self.checkpoint.remote
+        if remote is None or not self.shard.sharded:
+            return remote
+        return remote.child(self.shard.dirname)
 
     def shard_path(self, directory: Path) -> Path:
         """``directory`` itself, or its shard's subdirectory when the job runs sharded."""

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
-from aiostream_ckpt.checkpoint.storage import CheckpointStorage
+from aiostream_ckpt.checkpoint.object_storage import ObjectCheckpointStorage, open_storage
 from aiostream_ckpt.clock import Clock, SystemClock
 from aiostream_ckpt.errors import (
     AiostreamError,
@@ -146,7 +146,13 @@ class JobRunner:
         self.locks = DirectoryLocks(spec.job_name, job_directories(spec))
         checkpoints = self.config.checkpoint_dir()
         assert checkpoints is not None
-        self.storage = CheckpointStorage(checkpoints)
+        self.storage = open_storage(
+            checkpoints,
+            self.config.checkpoint_location(),
+            self.config.s3,
+            job_name=spec.job_name,
+            retained=self.config.checkpoint.retained,
+        )
         self.run_state = JobRun()
         self._on_started = on_started
         self.restore_points = RestorePoints(self.storage, self.config.restore_from)
@@ -205,10 +211,15 @@ class JobRunner:
         with self.locks:
             try:
                 check_shard_layout(self.config)
+                if isinstance(self.storage, ObjectCheckpointStorage):
+                    # the object store's one owner: claimed before anything is restored
+                    await asyncio.to_thread(self.storage.claim)
                 return await self._run_attempts()
             finally:
                 if self.run_state.status is JobStatus.CREATED:  # refused: no attempt ran
                     self.locks.leave_no_trace()
+                if isinstance(self.storage, ObjectCheckpointStorage):
+                    self.storage.close()
 
     async def _run_attempts(self) -> JobResult:
         strategy = restart_strategy(self.config.restart, self.clock)
@@ -217,7 +228,7 @@ class JobRunner:
             self.launch = place_workers(self.launch, chains)
         run = self.run_state
         while True:
-            restored = self.restore_points.choose()
+            restored = await self._choose(run.attempt)
             run.restored = restored
             if restored is not None:
                 self._check_state_matches(restored)
@@ -269,8 +280,20 @@ class JobRunner:
                 run.attempt += 1
                 continue
             run.status = JobStatus.FINISHED if finished else JobStatus.CANCELED
-            last = self.storage.latest_valid()
+            last = await asyncio.to_thread(self.storage.latest_valid)
             return JobResult(run.status, strategy.restarts, last.checkpoint_id if last else None)
+
+    async def _choose(self, attempt: int) -> CompletedCheckpoint | None:
+        """Choose the restore point; from an object store, in a thread (it downloads)."""
+        storage = self.storage
+        if not isinstance(storage, ObjectCheckpointStorage):
+            return self.restore_points.choose()
+
+        def choose() -> CompletedCheckpoint | None:
+            storage.begin_attempt(attempt)
+            return self.restore_points.choose()
+
+        return await asyncio.to_thread(choose)
 
     async def _run_attempt(
         self, chains: list[Chain], restored: CompletedCheckpoint | None, attempt: int

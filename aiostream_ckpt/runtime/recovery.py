@@ -83,7 +83,7 @@ class RestorePoints:
             if cid in self._bad:
                 continue
             try:
-                chosen = read_checkpoint(self.storage.checkpoint_dir(cid))
+                chosen = self.storage.read_completed(cid, with_state=True)
                 break
             except CorruptCheckpointError as exc:
                 log.error(

@@ -16,6 +16,7 @@ from aiostream_ckpt.errors import (
     AppLoadError,
     ConfigError,
     ConnectorError,
+    FencedError,
     JobGraphError,
     PartitioningError,
     RecordError,
@@ -30,6 +31,7 @@ NOT_RESTARTABLE: tuple[type[BaseException], ...] = (
     StateMigrationError,
     PartitioningError,  # input declared partitioned by key is not: the same records again
     RecordError,  # fail-fast on a malformed record: a restart reads the same record again
+    FencedError,  # another daemon owns the checkpoints now: a restart would take them back
 )
 
 

@@ -13,8 +13,9 @@ import uuid
 
 import pytest
 
-from aiostream_ckpt.errors import ObjectStoreError, PreconditionFailedError
-from aiostream_ckpt.objectstore import ObjectStore, S3Settings
+from aiostream_ckpt.checkpoint.chain import CheckpointChain
+from aiostream_ckpt.errors import FencedError, ObjectStoreError, PreconditionFailedError
+from aiostream_ckpt.objectstore import ObjectLocation, ObjectStore, S3Settings
 from aiostream_ckpt_dev.s3server import SeaweedS3
 
 pytestmark = pytest.mark.integration
@@ -101,6 +102,22 @@ def test_unreachable_store_is_retriable_and_named(s3_server: SeaweedS3) -> None:
         store.check_bucket()
     assert info.value.retriable
     assert url in str(info.value)
+
+
+def test_a_second_claim_fences_the_first_owner(s3_server: SeaweedS3, s3_prefix: str) -> None:
+    location = ObjectLocation.parse(s3_prefix)
+    old = CheckpointChain(_store(s3_server), location, "job")
+    old.claim()
+    old.update({"high_water": 3})
+    new = CheckpointChain(_store(s3_server), location, "job")
+    new.claim()
+    assert new.generation == old.generation + 1
+    assert new.state["high_water"] == 3
+    with pytest.raises(FencedError, match="another daemon took over"):
+        old.update({"high_water": 4})
+    new.update({"high_water": 5})
+    body, _ = new.read()
+    assert body is not None and body["high_water"] == 5
 
 
 def test_restart_keeps_the_objects(s3_server: SeaweedS3) -> None:
