@@ -18,6 +18,7 @@ import orjson
 
 from aiostream_ckpt.connectors.base import ConnectorContext
 from aiostream_ckpt.connectors.key_grouped import assign_key_grouped, file_key_groups
+from aiostream_ckpt.connectors.object_sink import ObjectFileWriter
 from aiostream_ckpt.connectors.pacing import Pacer, check_rate
 from aiostream_ckpt.connectors.required import required_problem, required_violations
 from aiostream_ckpt.connectors.splits import assign_splits
@@ -31,6 +32,7 @@ from aiostream_ckpt.connectors.staging import (
 )
 from aiostream_ckpt.errors import ConfigError, ConnectorError
 from aiostream_ckpt.keygroups import DEFAULT_MAX_PARALLELISM, KeyGroupRange
+from aiostream_ckpt.objectstore import ObjectLocation, S3Settings, is_object_url
 
 __all__ = [
     "DeadLetterWriter",
@@ -385,17 +387,41 @@ class ExactlyOnceFileSink:
         serializer: Serializer = orjson.dumps,
         prefix: str = "part",
         rolling: RollingPolicy | None = None,
+        s3: S3Settings | None = None,
     ) -> None:
         self.name = name
-        self.directory = Path(directory)
+        #: ``s3://bucket/prefix``: committed objects there (:mod:`.object_sink`)
+        self.location = (
+            ObjectLocation.parse(str(directory), f"the directory of sink {name!r}")
+            if is_object_url(str(directory))
+            else None
+        )
+        if self.location is not None and rolling is not None:
+            raise ConfigError(
+                f"sink {name!r}: a rolling policy is for local part files; in an object store "
+                "every checkpoint commits one object per subtask"
+            )
+        self.directory = Path(directory) if self.location is None else Path()
         self.serializer = serializer
         self.prefix = prefix
         self.rolling = rolling
+        self.s3 = s3
 
     def output_directories(self) -> list[Path]:
-        return [self.directory]
+        # an object store's prefix is fenced by the checkpoints' chain, not a local lock
+        return [self.directory] if self.location is None else []
 
-    def create_writer(self, ctx: ConnectorContext) -> StagedFileWriter:
+    def create_writer(self, ctx: ConnectorContext) -> StagedFileWriter | ObjectFileWriter:
+        if self.location is not None:
+            return ObjectFileWriter(
+                self.location,
+                subtask=ctx.subtask_index,
+                parallelism=ctx.parallelism,
+                prefix=self.prefix,
+                serializer=self.serializer,
+                settings=self.s3,
+                executor=ctx.executor,
+            )
         return StagedFileWriter(
             ctx.shard_path(self.directory),
             subtask=ctx.subtask_index,

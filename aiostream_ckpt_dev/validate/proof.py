@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from aiostream_ckpt.api.contract import ProofContract
+from aiostream_ckpt.objectstore import is_object_url
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 from aiostream_ckpt_dev.validate.parse import canonical
 from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, new_twin, read_committed
@@ -53,8 +54,43 @@ _NUMBERS = re.compile(r"\d+")
 MAX_EXAMPLES = 20
 
 
-#: Where an output is: a file sink's directory or a Kafka topic (:mod:`.proof_kafka`).
-Location = Path | KafkaTopic
+@dataclass(frozen=True)
+class ObjectOutput:
+    """A file sink's ``s3://bucket/prefix``: its committed objects are the output."""
+
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+#: Where an output is: a file sink's directory or prefix, or a Kafka topic (:mod:`.proof_kafka`).
+Location = Path | KafkaTopic | ObjectOutput
+
+
+def read_object_records(
+    url: str, key: str | None = None, ignore: Sequence[str] = ()
+) -> Iterator[Record]:
+    """Yield the committed records of the objects under ``url`` in commit order."""
+    from aiostream_ckpt.connectors.object_sink import committed_objects
+
+    for name, data in committed_objects(url):
+        for n, line in enumerate(data.splitlines(), 1):
+            if line.strip():
+                canon, k, ok = canonical(line, key, ignore)
+                yield canon, k, ok, f"{name}:{n}"
+
+
+def local_copy(url: str) -> Path:
+    """Download the committed objects under ``url`` into a temp dir (Spark reads files)."""
+    import tempfile
+
+    from aiostream_ckpt.connectors.object_sink import committed_objects
+
+    directory = Path(tempfile.mkdtemp(prefix="aiostream-proof-"))
+    for name, data in committed_objects(url):
+        (directory / name.rpartition("/")[2]).write_bytes(data)
+    return directory
 
 
 @dataclass
@@ -244,6 +280,8 @@ def records_of(where: Location, key: str | None, ignore: Sequence[str]) -> Recor
     if isinstance(where, KafkaTopic):
         records = read_committed(where, key, ignore)
         return lambda: records
+    if isinstance(where, ObjectOutput):
+        return lambda: read_object_records(where.url, key, ignore)
     return lambda: read_records(where, key, ignore)
 
 
@@ -267,6 +305,8 @@ def compare_dirs(
 def describe(where: Location) -> str:
     if isinstance(where, KafkaTopic):
         return f"{where} (read_committed)"
+    if isinstance(where, ObjectOutput):
+        return f"{where} (committed objects)"
     kind = " Delta table," if is_delta_table(where) else ""
     return f"{where} ({kind} {len(_data_files(where))} files)".replace("( ", "(")
 
@@ -354,6 +394,9 @@ def plan_outputs(run: AppRun, contract: ProofContract, scratch: Path) -> list[Co
             topic = KafkaTopic(bootstrap, str(loaded.params[param]))
             # before the reference run, its topic is not made yet
             plan.append(ComparedOutput(param, topic, twins.get(param, KafkaTopic(bootstrap, ""))))
+        elif is_object_url(str(loaded.params[param])):
+            where = ObjectOutput(str(loaded.params[param]))
+            plan.append(ComparedOutput(param, where, scratch / f"out-{param}"))
         else:
             path = Path(str(loaded.params[param]))
             plan.append(ComparedOutput(param, path, scratch / f"out-{param}"))
@@ -390,7 +433,8 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     sets = [
-        *run.sets,
+        # a local checkpoint.dir here: the local copy of an object-store one has no meaning
+        *(s for s in run.sets if s.partition("=")[0].strip() != "checkpoint.local_dir"),
         f"checkpoint.dir={scratch / 'checkpoints'}",
         f"errors.dead_letter_dir={scratch / 'dead-letter'}",
         "job.workers=1",

@@ -23,6 +23,7 @@ from aiostream_ckpt.errors import AiostreamError
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 from aiostream_ckpt_dev.validate.proof import (
     AppRun,
+    ObjectOutput,
     assumptions,
     fast_results,
     load_contract,
@@ -109,7 +110,12 @@ def proof_main(argv: list[str]) -> int:
         contract = load_contract(args.app, assume_deterministic=args.deterministic)
         run = AppRun(args.app, run_sets(args, contract.outputs[0]), args.config)
         main = plan_outputs(run, contract, Path("."))[0].actual  # checks the config, too
-        beside = Path.cwd() / f".{main.topic}" if isinstance(main, KafkaTopic) else main
+        if isinstance(main, KafkaTopic):
+            beside = Path.cwd() / f".{main.topic}"
+        elif isinstance(main, ObjectOutput):  # s3://bucket/prefix: a scratch dir here
+            beside = Path.cwd() / f".{main.url.rstrip('/').rpartition('/')[2]}"
+        else:
+            beside = main
         scratch: Path = args.scratch or beside.parent / f".{beside.name}.reference"
     except (ValidationConfigError, AiostreamError) as exc:
         print(f"aiostream-ckpt validate: error: {exc}", file=sys.stderr)

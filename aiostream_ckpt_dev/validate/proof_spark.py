@@ -26,7 +26,9 @@ from aiostream_ckpt_dev.validate.proof import (
     ComparedOutput,
     Comparison,
     Location,
+    ObjectOutput,
     describe,
+    local_copy,
     output_files,
     to_result,
 )
@@ -47,6 +49,8 @@ def load_output(spark: Any, where: Location, contract: ProofContract) -> Any:
     )
     if isinstance(where, KafkaTopic):
         return _load_topic(spark, where, canon)
+    if isinstance(where, ObjectOutput):  # Spark here has no S3 filesystem: a local copy
+        where = local_copy(where.url)
     if is_delta_table(where) or parquet_files(where):
         return _load_table(spark, where, canon)
     files = output_files(where)

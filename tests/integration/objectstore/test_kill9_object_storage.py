@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from aiostream_ckpt.connectors.object_sink import read_object_output
 from aiostream_ckpt_dev.chaos.kills import run_with_kills
+from aiostream_ckpt_dev.recount import check_pv_updates, recount_inputs
 from aiostream_ckpt_dev.s3server import SeaweedS3
 from tests.helpers import REPO, check_pv_output, cli_cmd, make_pv_input, recount
 
@@ -36,6 +38,7 @@ class Job:
         *,
         seed: int,
         parallelism: int,
+        output: str | None = None,
     ) -> None:
         self.tmp = tmp_path
         self.prefix = prefix
@@ -44,7 +47,8 @@ class Job:
             make_pv_input(tmp_path / f"in-{i}.jsonl", EVENTS, seed=seed * 10 + i, malformed=1)
             for i in range(parallelism)
         ]
-        self.out = tmp_path / "out"
+        #: a local directory, or ``s3://...``: then nothing of the job stays on the disk
+        self.out: Path | str = output or tmp_path / "out"
         self.log = tmp_path / "worker.log"
 
     def cmd(self, run: int) -> list[str]:
@@ -84,6 +88,12 @@ class Job:
         return result.runs
 
     def assert_exact(self) -> None:
+        if isinstance(self.out, str):
+            expected, malformed = recount_inputs(self.inputs)
+            updates = read_object_output(self.out)
+            verdict = check_pv_updates(updates, expected, malformed=malformed)
+            assert verdict.passed, verdict.problems[:10]
+            return
         check = check_pv_output(self.out, recount(*self.inputs))
         assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
 
@@ -96,6 +106,16 @@ def test_kill9_restores_from_the_store_on_an_empty_disk(
     assert job.run(seed=seed, kills=3) == 4
     job.assert_exact()
     assert "state file(s) from s3://" in job.log.read_text(), "a restart downloaded its chain"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_kill9_with_output_in_the_store(tmp_path: Path, s3_prefix: str, seed: int) -> None:
+    """Checkpoints and committed output both in the store: each host's disk is disposable."""
+    out = f"{s3_prefix}/out"
+    job = Job(tmp_path, f"{s3_prefix}/ckpt", seed=20 + seed, parallelism=1 + seed % 2, output=out)
+    job.run(seed=20 + seed, kills=3)
+    job.assert_exact()
+    assert not (tmp_path / "out").exists()
 
 
 def test_kill9_between_the_uploads_and_the_chain_write(tmp_path: Path, s3_prefix: str) -> None:
