@@ -144,31 +144,31 @@ class CheckpointChain:
         state.update(change)
         try:
             self._put(state, self._etag, create=False)
+            return
         except PreconditionFailedError:
-            body, etag = self._reread()
-            if body is not None and body.get("write") == state["write"]:
-                self.state, self._etag = body, etag  # our write landed; its answer was lost
-                return
-            if body is not None and int(body.get("generation", 0)) == self.generation:
-                raise CheckpointOutcomeUnknownError(
-                    f"{self.location.url}/{CHAIN_KEY} changed under this owner (an earlier "
-                    "write of ours landed late): failing over to read it again"
-                ) from None
-            raise FencedError(self._fenced_message(body)) from None
+            body, etag = self.read()
+            cause = "it changed since our last write"
         except ObjectStoreError as exc:
             try:
-                body, etag = self._reread()
+                body, etag = self.read()
             except ObjectStoreError:
-                body = None
-            if body is not None and body.get("write") == state["write"]:
-                self.state, self._etag = body, etag
-                return
-            raise CheckpointOutcomeUnknownError(
-                f"cannot tell whether {self.location.url}/{CHAIN_KEY} was written: {exc}"
-            ) from exc
-
-    def _reread(self) -> tuple[dict[str, Any] | None, str | None]:
-        return self.read()
+                raise CheckpointOutcomeUnknownError(
+                    f"cannot tell whether {self.location.url}/{CHAIN_KEY} was written: {exc}"
+                ) from exc
+            cause = str(exc)
+        if body is not None and body.get("write") == state["write"]:
+            self.state, self._etag = body, etag  # our write landed; its answer was lost
+            return
+        if body is None or int(body.get("generation", 0)) != self.generation:
+            raise FencedError(self._fenced_message(body))
+        # still ours, but not what we wrote now: an earlier write of ours landed late, or
+        # this one may yet land. Take the store's word and fail over: the next attempt
+        # checks ownership against it (touch) and restores what it says.
+        self.state, self._etag = body, etag
+        raise CheckpointOutcomeUnknownError(
+            f"{self.location.url}/{CHAIN_KEY} was not changed as asked ({cause}): "
+            "failing over to restore what it says"
+        )
 
     def _fenced_message(self, body: dict[str, Any] | None) -> str:
         if body is None:
