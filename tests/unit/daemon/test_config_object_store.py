@@ -67,3 +67,17 @@ def test_location_keys_round_trip() -> None:
     assert loc.relative("a/b/shared/x") == "shared/x"
     assert ObjectLocation.parse("s3://bkt").key("_chain") == "_chain"
     assert str(loc.child("shard-1")) == "s3://bkt/a/b/shard-1"
+
+
+def test_a_shard_has_its_own_chain_under_the_prefix(tmp_path: Path) -> None:
+    job = load_config(
+        sets=[
+            "checkpoint.dir=s3://bkt/jobs/pv",
+            f"checkpoint.local_dir={tmp_path}",
+            "job.shard=1/2",
+        ]
+    ).job
+    assert job.checkpoint_location() == ObjectLocation("bkt", "jobs/pv/shard-1-of-2")
+    assert job.checkpoint_dir() == tmp_path / "shard-1-of-2"
+    whole = load_config(sets=["checkpoint.dir=s3://bkt/jobs/pv"]).job
+    assert whole.checkpoint_location() == ObjectLocation("bkt", "jobs/pv")
