@@ -59,6 +59,7 @@ from aiostream_ckpt.objectstore import ObjectLocation, ObjectStore, S3Settings
 
 log = logging.getLogger(__name__)
 _METADATA_RE = re.compile(r"^chk-\d{10}/_metadata\.g\d+$")
+_CHANNEL_RE = re.compile(r"^chk-\d{10}/[^/]+/channel-state$")
 _TRANSFER_THREADS = 4
 
 
@@ -117,7 +118,7 @@ class ObjectCheckpointStorage(CheckpointStorage):
         for entry in self._entries():
             metadata_keys.add(entry["metadata"])
             try:
-                referenced |= self._read(entry).referenced_files()
+                referenced |= set(state_files(self._read(entry)))
             except CorruptCheckpointError as exc:
                 log.error("checkpoint %d in %s: %s", entry["id"], self.url, exc)
         for reason in self.chain.state["set_aside"].values():
@@ -131,9 +132,9 @@ class ObjectCheckpointStorage(CheckpointStorage):
         orphans = []
         for key, _ in self.store.list_keys(prefix):
             rel = self.location.relative(key)
-            if (rel.startswith("shared/") and rel not in referenced) or (
-                _METADATA_RE.match(rel) and rel not in metadata_keys
-            ):
+            if rel in referenced or rel in metadata_keys:
+                continue
+            if rel.startswith("shared/") or _METADATA_RE.match(rel) or _CHANNEL_RE.match(rel):
                 orphans.append(key)
         if not orphans:
             return
@@ -264,12 +265,7 @@ class ObjectCheckpointStorage(CheckpointStorage):
 
     def _fetch_state(self, completed: CompletedCheckpoint) -> None:
         """Download every state file ``completed`` references that the local copy lacks."""
-        wanted: dict[str, dict[str, Any]] = {}
-        for op in completed.operators.values():
-            for st in op["subtasks"].values():
-                handle = st.get("keyed") or {}
-                for e in handle.get("chain") or [{"path": p} for p in handle.get("files", ())]:
-                    wanted[e["path"]] = e
+        wanted = state_files(completed)
         jobs = [self._transfers().submit(self._fetch_one, e) for e in wanted.values()]
         fetched = sum(1 for j in jobs if j.result())
         if fetched:
@@ -305,7 +301,7 @@ class ObjectCheckpointStorage(CheckpointStorage):
             super().write_completed(completed)
             return
         cid = completed.checkpoint_id
-        missing = sorted(completed.referenced_files() - self._remote_files)
+        missing = sorted(set(state_files(completed)) - self._remote_files)
         try:
             for job in [self._transfers().submit(self._upload, rel) for rel in missing]:
                 job.result()
@@ -353,7 +349,7 @@ class ObjectCheckpointStorage(CheckpointStorage):
                     cached = read_checkpoint(self.checkpoint_dir(int(entry["id"])))
                 except CorruptCheckpointError:
                     continue  # its files are left to the next claim's sweep
-            gone |= cached.referenced_files() - referenced
+            gone |= set(state_files(cached)) - referenced
         keys = [self.location.key(r) for r in sorted(gone)]
         keys += [self.location.key(e["metadata"]) for e in dropped]
         try:
@@ -379,6 +375,25 @@ class ObjectCheckpointStorage(CheckpointStorage):
                 shutil.rmtree(f, ignore_errors=True)
             else:
                 f.unlink(missing_ok=True)
+
+
+def state_files(completed: CompletedCheckpoint) -> dict[str, dict[str, Any]]:
+    """Every file a checkpoint's restore reads, by path under the root: size and sha256.
+
+    Keyed state's chains (shared files, usually of earlier checkpoints too) and
+    an unaligned checkpoint's channel state (``chk-N/<uid>-<subtask>/``, its own).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for op in completed.operators.values():
+        for st in op["subtasks"].values():
+            handle = st.get("keyed") or {}
+            for e in handle.get("chain") or [{"path": p} for p in handle.get("files", ())]:
+                out[e["path"]] = e
+            channel = st.get("channel")
+            if channel:
+                rel = str(channel["file"])
+                out[rel] = {"path": rel, "size": channel["size_bytes"], "sha256": channel["sha256"]}
+    return out
 
 
 def _matches(path: Path, entry: dict[str, Any]) -> bool:

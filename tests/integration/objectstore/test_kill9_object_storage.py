@@ -39,6 +39,7 @@ class Job:
         seed: int,
         parallelism: int,
         output: str | None = None,
+        **extra: str,
     ) -> None:
         self.tmp = tmp_path
         self.prefix = prefix
@@ -50,6 +51,7 @@ class Job:
         #: a local directory, or ``s3://...``: then nothing of the job stays on the disk
         self.out: Path | str = output or tmp_path / "out"
         self.log = tmp_path / "worker.log"
+        self.extra = extra
 
     def cmd(self, run: int) -> list[str]:
         shutil.rmtree(self.tmp / f"local-{run - 1}", ignore_errors=True)  # an empty disk
@@ -63,6 +65,7 @@ class Job:
             "app.input": ",".join(map(str, self.inputs)),
             "app.output": str(self.out),
             "app.rate": str(RATE),
+            **self.extra,
         }
         return cli_cmd(
             "run", "apps.pv_count", *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))
@@ -116,6 +119,15 @@ def test_kill9_with_output_in_the_store(tmp_path: Path, s3_prefix: str, seed: in
     job.run(seed=20 + seed, kills=3)
     job.assert_exact()
     assert not (tmp_path / "out").exists()
+
+
+def test_kill9_unaligned_checkpoints_carry_their_channel_state(
+    tmp_path: Path, s3_prefix: str
+) -> None:
+    """Unaligned: in-flight records go into chk-N/<uid>-<subtask>/channel-state, uploaded too."""
+    job = Job(tmp_path, s3_prefix, seed=31, parallelism=2, **{"checkpoint.unaligned": "true"})
+    job.run(seed=31, kills=3)
+    job.assert_exact()
 
 
 def test_kill9_between_the_uploads_and_the_chain_write(tmp_path: Path, s3_prefix: str) -> None:
