@@ -70,8 +70,10 @@ test-container: setup
 demo: setup
 	$(BIN)/aiostream-ckpt demo
 
+# make demo-kafka DEMO_KAFKA_ARGS="--format avro --security sasl_ssl": Avro values, TLS+SCRAM
+DEMO_KAFKA_ARGS ?=
 demo-kafka: setup
-	$(BIN)/aiostream-ckpt demo-kafka
+	$(BIN)/aiostream-ckpt demo-kafka $(DEMO_KAFKA_ARGS)
 
 # the demo into a Delta table, proven by Spark (Delta Lake for Spark from Maven Central)
 demo-delta: setup

@@ -61,6 +61,15 @@ class ProofContract:
     kafka_oracle_input: str | None = None
     #: the app param holding the bootstrap servers; set, it selects Kafka mode
     kafka_bootstrap: str = "kafka_bootstrap"
+    #: Kafka mode: the app param naming the topics' value format; when it says ``avro``,
+    #: the proof decodes values (Confluent wire format) with the schema registry whose
+    #: URL the param ``kafka_schema_registry`` names, and compares them as JSON
+    kafka_value_format: str | None = None
+    kafka_schema_registry: str | None = None
+    #: Kafka mode: the app param naming where the proof itself reads and makes topics,
+    #: when the app's own listener needs credentials the prover does not use (a TLS/SASL
+    #: listener beside an internal one of the same cluster); unset: the app's bootstrap
+    kafka_proof_bootstrap: str = "proof_kafka_bootstrap"
 
     def refusal(self) -> str | None:
         """Why no proof is possible, or None."""

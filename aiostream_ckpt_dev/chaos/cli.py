@@ -56,6 +56,7 @@ from aiostream_ckpt_dev.validate.proof import (
 from aiostream_ckpt_dev.validate.proof_cli import add_reference_runs
 from aiostream_ckpt_dev.validate.proof_kafka import (
     KafkaTopic,
+    app_topic,
     drop_topics,
     new_twin,
     record_span,
@@ -310,7 +311,7 @@ def _oracle_params(
     for p in contract.kafka_inputs:
         if p in params:
             path = workdir / f"oracle-input-{p}.jsonl"
-            write_values(KafkaTopic(kafka, str(params[p])), path)
+            write_values(app_topic(contract, params, kafka, p), path)
             files.append(str(path))
     params[contract.kafka_oracle_input] = ",".join(files)
     return params
@@ -349,7 +350,7 @@ def _round_run(
     if kafka is not None:
         # each round writes fresh topics like the app's own; listed for the cleanup
         topics = {
-            p: new_twin(KafkaTopic(kafka, str(loaded.params[p])), f"chaos-{rdir.name}")
+            p: new_twin(app_topic(contract, loaded.params, kafka, p), f"chaos-{rdir.name}")
             for p in contract.kafka_outputs
             if p in loaded.params
         }
@@ -371,7 +372,8 @@ def _topic_events(run: AppRun, contract: ProofContract) -> int:
     from aiostream_ckpt.daemon.config import load_config
 
     params = load_config(run.config, env=os.environ, sets=run.sets).params
-    bootstrap = str(params[contract.kafka_bootstrap])
+    bootstrap = kafka_bootstrap(contract, params)
+    assert bootstrap is not None
     return sum(
         record_span(KafkaTopic(bootstrap, str(params[p])))
         for p in contract.kafka_inputs

@@ -15,6 +15,16 @@
    against a failure-free run (:mod:`.windowed`).
 5. Stop the broker, also on failure.
 
+``--format avro``: the events and the counts are Avro in the Confluent wire
+format behind a schema registry (the stand-in of
+:mod:`aiostream_ckpt_dev.schema_registry`, on loopback: no real registry
+installs here); the checks decode the output with their own reader
+(:mod:`aiostream_ckpt_dev.validate.confluent_avro`), the Spark check is left
+out. ``--security ssl|sasl_ssl|sasl_plaintext``: pv_count speaks only that
+listener of the broker (``KafkaBroker(secure=True)``), configured by the
+``kafka.*`` keys, the password from ``AIOSTREAM_KAFKA__SASL_PASSWORD``; the
+demo's own loading and checking stay on PLAINTEXT.
+
 The loading and checking helpers are used by the Kafka tests too.
 """
 
@@ -22,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -240,7 +252,74 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--windowed-kills", type=int, default=2, help="kills for the windowed app (0: skip it)"
     )
+    p.add_argument(
+        "--format", choices=("json", "avro"), default="json", help="pv_count's record format"
+    )
+    p.add_argument(
+        "--security",
+        choices=("plaintext", "ssl", "sasl_ssl", "sasl_plaintext"),
+        default="plaintext",
+        help="the broker listener pv_count speaks (TLS, SASL)",
+    )
+    p.add_argument("--sasl-mechanism", choices=("SCRAM-SHA-512", "PLAIN"), default="SCRAM-SHA-512")
     return p
+
+
+def security_sets(broker: Any, protocol: str, mechanism: str) -> list[str]:
+    """``--set`` values making pv_count speak ``protocol``; the password goes to the env."""
+    from aiostream_ckpt_dev.broker.security import USERS
+
+    sets = [f"kafka.security_protocol={protocol}"]
+    if protocol.startswith("SASL_"):
+        sets += [f"kafka.sasl_mechanism={mechanism}", "kafka.sasl_username=alice"]
+        os.environ["AIOSTREAM_KAFKA__SASL_PASSWORD"] = USERS["alice"]  # the workers inherit it
+    if protocol.endswith("SSL"):
+        sets.append(f"kafka.ssl_cafile={broker.certificates.ca_file}")
+    return sets
+
+
+async def load_avro(bootstrap: str, topic: str, path: Path, registry_url: str) -> int:
+    """Produce each line of ``path`` as an Avro ``PageView`` (Confluent wire format).
+
+    A line that is not an event with a string ``app_id`` is produced as it is
+    (not framed): the job dead-letters it, as the JSON demo's malformed lines.
+    """
+    from aiostream_ckpt.connectors.kafka.formats import AvroFormat, SchemaRegistry
+    from aiostream_ckpt.daemon.app_loader import import_app
+
+    schema = import_app("apps.pv_count").PAGE_VIEW_SCHEMA  # the app's (the working directory's)
+    fmt = AvroFormat(SchemaRegistry(registry_url), schema)
+    async with fmt.registry.client() as client:
+        encode = await fmt.encoder(client, topic, is_key=False)
+    fields = [f["name"] for f in schema["fields"]]
+
+    def avro(line: bytes) -> bytes:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return line
+        if not isinstance(event, dict) or not isinstance(event.get("app_id"), str):
+            return line
+        return encode({f: event.get(f) for f in fields})
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_batch_size=1 << 20, linger_ms=5
+    )
+    await producer.start()
+    sent = 0
+    try:
+        partitions = sorted(await producer.partitions_for(topic))
+        futures = []
+        for i, lines in enumerate(_line_chunks(path)):
+            p = partitions[i % len(partitions)]
+            futures += await send_lines(producer, topic, p, [avro(ln) for ln in lines])
+            sent += len(lines)
+        await producer.flush()
+        for fut in futures:
+            fut.result()
+    finally:
+        await producer.stop()
+    return sent
 
 
 def _spark_check(work: Path, inputs: Path, bootstrap: str, topic: str) -> tuple[bool, str] | None:
@@ -301,15 +380,46 @@ def demo_kafka_main(argv: list[str]) -> int:
     print(f"demo-kafka: generating {args.events:,} events over {args.keys:,} app_ids (seed {seed})")
     write_generated_jsonl(inputs, args.events, seed=seed, keys=args.keys)
     print("demo-kafka: starting the local Kafka broker", flush=True)
-    with KafkaBroker(work / "broker", start_timeout_s=300) as broker:
-        return _run(args, seed, work, inputs, broker.bootstrap_servers)
+    secure = args.security != "plaintext"
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(
+            KafkaBroker(work / "broker", start_timeout_s=300, secure=secure)
+        )
+        registry = None
+        if args.format == "avro":
+            from aiostream_ckpt_dev.schema_registry import SchemaRegistryStandIn
+
+            registry = stack.enter_context(SchemaRegistryStandIn()).url
+            print(f"demo-kafka: Avro values; stand-in schema registry at {registry}")
+        job_bootstrap, job_sets = broker.bootstrap_servers, []
+        if secure:
+            protocol = args.security.upper()
+            job_bootstrap = broker.listener(protocol)
+            job_sets = security_sets(broker, protocol, args.sasl_mechanism)
+            mechanism = f" {args.sasl_mechanism}" if protocol.startswith("SASL_") else ""
+            print(f"demo-kafka: pv_count speaks {protocol}{mechanism} at {job_bootstrap}")
+        return _run(
+            args, seed, work, inputs, broker.bootstrap_servers, job_bootstrap, job_sets, registry
+        )
 
 
-def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstrap: str) -> int:
+def _run(
+    args: argparse.Namespace,
+    seed: int,
+    work: Path,
+    inputs: Path,
+    bootstrap: str,
+    job_bootstrap: str,
+    job_sets: list[str],
+    registry: str | None,
+) -> int:
     in_topic, out_topic = f"pv-events-{seed}", f"pv-counts-{seed}"
     asyncio.run(create_topics(bootstrap, {in_topic: args.partitions, out_topic: args.partitions}))
     started = time.monotonic()
-    loaded = asyncio.run(load_jsonl(bootstrap, in_topic, inputs))
+    if registry is None:
+        loaded = asyncio.run(load_jsonl(bootstrap, in_topic, inputs))
+    else:
+        loaded = asyncio.run(load_avro(bootstrap, in_topic, inputs, registry))
     took = time.monotonic() - started
     print(f"demo-kafka: loaded {loaded:,} events into {in_topic} in {took:.1f}s ({bootstrap})")
     sets = [
@@ -317,11 +427,16 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         f"checkpoint.dir={work / 'checkpoints'}",
         f"checkpoint.interval={args.interval}",
         f"job.parallelism={args.parallelism}",
-        f"app.kafka_bootstrap={bootstrap}",
+        f"app.kafka_bootstrap={job_bootstrap}",
         f"app.input_topic={in_topic}",
         f"app.output_topic={out_topic}",
         "app.stop_at_end=1",
+        *job_sets,
     ]
+    if registry is not None:
+        sets += ["app.format=avro", f"app.schema_registry={registry}"]
+    if job_bootstrap != bootstrap:  # the proof reads and makes its topics on PLAINTEXT
+        sets.append(f"app.proof_kafka_bootstrap={bootstrap}")
     cmd = [sys.executable, "-m", "aiostream_ckpt.daemon.cli", "run", "apps.pv_count"]
     cmd += [a for s in sets for a in ("--set", s)] + ["--progress", "1", *worker_flags()]
 
@@ -330,12 +445,18 @@ def _run(args: argparse.Namespace, seed: int, work: Path, inputs: Path, bootstra
         return 1
     expected, malformed = recount_inputs([inputs])
     values = asyncio.run(read_topic_values(bootstrap, out_topic))
+    if registry is not None:
+        from aiostream_ckpt_dev.validate.confluent_avro import ConfluentAvroDecoder
+
+        values = list(map(ConfluentAvroDecoder(registry), values))
     verdict = check_pv_updates(
         map(orjson.loads, values), expected, malformed=malformed, label="python read_committed"
     )
     print(verdict.report)
     passed = verdict.passed
-    if not args.no_spark:
+    if registry is not None and not args.no_spark:
+        print("demo-kafka: Spark check left out: the output is Avro (the proof below decodes it)")
+    elif not args.no_spark:
         spark = _spark_check(work, inputs, bootstrap, out_topic)
         if spark is not None:
             print(f"spark validator (read_committed): {spark[1]}")

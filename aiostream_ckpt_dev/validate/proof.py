@@ -41,7 +41,14 @@ from aiostream_ckpt.api.contract import ProofContract
 from aiostream_ckpt.objectstore import is_object_url
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 from aiostream_ckpt_dev.validate.parse import canonical
-from aiostream_ckpt_dev.validate.proof_kafka import KafkaTopic, new_twin, read_committed
+from aiostream_ckpt_dev.validate.proof_kafka import (
+    KafkaTopic,
+    app_topic,
+    new_twin,
+    read_committed,
+    registry_of,
+    with_registry,
+)
 from aiostream_ckpt_dev.validate.result import CheckResult
 from aiostream_ckpt_dev.validate.tables import (
     delta_files,
@@ -391,7 +398,7 @@ def plan_outputs(run: AppRun, contract: ProofContract, scratch: Path) -> list[Co
         if param not in loaded.params:
             continue
         if bootstrap is not None:
-            topic = KafkaTopic(bootstrap, str(loaded.params[param]))
+            topic = app_topic(contract, loaded.params, bootstrap, param)
             # before the reference run, its topic is not made yet
             plan.append(ComparedOutput(param, topic, twins.get(param, KafkaTopic(bootstrap, ""))))
         elif is_object_url(str(loaded.params[param])):
@@ -446,7 +453,7 @@ def reference_run(run: AppRun, contract: ProofContract, scratch: Path) -> float:
         # a topic per output, and a job name of its own: the sink's transactional ids
         # ({job name}-{uid}) must not fence the run under proof's
         topics = {
-            p: new_twin(KafkaTopic(bootstrap, str(loaded.params[p])), "reference")
+            p: new_twin(app_topic(contract, loaded.params, bootstrap, p), "reference")
             for p in contract.kafka_outputs
             if p in loaded.params
         }
@@ -469,15 +476,22 @@ _TOPICS = "kafka-topics.json"
 
 
 def kafka_bootstrap(contract: ProofContract, params: Mapping[str, Any]) -> str | None:
-    """Return the bootstrap servers in Kafka mode (the outputs are topics), else None."""
+    """Return where the proof reads in Kafka mode (the outputs are topics), else None.
+
+    The app's bootstrap servers, or the param ``contract.kafka_proof_bootstrap``
+    names when set (another listener of the same cluster: the app's needs TLS/SASL).
+    """
     if contract.kafka_outputs and params.get(contract.kafka_bootstrap):
-        return str(params[contract.kafka_bootstrap])
+        return str(params.get(contract.kafka_proof_bootstrap) or params[contract.kafka_bootstrap])
     return None
 
 
 def record_topics(directory: Path, bootstrap: str, topics: Mapping[str, KafkaTopic]) -> None:
     """Note in ``directory`` the topics made for it, by param (:func:`reference_topics`)."""
-    names = {"_bootstrap": bootstrap, **{p: t.topic for p, t in topics.items()}}
+    names: dict[str, Any] = {"_bootstrap": bootstrap, **{p: t.topic for p, t in topics.items()}}
+    registries = {registry_of(t) for t in topics.values()} - {None}
+    if registries:  # Avro topics: the reader of the twins decodes as the app's
+        names["_avro_registry"] = registries.pop()
     (directory / _TOPICS).write_bytes(orjson.dumps(names))
 
 
@@ -488,7 +502,8 @@ def reference_topics(scratch: Path) -> dict[str, KafkaTopic]:
     except FileNotFoundError:
         return {}
     bootstrap = str(names.pop("_bootstrap", ""))
-    return {p: KafkaTopic(bootstrap, t) for p, t in names.items()}
+    registry = names.pop("_avro_registry", None)
+    return {p: with_registry(KafkaTopic(bootstrap, t), registry) for p, t in names.items()}
 
 
 #: Label prefix of the comparison of the two failure-free runs.

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,40 @@ TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class KafkaTopic:
-    """One topic of one cluster: an output location, like a file sink's directory."""
+    """One topic of one cluster: an output location, like a file sink's directory.
+
+    ``decode`` turns each committed value into JSON before it is compared
+    (Avro topics: :mod:`.confluent_avro`); None: values are compared as they are.
+    """
 
     bootstrap: str
     topic: str
+    decode: Callable[[bytes], bytes] | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"kafka://{self.bootstrap}/{self.topic}"
+
+
+def app_topic(contract: Any, params: Mapping[str, Any], bootstrap: str, param: str) -> KafkaTopic:
+    """Return the topic an app param names, with the decoder its value format calls for."""
+    from aiostream_ckpt_dev.validate.confluent_avro import value_decoder
+
+    decode = value_decoder(contract.kafka_value_format, contract.kafka_schema_registry, params)
+    return KafkaTopic(bootstrap, str(params[param]), decode)
+
+
+def registry_of(topic: KafkaTopic) -> str | None:
+    """Return the registry URL a topic's values are decoded with (None: JSON as is)."""
+    return getattr(topic.decode, "registry_url", None)
+
+
+def with_registry(topic: KafkaTopic, registry_url: str | None) -> KafkaTopic:
+    """``topic`` decoding Confluent Avro values with ``registry_url`` (None: as it is)."""
+    if registry_url is None:
+        return topic
+    from aiostream_ckpt_dev.validate.confluent_avro import ConfluentAvroDecoder
+
+    return replace(topic, decode=ConfluentAvroDecoder(registry_url))
 
 
 def read_committed(
@@ -46,8 +73,9 @@ def read_committed(
     """Every committed record of ``where`` now: canonical form, key, parsed, ``topic/p@offset``."""
     raw = asyncio.run(_drain(where))
     out = []
+    decode = where.decode
     for partition, offset, value in raw:
-        canon, k, ok = canonical(value, key, ignore)
+        canon, k, ok = canonical(value if decode is None else decode(value), key, ignore)
         out.append((canon, k, ok, f"{where.topic}/{partition}@{offset}"))
     return out
 
@@ -62,6 +90,8 @@ def write_values(where: KafkaTopic, path: Path) -> int:
     n = 0
     with open(path, "wb") as f:
         for partition, offset, value in asyncio.run(_drain(where)):
+            if value is not None and where.decode is not None:
+                value = where.decode(value)
             if value is not None and b"\n" in value:
                 raise ValidationError(
                     f"{where.topic}/{partition}@{offset}: the value holds a newline, so the "
@@ -170,7 +200,7 @@ def new_twin(of: KafkaTopic, label: str) -> KafkaTopic:
     """Create an empty topic with ``of``'s partitions, named after it; return it once led."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    twin = KafkaTopic(of.bootstrap, f"{of.topic}.{label}-{uuid.uuid4().hex[:8]}")
+    twin = replace(of, topic=f"{of.topic}.{label}-{uuid.uuid4().hex[:8]}")
 
     async def create() -> None:
         partitions = len(await _partitions(of))
