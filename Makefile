@@ -35,7 +35,7 @@ setup: $(STAMP) $(SPEEDUPS).so.stamp
 # from the Go module proxy into ~/.cache/aiostream-ckpt once (8-11 minutes of both cores;
 # it says so), before pytest starts, so that no test's timeout pays for it.
 s3-server: setup
-	$(BIN)/python -m aiostream_ckpt_dev.s3server.build
+	$(BIN)/python -c 'from aiostream_ckpt_dev.s3server.build import main; raise SystemExit(main())'
 
 lint: setup
 	$(BIN)/ruff check $(SRC)

@@ -140,7 +140,7 @@ def _download(go: str) -> Path:
 
 
 def main() -> int:
-    """Print the ``weed`` the tests use, building it if none (``make s3-server``)."""
+    """Print the ``weed`` the tests use, building it if none (``make s3-server`` calls it)."""
     try:
         print(ensure_weed())
     except (ConfigError, ConnectorError) as exc:
