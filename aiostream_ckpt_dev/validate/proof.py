@@ -54,6 +54,7 @@ from aiostream_ckpt_dev.validate.tables import (
     delta_files,
     is_delta_table,
     parquet_files,
+    shard_directories,
     table_records,
 )
 
@@ -118,14 +119,14 @@ Records = Callable[[], Iterable[Record]]
 def output_files(directory: Path) -> list[Path]:
     """Visible ``*.jsonl`` files of ``directory`` in commit order (numbers in their names).
 
-    Hidden names (``.``/``_``: staged, not committed) and subdirectories are
-    not output. A missing directory holds no output.
+    Hidden names (``.``/``_``: staged, not committed) are not output, nor are
+    subdirectories, but for a sharded job's ``shard-I-of-N`` ones (every
+    shard's, of every layout it ran in). A missing directory holds no output.
     """
-    if not directory.is_dir():
-        return []
     files = [
         p
-        for p in directory.iterdir()
+        for d in shard_directories(directory)
+        for p in d.iterdir()
         if p.name.endswith(".jsonl") and not p.name.startswith((".", "_")) and p.is_file()
     ]
     return sorted(files, key=lambda p: ([int(n) for n in _NUMBERS.findall(p.name)], p.name))
@@ -153,7 +154,7 @@ def read_records(
             yield canon, k, ok, where
         return
     for path in output_files(directory):
-        name = path.name
+        name = str(path.relative_to(directory))
         with open(path, "rb") as f:
             for n, line in enumerate(f, 1):
                 if line.strip():

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiostream_ckpt.keygroups import Shard
 from aiostream_ckpt.runtime.ownership import LOCK_FILE
 from aiostream_ckpt_dev.validate import parse
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
+from aiostream_ckpt_dev.validate.tables import shard_directories
 
 OUTPUT_SCHEMA = "value string, o1 long, o2 long, o3 long, o4 long"
 #: The columns that order output records and say where each one is.
@@ -128,16 +130,19 @@ def read_file_sink_output(
     if not d.is_dir():
         raise ValidationConfigError(f"output dir {directory} does not exist")
     committed: list[tuple[str, int, int]] = []
+    paths: list[Path] = []
     staged: list[str] = []
     other: list[str] = []
-    for entry in sorted(d.iterdir()):
+    # a sharded job's shards write into shard-I-of-N subdirectories: those files too
+    for entry in sorted(e for where in shard_directories(d) for e in where.iterdir()):
         if entry.name == LOCK_FILE:
             continue  # the running job's ownership of the directory, not output
         if _hidden(entry.name):
             staged.append(entry.name)
         elif entry.is_file() and (parsed := committed_name(entry.name, prefix)) is not None:
             committed.append((entry.name, *parsed))
-        else:
+            paths.append(entry)
+        elif not (entry.is_dir() and Shard.from_dirname(entry.name)):
             other.append(entry.name)
     notes = [f"{len(committed)} committed files, {len(staged)} hidden (staged) files ignored"]
     if other:
@@ -147,7 +152,7 @@ def read_file_sink_output(
         return OutputSource(empty, str(d), lambda places: ["?"] * len(places), notes)
     names = spark.createDataFrame(committed, "file_name string, o1 long, o2 long")
     df = (
-        _read_lines(spark, [d / name for name, _, _ in committed])
+        _read_lines(spark, paths)
         .join(F.broadcast(names), "file_name")
         .select("value", "o1", "o2", F.col("blk").alias("o3"), F.col("mid").alias("o4"))
     )

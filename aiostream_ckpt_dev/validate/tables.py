@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from aiostream_ckpt.keygroups import Shard
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError
 
 _NUMBERS = re.compile(r"\d+")
@@ -31,13 +32,26 @@ def _commit_order(name: str) -> tuple[list[int], str]:
     return [int(n) for n in _NUMBERS.findall(base)], name
 
 
-def parquet_files(directory: Path) -> list[Path]:
-    """Visible ``*.parquet`` files of ``directory`` in commit order (staged ones are hidden)."""
+def shard_directories(directory: Path) -> list[Path]:
+    """Return ``directory`` and its sharded job's ``shard-I-of-N`` subdirectories (if it exists).
+
+    A sharded job's file sinks write each shard's files into one of those.
+    """
     if not directory.is_dir():
         return []
+    shards = [d for d in directory.iterdir() if Shard.from_dirname(d.name) and d.is_dir()]
+    return [directory, *sorted(shards)]
+
+
+def parquet_files(directory: Path) -> list[Path]:
+    """Visible ``*.parquet`` files of ``directory`` (and its shards') in commit order.
+
+    Staged files are hidden.
+    """
     files = [
         p
-        for p in directory.iterdir()
+        for d in shard_directories(directory)
+        for p in d.iterdir()
         if p.name.endswith(".parquet") and not p.name.startswith((".", "_")) and p.is_file()
     ]
     return sorted(files, key=lambda p: _commit_order(p.name))
