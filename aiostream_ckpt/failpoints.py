@@ -58,7 +58,30 @@ POINTS: dict[str, str] = {
     "its output not yet committed",
     "final_committed": "end of input: a task committed the final checkpoint's output; "
     "the job has not exited",
+    # the path of a triggered savepoint (``savepoint trigger``), hit only there
+    "savepoint_triggered": "a savepoint's id is durable and its barriers are on their way; "
+    "no task has snapshotted it",
+    "savepoint_snapshot": "a task pre-committed its sink for a savepoint and the savepoint "
+    "holds its copy of that output; the task has not acknowledged",
+    "savepoint_metadata_durable": "a savepoint's metadata is durable; its caller has not "
+    "been answered",
+    "savepoint_answered": "the caller of POST /savepoints has its answer (the savepoint's id)",
+    "savepoint_output_commit": "a checkpoint after a savepoint completed and a sink "
+    "committed the savepoint's own pre-committed file (or Kafka transaction); the savepoint "
+    "itself may still be completing",
+    "savepoint_next_metadata_durable": "the first checkpoint after a savepoint is durable; "
+    "no sink has committed the savepoint's output",
 }
+
+#: The points on a triggered savepoint's path, in the order it passes them.
+SAVEPOINT_POINTS = (
+    "savepoint_triggered",
+    "savepoint_snapshot",
+    "savepoint_metadata_durable",
+    "savepoint_answered",
+    "savepoint_next_metadata_durable",
+    "savepoint_output_commit",
+)
 
 _armed: dict[str, int] = {}  # point -> the hit that kills
 _hits: dict[str, int] = {}

@@ -88,6 +88,8 @@ class CheckpointCoordinator:
         self._started = False
         self._final_pending = False
         self._suspended = False
+        #: a savepoint completed since the last checkpoint: its output awaits the next one
+        self._savepoint_uncommitted: int | None = None
         self.latest_completed: CompletedCheckpoint | None = None
         #: Set when the job must fail over (too many checkpoint failures, storage dead).
         self.failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -192,6 +194,8 @@ class CheckpointCoordinator:
         )
         for source in self._sources.values():
             source.trigger_checkpoint(barrier)
+        if is_savepoint:
+            failpoints.hit("savepoint_triggered")
         return fut
 
     def source_finished(self, task_id: str) -> None:
@@ -370,9 +374,15 @@ class CheckpointCoordinator:
                 raise
             if sp is None:
                 failpoints.hit("final_metadata_durable" if pending.is_final else "metadata_durable")
+                if self._savepoint_uncommitted is not None and cid > self._savepoint_uncommitted:
+                    self._savepoint_uncommitted = None
+                    failpoints.hit("savepoint_next_metadata_durable")
                 if not await self._commit_globally(completed):
                     self._settle_completed(pending, completed, notify=False)
                     return
+            else:
+                failpoints.hit("savepoint_metadata_durable")
+                self._savepoint_uncommitted = cid
             self._settle_completed(pending, completed, notify=True)
             if sp is None:
                 retention = self._in_executor(self.storage.apply_retention, self.config.retained)

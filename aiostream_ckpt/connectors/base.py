@@ -301,6 +301,31 @@ class SinkWriter(Protocol):
 
 
 @runtime_checkable
+class SavepointHolder(Protocol):
+    """Optional writer capability: keep what a savepoint lists for as long as the savepoint.
+
+    A savepoint taken while the job runs does not commit: the transactions its
+    writer state lists stay pre-committed until the next checkpoint commits
+    them. If the job dies first, its restart goes back to the checkpoint
+    before the savepoint and aborts them; the savepoint, reported complete,
+    would then be unusable. So at a savepoint the task calls
+    :meth:`hold_for_savepoint` (after :meth:`SinkWriter.prepare_commit`, before
+    acknowledging) with that state and a directory inside the savepoint; the
+    writer keeps there its own copy of every transaction the state lists and
+    returns the state naming the copies (relative to the savepoint ``root``).
+    Its :meth:`~SinkWriter.recover` from that savepoint
+    (``ConnectorContext.restore``) uses a copy for a transaction that is
+    neither pending nor committed any more. Disposing of the savepoint
+    (removing its directory) releases the copies. Without this capability a
+    savepoint is usable only until its output is aborted.
+    """
+
+    async def hold_for_savepoint(
+        self, checkpoint_id: int, state: dict[str, Any], directory: Path, root: Path
+    ) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class Sink(Protocol):
     name: str
 

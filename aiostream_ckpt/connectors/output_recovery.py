@@ -18,6 +18,11 @@ The contract (what a reader of the directory may rely on):
 A directory also carries a hidden location marker: the writer state records
 it, so a savepoint restored into another directory or a fresh volume starts
 a fresh output there instead of looking for the old location's staged files.
+
+A savepoint holds its own copy of the pre-committed files it lists
+(:mod:`.held_output`): restored into their directory, a listed file that is
+neither staged nor committed (the job went back to an older checkpoint after
+the savepoint, whose recovery aborted it) is brought back from that copy.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import logging
 import os
 import secrets
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +41,7 @@ from typing import Any, Protocol
 import orjson
 
 from aiostream_ckpt.connectors.base import RestoreInfo
+from aiostream_ckpt.connectors.held_output import HeldCopy, unusable
 from aiostream_ckpt.durable import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -56,8 +62,12 @@ class RecoveryPlan:
 
     #: (staged, final) pre-committed files to commit now
     commit: list[tuple[str, str]] = field(default_factory=list)
-    #: listed pre-committed files that are neither staged nor committed
+    #: listed pre-committed files that are neither staged nor committed (and why no
+    #: savepoint copy stands in, when the restored state has copies)
     lost: list[str] = field(default_factory=list)
+    #: (staged, final, the savepoint's copy) listed files to bring back from the copy,
+    #: then commit (this writer's own: another owner's are its to bring back)
+    from_copy: list[tuple[str, str, Path]] = field(default_factory=list)
     #: staged files of this writer the restored state does not list
     abort: list[str] = field(default_factory=list)
     #: (name, checkpoint id) of committed files newer than the restored checkpoint
@@ -111,12 +121,18 @@ def plan_recovery(
     owns: Callable[[int], bool],
     restored: dict[str, Any] | None,
     checkpoint_id: int | None,
+    *,
+    copies: Mapping[str, HeldCopy] | None = None,
+    copy_root: Path | None = None,
+    verify: bool = True,
 ) -> RecoveryPlan:
     """Classify the directory's files for a writer restored to ``checkpoint_id`` (read-only).
 
     ``checkpoint_id`` None is a fresh start (committed output there is
     foreign); 0 a restore to before the first checkpoint (every checkpoint
-    was set aside: all own output is newer).
+    was set aside: all own output is newer). ``copies`` (in the savepoint
+    directory ``copy_root``) stand in for listed files that are gone; their
+    sha256 is checked with ``verify`` (the survey), their size always.
     """
     names = os.listdir(directory) if directory.is_dir() else []
     present = set(names)
@@ -138,7 +154,7 @@ def plan_recovery(
             if staged in present:
                 plan.commit.append((staged, final))
             elif final not in present:
-                plan.lost.append(staged)
+                _from_copy(plan, naming, owns, staged, final, copies, copy_root, verify)
     for name in names:
         sub = naming.staged_subtask(name)
         if sub is not None:
@@ -155,6 +171,31 @@ def plan_recovery(
             plan.retract.append((name, cid))
     plan.retract.sort(key=lambda r: r[1])
     return plan
+
+
+def _from_copy(
+    plan: RecoveryPlan,
+    naming: Naming,
+    owns: Callable[[int], bool],
+    staged: str,
+    final: str,
+    copies: Mapping[str, HeldCopy] | None,
+    copy_root: Path | None,
+    verify: bool,
+) -> None:
+    """Plan to bring ``staged`` back from the savepoint's copy, or call it lost."""
+    copy = (copies or {}).get(staged)
+    if copy is None or copy_root is None:
+        plan.lost.append(staged)
+        return
+    sub = naming.staged_subtask(staged)
+    if sub is not None and not owns(sub):
+        return  # its owner brings it back (and says so if it cannot)
+    why = unusable(copy_root, copy, verify=verify)
+    if why is not None:
+        plan.lost.append(f"{staged} ({why})")
+    else:
+        plan.from_copy.append((staged, final, copy_root / copy.path))
 
 
 def count_records(path: Path) -> int:

@@ -47,7 +47,16 @@ from aiostream_ckpt.connectors.base import (
     RestoreInfo,
     raise_record_error,
 )
+from aiostream_ckpt.connectors.held_output import (
+    HELD_KEY,
+    HeldCopy,
+    copies_of,
+    keep_copy,
+    merge_copies,
+    put_back,
+)
 from aiostream_ckpt.connectors.output_recovery import (
+    RecoveryPlan,
     claim_location,
     count_records,
     plan_recovery,
@@ -303,6 +312,8 @@ def merge_writer_states(states: Iterable[Mapping[str, Any] | None]) -> dict[str,
     merged: dict[str, Any] = {"pending": list(seen.values())}
     if opened:
         merged["open"] = list(opened.values())
+    if held := merge_copies(states):
+        merged[HELD_KEY] = held
     if location is not None:
         merged["location"] = location
     return merged
@@ -357,6 +368,8 @@ class StagedFileWriter:
         self._file: IO[bytes] | None = None
         self._open: _Txn | None = None
         self._pending: list[_Txn] = []
+        #: the pending file of a savepoint's own epoch (for the fail point at its commit)
+        self._held: set[str] = set()
         self._recovered = False
         self._closed = False
         self.records_written = 0
@@ -384,16 +397,32 @@ class StagedFileWriter:
         p = self._parallelism
         return self.subtask == 0 and p is not None and subtask >= p
 
+    def _plan(
+        self, restored: dict[str, Any] | None, checkpoint_id: int | None, *, verify: bool
+    ) -> RecoveryPlan:
+        restore = self._restore
+        root = Path(restore.path) if restore is not None and restore.kind == "savepoint" else None
+        return plan_recovery(
+            self.directory,
+            self._naming,
+            self._owns,
+            restored,
+            checkpoint_id,
+            copies=copies_of(restored),
+            copy_root=root,
+            verify=verify,
+        )
+
     def survey(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> OutputSurvey:
         """Tell what :meth:`recover` would commit, find lost and retract (touches nothing)."""
-        plan = plan_recovery(self.directory, self._naming, self._owns, restored, checkpoint_id)
+        plan = self._plan(restored, checkpoint_id, verify=True)
         retract = [(n, self.count_records(self.directory / n)) for n, _ in plan.retract]
         return OutputSurvey(str(self.directory), plan.lost, retract, plan.highest_id)
 
     def _recover_sync(self, restored: dict[str, Any] | None, checkpoint_id: int | None) -> None:
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
-        plan = plan_recovery(d, self._naming, self._owns, restored, checkpoint_id)
+        plan = self._plan(restored, checkpoint_id, verify=False)  # the survey verified them
         if plan.lost:
             raise ConnectorError(
                 f"pre-committed file(s) {', '.join(str(d / s) for s in plan.lost)} are missing "
@@ -410,7 +439,16 @@ class StagedFileWriter:
         if plan.same and checkpoint_id is not None:
             for name, length in (restored or {}).get("open", []):
                 self._resume_open(d, str(name), int(length), checkpoint_id)
-        for staged, final in plan.commit:
+        for staged, final, copy in plan.from_copy:
+            put_back(copy, d, staged)
+            log.info(
+                "%s: %s, pre-committed by the restored savepoint, was gone; brought back "
+                "from the savepoint's copy %s",
+                d,
+                final,
+                copy,
+            )
+        for staged, final in [*plan.commit, *((s, f) for s, f, _ in plan.from_copy)]:
             _commit_file(d, staged, final)
         if plan.retract:
             retract_files(
@@ -426,7 +464,7 @@ class StagedFileWriter:
         if plan.abort:
             n = len(plan.abort)
             log.info("%s: discarded %d staged file(s) of unfinished checkpoints", d, n)
-        if plan.commit or plan.abort:
+        if plan.commit or plan.from_copy or plan.abort:
             fsync_dir(d)
 
     def _resume_open(self, d: Path, name: str, length: int, checkpoint_id: int) -> None:
@@ -600,6 +638,49 @@ class StagedFileWriter:
             state["location"] = self._location
         return state
 
+    async def hold_for_savepoint(
+        self, checkpoint_id: int, state: dict[str, Any], directory: Path, root: Path
+    ) -> dict[str, Any]:
+        """Keep a copy of every file ``state`` lists in ``directory`` (in the savepoint ``root``).
+
+        See :mod:`.held_output` and :class:`~.base.SavepointHolder`. A savepoint
+        closes the open file (the task rolls it), so ``state`` lists pending
+        files only.
+        """
+        if state.get("open"):
+            raise ConnectorError(
+                f"{self.directory}: savepoint {checkpoint_id} found a part file open; "
+                "a savepoint must close it (request_roll)"
+            )
+        pending = [(str(s), str(f)) for s, f in state.get("pending", [])]
+        if not pending:
+            return state
+        held = await self._in_thread(self._hold_sync, pending, directory, root)
+        # its own file: only a checkpoint after it commits that (the fail point's window)
+        own = self._naming.pending(self.subtask, checkpoint_id)
+        self._held.update(c.staged for c in held if c.staged == own)
+        return {**state, HELD_KEY: [c.to_state() for c in held]}
+
+    def _hold_sync(
+        self, pending: list[tuple[str, str]], directory: Path, root: Path
+    ) -> list[HeldCopy]:
+        d = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        held = []
+        for staged, final in pending:
+            with _io("keep a savepoint copy of", d / staged):
+                held.append(
+                    keep_copy(
+                        [child_path(d, staged), child_path(d, final)],
+                        child_path(directory, final),
+                        root,
+                        staged,
+                    )
+                )
+        with _io("keep savepoint copies in", directory):
+            fsync_dir(directory)
+        return held
+
     async def commit(self, checkpoint_id: int) -> None:
         """Commit every pre-committed file up to ``checkpoint_id``; idempotent."""
         due = [t for t in self._pending if t.checkpoint_id <= checkpoint_id]
@@ -618,6 +699,9 @@ class StagedFileWriter:
             for t in due:
                 _commit_file(self.directory, t.staged, t.final)
                 failpoints.hit("sink_commit")
+                if t.staged in self._held:
+                    self._held.discard(t.staged)
+                    failpoints.hit("savepoint_output_commit")
             fsync_dir(self.directory)
 
     async def close(self) -> None:

@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
         a = sp_sub.add_parser(action, help=text)
         add_client_args(a)
         a.add_argument("--dir", type=Path, help="savepoint parent directory (savepoint.dir)")
+    dispose = sp_sub.add_parser(
+        "dispose", help="remove a savepoint and the output copies it holds (not one in use)"
+    )
+    add_client_args(dispose)
+    dispose.add_argument("savepoint", help="the savepoint's path, or its id")
     health = sub.add_parser("health", help="exit 0 when the daemon's /health answers")
     add_client_args(health, token=False)
     health.add_argument("--timeout", type=float, default=5.0)

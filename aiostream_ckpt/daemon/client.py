@@ -66,11 +66,17 @@ def request(
 
 
 def savepoint_main(args: argparse.Namespace) -> int:
-    """``savepoint trigger`` / ``savepoint stop``: 0 done, 1 refused or failed, 2 unreachable."""
+    """``savepoint trigger|stop|dispose``: 0 done, 1 refused or failed, 2 unreachable."""
     url = (args.url or default_url()).rstrip("/")
     token = args.token or os.environ.get(TOKEN_ENV)
-    path = "/savepoints" if args.action == "trigger" else "/job/stop-with-savepoint"
-    body = {"directory": str(args.dir)} if args.dir else {}
+    body: dict[str, Any]
+    if args.action == "dispose":
+        path = "/savepoints/dispose"
+        target = args.savepoint if args.savepoint.isdigit() else str(Path(args.savepoint).resolve())
+        body = {"savepoint": target}
+    else:
+        path = "/savepoints" if args.action == "trigger" else "/job/stop-with-savepoint"
+        body = {"directory": str(args.dir)} if args.dir else {}
     try:
         status, answer = request("POST", url + path, token=token, body=body)
     except OSError as exc:

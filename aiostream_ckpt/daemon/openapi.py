@@ -340,6 +340,54 @@ SPEC: dict[str, Any] = {
                 },
             }
         },
+        "/savepoints/dispose": {
+            "post": {
+                "summary": "Dispose of a savepoint: remove its directory and the copies of "
+                "pre-committed output it holds (Flink's savepoint disposal)",
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        _JSON: {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "savepoint": {
+                                        "type": ["string", "integer"],
+                                        "description": "The savepoint's path, or its id (one "
+                                        "this daemon took, or found in savepoint.dir)",
+                                    }
+                                },
+                                "required": ["savepoint"],
+                                "additionalProperties": False,
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": _ok(
+                        "Disposed of",
+                        {
+                            "type": "object",
+                            "properties": {
+                                "id": {"type": "integer"},
+                                "path": {"type": "string"},
+                                "disposed": {"type": "boolean"},
+                                "bytes_freed": {"type": "integer"},
+                            },
+                        },
+                    ),
+                    "400": _ok("Not a savepoint, or a bad body; nothing was removed", "Error"),
+                    "401": _UNAUTHORIZED,
+                    "404": _ok("No such savepoint", "Error"),
+                    "409": _ok(
+                        "The job depends on it (it would restore it after a failure) or it "
+                        "is still being taken; nothing was removed",
+                        "Error",
+                    ),
+                },
+            }
+        },
         "/job/stop-with-savepoint": {
             "post": {
                 "summary": "Take a savepoint, then stop the job (the daemon exits 0)",

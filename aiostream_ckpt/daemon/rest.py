@@ -27,7 +27,9 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from aiostream_ckpt import failpoints
 from aiostream_ckpt.daemon.openapi import SPEC
+from aiostream_ckpt.daemon.savepoint_disposal import SavepointDisposalError
 from aiostream_ckpt.daemon.savepoints import JobNotRunningError, SavepointService
 from aiostream_ckpt.daemon.settings import is_loopback
 from aiostream_ckpt.errors import AiostreamError, ConfigError
@@ -133,7 +135,18 @@ def build_app(
 
     async def savepoint(request: web.Request) -> web.Response:
         directory = await _directory(request)
-        return _json((await control.savepoints.trigger(directory)).to_json())
+        resp = _json((await control.savepoints.trigger(directory)).to_json())
+        await resp.prepare(request)
+        await resp.write_eof()  # the caller has its answer: the savepoint is complete
+        failpoints.hit("savepoint_answered")
+        return resp
+
+    async def dispose(request: web.Request) -> web.Response:
+        target = await _dispose_target(request)
+        try:
+            return _json(await control.savepoints.dispose(target))
+        except SavepointDisposalError as exc:
+            return _error(404 if exc.not_found else 409 if exc.in_use else 400, str(exc))
 
     async def stop_with_savepoint(request: web.Request) -> web.Response:
         directory = await _directory(request)
@@ -161,6 +174,7 @@ def build_app(
     app.router.add_get("/transactions", transactions)
     app.router.add_get("/checkpoints/latest", latest)
     app.router.add_post("/savepoints", savepoint)
+    app.router.add_post("/savepoints/dispose", dispose)
     app.router.add_post("/job/stop-with-savepoint", stop_with_savepoint)
     app.router.add_post("/job/cancel", cancel)
     app.router.add_get("/metrics", metrics)
@@ -196,6 +210,22 @@ async def _directory(request: web.Request) -> str | None:
     if directory is not None and (not isinstance(directory, str) or not directory):
         raise web.HTTPBadRequest(text="directory must be a non-empty string")
     return directory
+
+
+async def _dispose_target(request: web.Request) -> str:
+    """Parse the ``{"savepoint": "<path or id>"}`` body of a disposal request."""
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        raise web.HTTPBadRequest(text="body must be JSON") from None
+    target = body.get("savepoint") if isinstance(body, dict) else None
+    if isinstance(target, int) and not isinstance(target, bool) and target >= 0:
+        target = str(target)
+    if not isinstance(body, dict) or set(body) != {"savepoint"} or not isinstance(target, str):
+        raise web.HTTPBadRequest(text='body must be {"savepoint": "<path or id>"}')
+    if not target.strip():
+        raise web.HTTPBadRequest(text="savepoint must be a path or an id")
+    return target.strip()
 
 
 class RestServer:

@@ -30,6 +30,11 @@ from typing import Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.daemon.metrics import JobStats
+from aiostream_ckpt.daemon.savepoint_disposal import (
+    SavepointDisposalError,
+    dispose_directory,
+    find_savepoint,
+)
 from aiostream_ckpt.daemon.settings import ShutdownMode
 from aiostream_ckpt.errors import AiostreamError, CheckpointError
 from aiostream_ckpt.runtime.job import JobRunner, JobStatus
@@ -71,6 +76,8 @@ class SavepointService:
         self.stopping = False
         #: the savepoint a stop-with-savepoint ended the job with
         self.final_savepoint: SavepointResult | None = None
+        #: the savepoints this daemon took, by id (``dispose`` finds them by it)
+        self._taken: dict[int, Path] = {}
 
     def _coordinator(self) -> CheckpointCoordinator:
         run = self._runner.run_state
@@ -105,6 +112,7 @@ class SavepointService:
         result = SavepointResult(
             completed.checkpoint_id, path, completed.duration_seconds * 1000, completed.size_bytes
         )
+        self._taken[result.checkpoint_id] = path
         log.info(
             "savepoint %d stored at %s (%.0f ms, %d bytes)",
             result.checkpoint_id,
@@ -158,6 +166,43 @@ class SavepointService:
             log.error("stop-with-savepoint: %s; its output stays pre-committed", exc)
             return
         await self._wait_committed(result.checkpoint_id)
+
+    async def dispose(self, target: str) -> dict[str, Any]:
+        """Remove the savepoint ``target`` (its path or id) and the copies it holds.
+
+        See :mod:`.savepoint_disposal`; refused for one the job depends on.
+        """
+        async with self._lock:
+            search = [self.default_dir]
+            sp_id, path = find_savepoint(target, self._taken, search)
+            reason = self._in_use(path)
+            if reason is not None:
+                raise SavepointDisposalError(
+                    f"savepoint {sp_id} ({path}) is in use: {reason}; nothing was removed",
+                    in_use=True,
+                )
+            freed = await asyncio.to_thread(dispose_directory, path)
+            self._taken.pop(sp_id, None)
+        log.info("savepoint %d at %s disposed of (%d bytes freed)", sp_id, path, freed)
+        return {"id": sp_id, "path": str(path), "disposed": True, "bytes_freed": freed}
+
+    def _in_use(self, path: Path) -> str | None:
+        """Why the job needs the savepoint at ``path`` (None: it does not)."""
+        run = self._runner.run_state
+        coordinator = run.coordinator
+        if coordinator is not None:
+            for cid in coordinator.pending_ids:
+                sp = coordinator.savepoint_dir(cid)
+                if sp is not None and sp.resolve() == path:
+                    return f"savepoint {cid} is still being taken there"
+        restored_next = self._runner.restore_points.savepoint_restored_next()
+        if restored_next is not None and restored_next.expanduser().resolve() == path:
+            return (
+                "the job would restore it after a failure (no checkpoint has completed "
+                "since the job started from it or stopped with it); dispose of it once a "
+                "checkpoint completed"
+            )
+        return None
 
     async def cancel(self) -> None:
         """Stop now; the newest checkpoint stays for a later resume."""

@@ -103,6 +103,23 @@ class RestorePoints:
             return read_checkpoint(self.restore_from)
         return chosen
 
+    def savepoint_restored_next(self) -> Path | None:
+        """Return the savepoint a restart would restore now (None: a checkpoint, or nothing).
+
+        :meth:`choose`'s order without reading any metadata: the directory's
+        stop-with-savepoint savepoint when it is newer than every checkpoint,
+        else the ``--from-savepoint`` one while no checkpoint completed. The
+        job depends on that savepoint: it must not be disposed of. Read-only.
+        """
+        completed = self.storage.completed_newest_first()
+        newest = next((c for c in completed if c not in self._bad), None)
+        stopped = None if self._stop_savepoint_bad else self.storage.stop_savepoint()
+        if stopped is not None and (newest is None or stopped[0] > newest):
+            return stopped[1]
+        if newest is None and self.restore_from is not None:
+            return self.restore_from
+        return None
+
     def after_set_aside(self) -> bool:
         """Whether checkpoints were set aside: restoring nothing then means 'before them all'."""
         return bool(self._bad) or bool(self.storage.set_aside_checkpoints())

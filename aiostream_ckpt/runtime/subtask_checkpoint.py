@@ -21,8 +21,10 @@ coordinator triggered n, an input task when its barrier handler decided (see
    unaligned n also waits for its channel state (complete once barrier n came
    on every input channel: :meth:`in_flight_complete`) and writes it in a
    worker thread (``runtime.channel_state``).
-5. Acknowledge n to the responder with the states, sizes and timings; or
-   decline it when a write failed.
+5. For a savepoint, each writer that can (``SavepointHolder``) keeps its own
+   copy of the output the savepoint lists as pre-committed, inside the
+   savepoint. Then acknowledge n to the responder with the states, sizes and
+   timings; or decline it when a write failed.
 6. Settle: the backends' deferred work, after the acknowledgement.
 
 When n completes or is aborted (queued, handled in order by
@@ -52,7 +54,7 @@ from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.metadata import TaskAck
 from aiostream_ckpt.checkpoint.responder import CheckpointResponder
 from aiostream_ckpt.clock import Clock
-from aiostream_ckpt.connectors.base import CheckpointPositionReader
+from aiostream_ckpt.connectors.base import CheckpointPositionReader, SavepointHolder
 from aiostream_ckpt.errors import CheckpointError
 from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics
 from aiostream_ckpt.runtime.channel_state import CHANNEL_KEY, write_channel_state
@@ -64,6 +66,8 @@ log = logging.getLogger(__name__)
 
 #: the key of the channel state's target among the keyed operators' (no uid is empty)
 _CHANNEL_TARGET = ""
+#: A writer that keeps savepoint copies: its operator uid, state key, itself, and where.
+_Hold = tuple[str, str, SavepointHolder, SnapshotTarget]
 #: Where the sink writer's and the dead-letter writer's states sit in their
 #: operators' checkpoint entries (``"operator"``), read back by ``runtime.subtask_restore``.
 WRITER_KEY = "writer"
@@ -162,6 +166,11 @@ class SubtaskCheckpointCoordinator:
         async with self._lock:
             # 1. where keyed state goes, and the channel state (or decline)
             targets = self._snapshot_targets(cid, spec.input_uid if in_flight else None)
+            holds = None
+            if targets is not None and barrier.kind is CheckpointKind.SAVEPOINT:
+                holds = self._hold_targets(cid)  # ... and a savepoint's copies of the output
+                if holds is None:
+                    targets = None
             # 2. the synchronous snapshot
             for op in spec.operators:
                 op.prepare_snapshot_pre_barrier(cid)  # before any backend freezes its writes
@@ -210,6 +219,7 @@ class SubtaskCheckpointCoordinator:
                 sync_seconds,
                 alignment_seconds,
                 (in_flight, channel_target) if in_flight is not None else None,
+                holds or [],
             ),
             f"{self._task_id}-snapshot-{cid}",
         )
@@ -240,6 +250,25 @@ class SubtaskCheckpointCoordinator:
             self.decline(cid, exc)
             return None
 
+    def _hold_targets(self, cid: int) -> list[_Hold] | None:
+        """Where each writer of the task keeps savepoint ``cid``'s copies; None: declined."""
+        spec = self._spec
+        writers: list[tuple[str, str, object]] = []
+        if spec.dead_letter is not None and spec.dead_letter_uid is not None:
+            writers.append((spec.dead_letter_uid, DEAD_LETTER_KEY, spec.dead_letter))
+        if spec.writer is not None and spec.sink_uid is not None:
+            writers.append((spec.sink_uid, WRITER_KEY, spec.writer))
+        try:
+            return [
+                (uid, key, writer, self._responder.snapshot_target(cid, uid, spec.subtask))
+                for uid, key, writer in writers
+                if isinstance(writer, SavepointHolder)
+            ]
+        except CheckpointError as exc:
+            log.warning("task %s: savepoint %d cannot be stored: %s", self._task_id, cid, exc)
+            self.decline(cid, exc)
+            return None
+
     async def _finish(
         self,
         cid: int,
@@ -248,6 +277,7 @@ class SubtaskCheckpointCoordinator:
         sync_seconds: float,
         alignment_seconds: float,
         channels: tuple[asyncio.Future[InFlight], SnapshotTarget | None] | None,
+        holds: list[_Hold],
     ) -> None:
         """Run steps 4 to 6 in the background, while the task processes on."""
         started = self._clock.monotonic()
@@ -262,10 +292,17 @@ class SubtaskCheckpointCoordinator:
             if channels is not None:
                 in_flight_bytes, in_flight_records = await self._write_channels(states, *channels)
                 size += in_flight_bytes
+            for uid, key, writer, target in holds:  # 5. a savepoint's copies of the output
+                entry = states[uid]["operator"]
+                entry[key] = await writer.hold_for_savepoint(
+                    cid, entry[key], target.exclusive_dir / f"held-{key}", target.root
+                )
         except Exception as exc:
             log.warning("task %s: asynchronous snapshot %d failed: %s", self._task_id, cid, exc)
             self.decline(cid, exc)  # 5. ... or decline
             return
+        if holds:
+            failpoints.hit("savepoint_snapshot")
         for st in states.values():
             if st.get("operator") is not None:
                 size += len(orjson.dumps(st["operator"]))

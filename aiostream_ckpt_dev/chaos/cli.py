@@ -239,7 +239,7 @@ def run_chaos(
                 f"3 rounds in a row ended before any kill: the input ({events} events) is "
                 f"read before the first planned kill. {_more_input(events, run, contract)}"
             )
-        _prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle_params)
+        prove_round(verdict, f"round {r}", rrun[0], contract, reference, oracle_params)
         if echo:
             print(
                 f"chaos round {r}: {result.kill_count} kills "
@@ -410,7 +410,7 @@ def _events(inputs: list[Path]) -> int:
     return n
 
 
-def _prove_round(
+def prove_round(
     verdict: ChaosVerdict,
     label: str,
     run: AppRun,

@@ -19,7 +19,11 @@ sees, not what a fallback moved aside. Two pv_count parts write a Delta
 table (``app.sink=delta``), with the Delta sink's windows in their plans
 (data files written at a barrier, before and after the Delta commit), one of
 them with the faults (a fallback then retracts by a Delta commit); their
-proof reads the table's newest version through delta-rs. Prints one verdict line::
+proof reads the table's newest version through delta-rs. A last part kills
+pv_count at every point of a triggered savepoint's path, at ``job.workers``
+1 and 2, and proves the output after the restart and again after a restore
+of the savepoint into a fresh checkpoint directory (:mod:`.savepoint_kills`).
+Prints one verdict line::
 
     chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
 
@@ -41,6 +45,7 @@ from pathlib import Path
 
 from aiostream_ckpt.connectors.generator import write_generated_jsonl
 from aiostream_ckpt_dev.chaos.cli import ChaosVerdict, run_chaos
+from aiostream_ckpt_dev.chaos.savepoint_kills import run_matrix
 from aiostream_ckpt_dev.validate.proof import AppRun, load_contract
 
 
@@ -112,8 +117,53 @@ PARTS = (
 )
 
 
+#: The part after :data:`PARTS`: a kill at each point of a savepoint's path (fixed count).
+SAVEPOINT_PART = len(PARTS)
+_SAVEPOINT_EVENTS = 30_000  # per input, two inputs: paced, the savepoint comes mid-way
+
+
+def run_savepoint_part(workdir: Path, *, keep: bool = False) -> ChaosVerdict:
+    """Run :func:`~.savepoint_kills.run_matrix` on pv_count (see the module docstring)."""
+    d = workdir / f"{SAVEPOINT_PART}-savepoints"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    inputs = []
+    for i in range(2):
+        p = d / f"pv-{i}.jsonl"
+        write_generated_jsonl(p, _SAVEPOINT_EVENTS, seed=41 + i, keys=300)
+        inputs.append(p)
+    with open(inputs[0], "ab") as f:  # a dead letter: that output is held and proven too
+        f.write(b'{"app_id": broken\n')
+    run = AppRun(
+        "apps.pv_count",
+        [
+            f"app.input={','.join(str(p) for p in inputs)}",
+            f"app.output={d / 'output'}",
+            "job.parallelism=2",
+            "checkpoint.interval=100ms",
+            "job.batch_size=256",
+        ],
+    )
+    started = time.monotonic()
+    print("chaos suite: apps.pv_count, a kill at each point of a savepoint's path", flush=True)
+    verdict = run_matrix(
+        run,
+        load_contract("apps.pv_count"),
+        d,
+        pace=["app.rate=10000"],
+        events=2 * _SAVEPOINT_EVENTS + 1,
+    )
+    print(f"  {verdict.details()}", flush=True)
+    print(f"  {verdict.line()} ({time.monotonic() - started:.0f}s)", flush=True)
+    if not keep and verdict.passed:
+        shutil.rmtree(d, ignore_errors=True)
+    return verdict
+
+
 def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
     """Run part ``n`` of :data:`PARTS` (its share of ``kills``) under ``workdir``."""
+    if n == SAVEPOINT_PART:
+        return run_savepoint_part(workdir, keep=keep)
     part = PARTS[n]
     d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}-w{part.workers}"
     shutil.rmtree(d, ignore_errors=True)
@@ -169,7 +219,7 @@ def run_suite(
     """
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    todo = list(range(len(PARTS)))
+    todo = list(range(len(PARTS) + 1))  # the savepoint part last
     running: dict[int, subprocess.Popen[bytes]] = {}
     total = ChaosVerdict()
     while todo or running:

@@ -15,7 +15,8 @@ Recovery, in this order (each step's reason is in
    checked against the output: its stored offsets are read with
    ``read_committed``. Committed before the crash -> fine; aborted (the job
    was down longer than the transaction timeout) -> :class:`TransactionLostError`
-   naming the checkpoint, the id and the lost offsets.
+   naming the checkpoint, the id and the lost offsets, unless a savepoint is
+   restored that holds a copy of it (:mod:`.savepoint_copy`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from aiostream_ckpt.connectors.kafka.transactions import (
     end_prepared_transaction,
 )
 from aiostream_ckpt.connectors.kafka.txn_admin import fence_transactional_id
-from aiostream_ckpt.errors import ConnectorError, TransactionLostError
+from aiostream_ckpt.errors import ConnectorError
 
 if TYPE_CHECKING:
     from aiostream_ckpt.connectors.kafka.encoder import OffsetRanges
@@ -170,11 +171,18 @@ class Committer:
                 ", ".join(transactional_ids),
             )
 
-    async def check_ended(self, unsure: list[tuple[PendingTxn, str]]) -> None:
-        """Raise :class:`TransactionLostError` for each ended transaction not in the output.
+    async def check_ended(
+        self, unsure: list[tuple[PendingTxn, str]], topic: str
+    ) -> list[tuple[PendingTxn, str]]:
+        """Return each ended transaction not in ``topic``, with why its records are lost.
+
+        ``topic``: the one the transactions wrote (the restored state's; a
+        savepoint may be restored into another).
 
         Run after fencing: the read waits for the partitions' last stable
-        offset to pass the stored range.
+        offset to pass the stored range. The caller raises
+        :class:`TransactionLostError` for those it cannot bring back (a
+        savepoint holds a copy of its transactions: the writer writes it again).
         """
         lost = []
         for entry, answer in unsure:
@@ -189,7 +197,7 @@ class Committer:
                     answer,
                 )
                 continue
-            if answer != EndTxnOutcome.INVALID_STATE.value and await self._visible(entry):
+            if answer != EndTxnOutcome.INVALID_STATE.value and await self._visible(entry, topic):
                 log.info(
                     "%s: transaction %s of checkpoint %d was committed before the restart",
                     self._label,
@@ -197,12 +205,11 @@ class Committer:
                     entry.checkpoint_id,
                 )
                 continue
-            lost.append(self._lost_message(entry, answer))
-        if lost:
-            raise TransactionLostError("; ".join(lost))
+            lost.append((entry, self._lost_message(entry, answer, topic)))
+        return lost
 
-    def _lost_message(self, entry: PendingTxn, answer: str) -> str:
-        txn, topic = entry.txn, self._sink.topic
+    def _lost_message(self, entry: PendingTxn, answer: str, topic: str) -> str:
+        txn = entry.txn
         spans = ", ".join(
             f"{topic}[{p}] offsets {a}..{b}" for p, (a, b) in sorted((entry.ranges or {}).items())
         )
@@ -241,12 +248,12 @@ class Committer:
             )
         )
 
-    async def _visible(self, entry: PendingTxn) -> bool:
-        """Whether the first record of ``entry`` can be read with ``read_committed``."""
+    async def _visible(self, entry: PendingTxn, topic: str) -> bool:
+        """Whether ``read_committed`` can read the first record of ``entry`` in ``topic``."""
         assert entry.ranges is not None
         async with self._consumer() as consumer:
             partition, (first, last) = min(entry.ranges.items())
-            tp = TopicPartition(self._sink.topic, partition)
+            tp = TopicPartition(topic, partition)
             consumer.assign([tp])
             consumer.seek(tp, first)
             deadline = time.monotonic() + self._sink.commit_timeout_s

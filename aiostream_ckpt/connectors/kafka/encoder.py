@@ -184,6 +184,49 @@ class RecordEncoder:
                 await self._submit(producer, builder, p)
         return sent
 
+    async def send_as_they_were(
+        self,
+        producer: Any,
+        records: Iterable[tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]],
+    ) -> int:
+        """Send records already serialized (partition, key, value, headers, timestamp ms).
+
+        A savepoint's copy of a transaction written again (see
+        :mod:`.savepoint_copy`): same partitions, keys, values, headers and
+        create times. Returns the records sent.
+        """
+        if self._builders and producer is not self._producer:
+            raise ConnectorError("records held for one Kafka transaction sent on another producer")
+        self._producer = producer
+        builders = self._builders
+        sent = 0
+        for p, key, value, headers, timestamp in records:
+            if p not in self.partitions:
+                raise ConnectorError(
+                    f"a savepoint's copy writes to {self._topic}[{p}], which the topic lacks "
+                    f"(partitions {', '.join(map(str, self.partitions))})",
+                    retriable=False,
+                )
+            builder = builders.get(p)
+            if builder is None:
+                builder = builders[p] = producer.create_batch()
+            if builder.append(timestamp=timestamp, key=key, value=value, headers=headers) is None:
+                builder.close()
+                await self._submit(producer, builder, p)
+                builder = builders[p] = producer.create_batch()
+                if (
+                    builder.append(timestamp=timestamp, key=key, value=value, headers=headers)
+                    is None
+                ):
+                    raise ConnectorError(
+                        f"a record of {len(value or b'')} bytes does not fit in a Kafka batch "
+                        "(raise max_batch_size in producer_config)",
+                        retriable=False,
+                    )
+            sent += 1
+        await self.submit_held(producer)
+        return sent
+
     async def submit_held(self, producer: Any) -> None:
         """Submit every open batch on ``producer`` (before flushing it)."""
         builders, self._builders = self._builders, {}

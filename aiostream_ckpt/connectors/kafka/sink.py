@@ -44,6 +44,12 @@ Its conditions: the restart must come before ``transaction_timeout_ms`` (1 h
 by default, Flink's advice; the broker's ``transaction.max.timeout.ms`` must
 allow it), and transactional ids must not be shared with another job.
 
+**Savepoints.** A savepoint taken while the job runs commits nothing; its
+pre-committed transactions would be lost to it once a restart aborts them.
+Each writer therefore keeps a copy of them inside the savepoint, read back
+from the topic, and a restore of the savepoint writes the copy of an aborted
+one again (:mod:`~aiostream_ckpt.connectors.kafka.savepoint_copy`).
+
 **One producer instance per transaction.** aiokafka speaks EndTxn v0, so the
 broker never bumps the epoch between transactions of one producer. If a slot
 ran transaction n+2 with the epoch of n, a recovery commit of n would commit

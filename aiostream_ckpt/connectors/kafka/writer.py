@@ -11,6 +11,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiokafka import errors as kafka_errors
@@ -23,6 +24,7 @@ from aiostream_ckpt.connectors.base import (
     duplicate_output_refusal,
     raise_record_error,
 )
+from aiostream_ckpt.connectors.held_output import HELD_KEY
 from aiostream_ckpt.connectors.kafka.committer import (
     Committer,
     PendingTxn,
@@ -43,6 +45,13 @@ from aiostream_ckpt.connectors.kafka.pool import (
     quietly,
     start_producer,
 )
+from aiostream_ckpt.connectors.kafka.savepoint_copy import (
+    HeldRecord,
+    HeldTransaction,
+    read_copy,
+    read_transaction,
+    write_copy,
+)
 from aiostream_ckpt.connectors.kafka.security import merged_config
 from aiostream_ckpt.connectors.kafka.transactions import prepared_transaction
 from aiostream_ckpt.connectors.kafka.txn_admin import (
@@ -50,7 +59,7 @@ from aiostream_ckpt.connectors.kafka.txn_admin import (
     ListingUnsupportedError,
     list_transactional_ids,
 )
-from aiostream_ckpt.errors import ConnectorError, RestoreRefusedError
+from aiostream_ckpt.errors import ConnectorError, RestoreRefusedError, TransactionLostError
 
 if TYPE_CHECKING:
     from aiostream_ckpt.connectors.kafka.sink import KafkaSink
@@ -222,6 +231,11 @@ class TransactionalKafkaWriter(_WriterBase):
         self._committer: Committer | None = None
         #: partition -> offset past the last record of the checkpointed output
         self._output_end: dict[int, int] = {}
+        #: (transactional id, epoch) of a savepoint's own transaction (the fail point at its commit)
+        self._held: set[tuple[str, int]] = set()
+        #: a restored savepoint's copies to write in the first transaction: not in
+        #: ``recover``, whose open transaction would hold back subtask 0's output check
+        self._again: list[HeldRecord] = []
 
     @property
     def transactional_ids(self) -> list[str]:
@@ -282,14 +296,16 @@ class TransactionalKafkaWriter(_WriterBase):
             pool_size=len(self._pool.slots),
         )
         await asyncio.gather(committer.fence(stale), self._pool.start())
-        await committer.check_ended(
+        lost = await committer.check_ended(
             [
                 (entry, answer)
                 for entry, answer in unsure
                 if owner_of(entry.txn.transactional_id, self._base, ctx.parallelism)
                 == ctx.subtask_index
-            ]
+            ],
+            str(state.get("topic", self._sink.topic)),
         )
+        self._again = self._from_savepoint_copies(lost, state)
         await self._check_output_end(state)
         self._recovered = True
         log.info(
@@ -301,6 +317,77 @@ class TransactionalKafkaWriter(_WriterBase):
             ctx.subtask_index,
             len(self._pool.slots) - 1,
         )
+
+    def _from_savepoint_copies(
+        self, lost: list[tuple[PendingTxn, str]], state: Mapping[str, Any]
+    ) -> list[HeldRecord]:
+        """Return the records of aborted transactions to write again from a savepoint's copies.
+
+        Raises :class:`TransactionLostError` for a lost transaction no copy
+        stands in for. A savepoint restored into another topic writes nothing
+        of the old topic's (see :mod:`.savepoint_copy`).
+        """
+        if not lost:
+            return []
+        restore = self._ctx.restore
+        if restore is None or restore.kind != "savepoint":
+            raise TransactionLostError("; ".join(msg for _, msg in lost))
+        copies = {h.key: h for h in map(HeldTransaction.from_state, state.get(HELD_KEY, []))}
+        written = state.get("topic", self._sink.topic)
+        records: list[HeldRecord] = []
+        missing = []
+        for entry, msg in sorted(lost, key=lambda e: e[0].checkpoint_id):
+            txn = entry.txn
+            copy = copies.get((txn.transactional_id, txn.producer_epoch))
+            if written != self._sink.topic:
+                log.warning(
+                    "%s: savepoint %d's transaction %s on topic %s was aborted after the "
+                    "savepoint (a restart of the job that took it, or its timeout); this "
+                    "restore writes to topic %s from the savepoint's positions, so nothing "
+                    "of it is written; %s",
+                    self._label,
+                    restore.checkpoint_id,
+                    txn.transactional_id,
+                    written,
+                    self._sink.topic,
+                    f"the savepoint holds its records in {copy.path}"
+                    if copy is not None
+                    else "the savepoint holds no copy of its records",
+                )
+                continue
+            if copy is None:
+                missing.append(f"{msg}; savepoint {restore.checkpoint_id} holds no copy of it")
+                continue
+            held = read_copy(Path(restore.path), copy)
+            records += held
+            log.info(
+                "%s: transaction %s of savepoint %d was aborted after the savepoint; its %d "
+                "record(s) are written again from the savepoint's copy %s",
+                self._label,
+                txn.transactional_id,
+                restore.checkpoint_id,
+                len(held),
+                copy.path,
+            )
+        if missing:
+            raise TransactionLostError("; ".join(missing))
+        return records
+
+    async def _write_again(self) -> None:
+        """Write savepoint copies into the first transaction; the first checkpoint commits it.
+
+        Called by the first write or barrier after the restore, when every
+        task has recovered.
+        """
+        records, self._again = self._again, []
+        assert self._encoder is not None
+        slot = self._open or await self._begin()
+        try:
+            await self._encoder.send_as_they_were(
+                slot.producer, [(p, k, v, h, t) for p, _, k, v, h, t in records]
+            )
+        except ConnectorError as exc:
+            raise self._fail(exc) from exc
 
     async def _check_output_end(self, state: Mapping[str, Any]) -> None:
         """Refuse a restore whose topic has committed output newer than the restored state's.
@@ -360,6 +447,10 @@ class TransactionalKafkaWriter(_WriterBase):
             for entry in (state or {}).get("pending", []):
                 pending.setdefault(f"{entry[1]}/{entry[2]}/{entry[3]}", list(entry))
         topics = [s["topic"] for s in states if s and "topic" in s]
+        held: dict[str, list[Any]] = {}
+        for state in states:
+            for row in (state or {}).get(HELD_KEY, []):
+                held.setdefault(f"{row[0]}/{row[1]}", list(row))
         ends: dict[str, int] = {}
         for state in states:
             for p, end in (state or {}).get("output_end", {}).items():
@@ -369,6 +460,7 @@ class TransactionalKafkaWriter(_WriterBase):
             **({"output_end": ends} if ends else {}),
             "pools": {str(i): int(s.get("pool_size", 0)) for i, s in enumerate(states) if s},
             **({"topic": topics[0]} if topics else {}),
+            **({HELD_KEY: list(held.values())} if held else {}),
         }
 
     # -- writing --------------------------------------------------------------
@@ -377,6 +469,8 @@ class TransactionalKafkaWriter(_WriterBase):
         if not batch:
             return
         self._check_usable()
+        if self._again:
+            await self._write_again()
         slot = self._open or await self._begin()
         assert self._encoder is not None
         self.records_written += await self._encoder.send(slot.producer, batch, self.record_failed)
@@ -461,6 +555,8 @@ class TransactionalKafkaWriter(_WriterBase):
     async def prepare_commit(self, checkpoint_id: int) -> dict[str, Any]:
         """Flush the open transaction and list it (with all still pending) in the state."""
         self._check_usable()
+        if self._again:
+            await self._write_again()
         if self._pending and self._pending[-1].checkpoint_id >= checkpoint_id:
             raise ConnectorError(
                 f"{self._label}: prepare_commit({checkpoint_id}) after "
@@ -497,6 +593,36 @@ class TransactionalKafkaWriter(_WriterBase):
             "output_end": {str(p): end for p, end in sorted(self._output_end.items())},
         }
 
+    async def hold_for_savepoint(
+        self, checkpoint_id: int, state: dict[str, Any], directory: Path, root: Path
+    ) -> dict[str, Any]:
+        """Keep a copy of every pre-committed transaction ``state`` lists, in the savepoint.
+
+        Read back from the topic (see :mod:`.savepoint_copy`) into ``directory``
+        inside the savepoint ``root``; the returned state names the copies.
+        """
+        self._check_usable()
+        held = []
+        for entry in map(PendingTxn.from_state, state.get("pending", [])):
+            if entry.ranges is None:
+                continue  # no offsets to read it back by (a state of older versions)
+            txn = entry.txn
+            records = await read_transaction(
+                self._client,
+                self._sink.topic,
+                txn.producer_id,
+                txn.producer_epoch,
+                entry.ranges,
+                timeout_s=self._sink.commit_timeout_s,
+            )
+            name = f"{txn.transactional_id}-{txn.producer_epoch}.records"
+            tid, epoch = txn.transactional_id, txn.producer_epoch
+            copy = await asyncio.to_thread(write_copy, records, directory, name, root, tid, epoch)
+            held.append(copy.to_state())
+            if entry.checkpoint_id == checkpoint_id:  # see StagedFileWriter.hold_for_savepoint
+                self._held.add(copy.key)
+        return {**state, HELD_KEY: held} if held else state
+
     async def commit(self, checkpoint_id: int) -> None:
         """Commit every pre-committed transaction up to ``checkpoint_id``; idempotent."""
         if self._failure is not None:
@@ -509,6 +635,10 @@ class TransactionalKafkaWriter(_WriterBase):
                 raise self._fail(exc) from exc
             slot.advance(SlotState.COMMITTED)
             failpoints.hit("sink_commit")
+            held = (slot.transactional_id, slot.prepared.producer_epoch) if slot.prepared else None
+            if held in self._held:
+                self._held.discard(held)
+                failpoints.hit("savepoint_output_commit")
             self._pending.remove(slot)
             self._pool.recycle(slot)
 

@@ -143,3 +143,29 @@ def test_cli_savepoint_stop_with_token_flag(tmp_path: Path) -> None:
         assert d.wait() == 0
     unreachable = cli("savepoint", "trigger", "--url", d.url, "--token", TOKEN)
     assert unreachable.returncode == 2 and "cannot reach the daemon" in unreachable.stderr
+
+
+def test_cli_savepoint_dispose(tmp_path: Path) -> None:
+    env = {"AIOSTREAM_REST__TOKEN": TOKEN}
+    # paced slower: both savepoints come before the end of the input on a loaded machine
+    with live(tmp_path / "ckpt", tmp_path / "out", 2, "--set", "app.rate=2000") as d:
+        d.wait_for("checkpoint 2 completed")
+        triggered = [cli("savepoint", "trigger", "--url", d.url, env=env) for _ in range(2)]
+        assert all(r.returncode == 0 for r in triggered), [r.stderr for r in triggered]
+        taken = [orjson.loads(r.stdout) for r in triggered]
+        refused = cli("savepoint", "dispose", str(taken[0]["id"]), "--url", d.url,
+                      env={"AIOSTREAM_REST__TOKEN": ""})  # fmt: skip
+        assert refused.returncode == 1 and "(401)" in refused.stderr
+        by_id = cli("savepoint", "dispose", str(taken[0]["id"]), "--url", d.url, env=env)
+        assert by_id.returncode == 0, by_id.stderr
+        assert orjson.loads(by_id.stdout)["path"] == taken[0]["path"]
+        by_path = cli("savepoint", "dispose", taken[1]["path"], "--url", d.url, env=env)
+        assert by_path.returncode == 0, by_path.stderr
+        again = cli("savepoint", "dispose", taken[1]["path"], "--url", d.url, env=env)
+        assert again.returncode == 1 and "(404)" in again.stderr
+        assert "no such savepoint directory" in again.stderr
+        assert d.wait(timeout=120) == 0, d.stderr[-3000:]
+    assert not any(Path(sp["path"]).exists() for sp in taken)
+    assert check_pv_output(
+        tmp_path / "out", generated_counts(EVENTS, splits=SPLITS, keys=KEYS)
+    ).exact

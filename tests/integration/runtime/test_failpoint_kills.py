@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.failpoints import POINTS
+from aiostream_ckpt.failpoints import POINTS, SAVEPOINT_POINTS
 from aiostream_ckpt_dev.chaos.cli import run_chaos
 from aiostream_ckpt_dev.chaos.windows import (
     DELTA_WINDOWS,
@@ -36,8 +36,9 @@ from tests.helpers import cli_cmd, make_pv_input
 pytestmark = pytest.mark.integration
 
 #: Every window once (the Delta sink's: tests/integration/connectors/test_delta_kill9.py;
-#: those of unaligned checkpoints: test_kill9_unaligned.py). A recovery window is reached
-#: only once a checkpoint is durable.
+#: those of unaligned checkpoints: test_kill9_unaligned.py; a triggered savepoint's:
+#: tests/integration/daemon/test_savepoint_kill9.py and ``make chaos``). A recovery
+#: window is reached only once a checkpoint is durable.
 PLAN = [
     Kill("metadata_durable", 2),
     Kill("pre_barrier_flush", 3),
@@ -53,7 +54,7 @@ PLAN = [
 
 @pytest.mark.parametrize("parallelism", [1, 2])
 def test_a_kill_in_every_window_keeps_pv_count_exact(tmp_path: Path, parallelism: int) -> None:
-    windows = set(POINTS) - set(DELTA_WINDOWS) - set(UNALIGNED_WINDOWS)
+    windows = set(POINTS) - set(DELTA_WINDOWS) - set(UNALIGNED_WINDOWS) - set(SAVEPOINT_POINTS)
     assert {k.window for k in PLAN} == windows
     inputs = [
         make_pv_input(tmp_path / f"in-{i}.jsonl", 150_000, seed=i, keys=50, malformed=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from tests.helpers import wait_until
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-MUTATING = ["/savepoints", "/job/stop-with-savepoint", "/job/cancel"]
+MUTATING = ["/savepoints", "/savepoints/dispose", "/job/stop-with-savepoint", "/job/cancel"]
 
 
 def paced_pv_job(tmp_path: Path, *, reinterpret: bool = False) -> StreamEnvironment:
@@ -194,6 +195,88 @@ async def test_savepoint_is_self_contained_and_job_goes_on(
     assert running.daemon.runner.run_state.status is JobStatus.RUNNING
     _, chks = await get(running, "/checkpoints")
     assert chks["counts"]["savepoints_completed"] == 2
+
+
+def copies(savepoint: str) -> list[str]:
+    return [str(p) for p in Path(savepoint).glob("*/held-writer/part-*.jsonl")]
+
+
+def exists(*paths: str) -> bool:
+    return any(Path(p).exists() for p in paths)
+
+
+async def test_dispose_removes_a_savepoint_and_its_copies(running: Running, tmp_path: Path) -> None:
+    by_id, by_path = [(await post(running, "/savepoints", headers=AUTH))[1] for _ in range(2)]
+    held = copies(by_id["path"])
+    assert held, "the savepoint holds copies of the output it pre-committed"
+    status, body = await post(
+        running, "/savepoints/dispose", headers=AUTH, json={"savepoint": by_id["id"]}
+    )
+    assert status == 200, body
+    assert body["id"] == by_id["id"] and body["disposed"] and body["path"] == by_id["path"]
+    assert not exists(by_id["path"], *held)
+    status, body = await post(
+        running, "/savepoints/dispose", headers=AUTH, json={"savepoint": by_path["path"]}
+    )
+    assert status == 200 and not exists(by_path["path"])
+    status, body = await post(
+        running, "/savepoints/dispose", headers=AUTH, json={"savepoint": str(by_id["id"])}
+    )
+    assert status == 404 and f"no savepoint {by_id['id']}" in body["error"]
+    assert running.daemon.runner.run_state.status is JobStatus.RUNNING
+
+
+async def test_dispose_refuses_what_is_not_a_savepoint(running: Running, tmp_path: Path) -> None:
+    chk = (await get(running, "/checkpoints/latest"))[1]["path"]
+    status, body = await post(running, "/savepoints/dispose", headers=AUTH, json={"savepoint": chk})
+    assert status == 400 and "is a checkpoint, not a savepoint" in body["error"]
+    assert Path(chk).exists()  # noqa: ASYNC240 - a test, not a server
+    other = tmp_path / "precious"
+    other.mkdir()
+    status, body = await post(
+        running, "/savepoints/dispose", headers=AUTH, json={"savepoint": str(other)}
+    )
+    assert status == 400 and "not a readable savepoint" in body["error"]
+    assert other.exists()
+    for bad in ({}, {"savepoint": ""}, {"savepoint": True}, {"savepoint": 1, "x": 2}):
+        status, body = await post(running, "/savepoints/dispose", headers=AUTH, json=bad)
+        assert status == 400, bad
+
+
+async def test_dispose_refuses_the_savepoint_the_job_restored_from(tmp_path: Path) -> None:
+    """Until a checkpoint completes, a failure would restore it again: refused, then allowed."""
+    async for first in start(tmp_path / "a", TOKEN):
+        sp = (await post(first, "/savepoints", headers=AUTH))[1]
+    spec = paced_pv_job(tmp_path / "b").spec()
+    config = dataclasses.replace(
+        spec.config,
+        restore_from=Path(sp["path"]),
+        checkpoint=dataclasses.replace(spec.config.checkpoint, interval=3600.0),
+    )
+    daemon = JobDaemon(dataclasses.replace(spec, config=config), DaemonSettings(rest_enabled=False))
+    job = asyncio.create_task(daemon.run())
+    client: TestClient[Any, Any] = TestClient(TestServer(build_app(daemon, TOKEN)))
+    await client.start_server()
+    r = Running(daemon, client, job)
+    try:
+        await wait_until(lambda: daemon.runner.run_state.status is JobStatus.RUNNING)
+        status, body = await post(
+            r, "/savepoints/dispose", headers=AUTH, json={"savepoint": sp["path"]}
+        )
+        assert status == 409, body
+        assert "would restore it after a failure" in body["error"]
+        assert exists(f"{sp['path']}/_metadata")
+        coordinator = daemon.runner.run_state.coordinator
+        assert coordinator is not None
+        await coordinator.trigger()  # a checkpoint completes: the job no longer needs it
+        status, body = await post(
+            r, "/savepoints/dispose", headers=AUTH, json={"savepoint": sp["path"]}
+        )
+        assert status == 200, body
+    finally:
+        await client.close()
+        daemon.runner.cancel()
+        await asyncio.gather(job, return_exceptions=True)
 
 
 async def test_bad_savepoint_body_is_400(running: Running) -> None:
