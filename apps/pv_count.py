@@ -15,8 +15,8 @@ Params (``[app]`` in the config or ``--set app.KEY=VALUE``):
   ``kg-<start>-<end>-of-<max>...``, as ``write_key_grouped`` writes them):
   the count reads it with ``reinterpret_as_keyed``, chained to the source,
   without a shuffle.
-- ``slow_ms``: each event first waits that many milliseconds in a ``map_async``
-  (``slow_capacity`` at once, default 32), a slow enrichment: the source runs
+- ``slow_ms``: each event first waits that many milliseconds in a keyed
+  ``map_async`` (``slow_capacity`` at once, default 32), a slow enrichment: the source runs
   into backpressure, so checkpoints meet full channels (what unaligned
   checkpoints are for; the chaos suite's unaligned parts). The output is the same.
 - ``output``: directory of the exactly-once file sink; ``roll_size`` (bytes)
@@ -253,8 +253,8 @@ def build(env: StreamEnvironment) -> None:
         raise ValueError("set app.output (the output directory)")
     source = event_source(p)
     events = env.from_source(source, uid="events")
-    if "slow_ms" in p:
-        events = events.map_async(
+    if "slow_ms" in p:  # behind a keyed edge: its records cross workers (job.workers > 1)
+        events = events.key_by(app_id).map_async(
             SlowStep(float(p["slow_ms"]) / 1000),
             capacity=int(p.get("slow_capacity", 32)),
             uid="slow-step",

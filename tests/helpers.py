@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -217,6 +218,14 @@ def run_app_under_kills(
     else:
         assert result.kills >= at_least, outran + log.read_text()[-3000:]
     return result, log
+
+
+_IN_FLIGHT = re.compile(r"checkpoint \d+ completed .*; unaligned, (\d+) in-flight records")
+
+
+def in_flight_records(log: str) -> int:
+    """The most in-flight records one unaligned checkpoint of ``log`` persisted (0: none)."""
+    return max((int(n) for n in _IN_FLIGHT.findall(log)), default=0)
 
 
 class ScriptedSource:

@@ -9,7 +9,10 @@ coordinator's the main one, a position kill either, and every worker's kill
 is followed by one of the main process once the restarted attempt
 checkpointed (``chaos.windows``); a third part there SIGSTOPs a worker
 instead (a hung worker, caught by its heartbeats: ``job.heartbeat_timeout``)
-before the main process's kill. Each round's output is proven
+before the main process's kill. Three parts run with unaligned checkpoints
+(``checkpoint.unaligned=true``, pv_count behind a slow step so that barriers
+overtake full channels; at one and two workers), their two windows among the
+kills (``--unaligned`` runs only those). Each round's output is proven
 against a failure-free reference run and against the app's own recount of
 the input (``PROOF.oracle``), read by the proof's file reader: no code is
 shared with the sink being checked. A last pv_count part also injects the
@@ -91,6 +94,9 @@ _MODULE = "aiostream_ckpt_dev.chaos.suite"  # __name__ is __main__ under -m
 _WORKERS = ("job.workers=2", "restart.delay=100ms")
 #: a hung worker is seen in 5 s, not the default 20 (a loaded machine's loop may stall 1-2 s)
 _HEARTBEATS = ("job.heartbeat_interval=200ms", "job.heartbeat_timeout=5s")
+_UNALIGNED = ("checkpoint.unaligned=true",)
+#: a slow keyed map_async step (1 ms a call, 32 at once a subtask): full channels
+_SLOW = ("app.slow_ms=1",)
 
 PARTS = (
     Part("apps.pv_count", 1, 0.35, _pv_inputs),
@@ -114,6 +120,18 @@ PARTS = (
     # into a Delta table: its windows too; with faults, a fallback retracts by a Delta commit
     Part("apps.pv_count", 2, 0.2, _pv_inputs, ("app.sink=delta",), delta=True),
     Part("apps.pv_count", 1, 0.1, _pv_inputs, ("app.sink=delta",), faults=True, delta=True),
+    # unaligned checkpoints, their windows among the kills: in one process and in two
+    # workers, pv_count behind a slow step so that barriers overtake full channels
+    Part("apps.pv_count", 2, 0.2, _pv_inputs, (*_UNALIGNED, *_SLOW)),
+    Part("apps.pv_count", 2, 0.2, _pv_inputs, (*_UNALIGNED, *_SLOW, *_WORKERS), workers=2),
+    Part(
+        "apps.transitions_per_hour",
+        2,
+        0.15,
+        _transitions_inputs,
+        ("app.max_delay=120000", *_UNALIGNED, *_WORKERS),
+        workers=2,
+    ),
 )
 
 
@@ -209,17 +227,29 @@ def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False
     return verdict
 
 
+def unaligned_parts() -> list[int]:
+    """Return the parts with ``checkpoint.unaligned=true`` (``--unaligned``)."""
+    return [n for n, part in enumerate(PARTS) if _UNALIGNED[0] in part.sets]
+
+
 def run_suite(
-    kills: int, seed: int, workdir: Path, *, jobs: int = 2, keep: bool = False
+    kills: int,
+    seed: int,
+    workdir: Path,
+    *,
+    jobs: int = 2,
+    keep: bool = False,
+    parts: list[int] | None = None,
 ) -> ChaosVerdict:
-    """Run every part, ``jobs`` at a time, each in its own process; add up their verdicts.
+    """Run every part (or ``parts``), ``jobs`` at a time, each in its own process; add them up.
 
     A part's worker runs mostly one core, so two parts at once use a 2-core
     machine; a process per part keeps their embedded reference runs apart.
     """
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    todo = list(range(len(PARTS) + 1))  # the savepoint part last
+    # the savepoint part last
+    todo = list(range(len(PARTS) + 1)) if parts is None else list(parts)
     running: dict[int, subprocess.Popen[bytes]] = {}
     total = ChaosVerdict()
     while todo or running:
@@ -272,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path(".chaos-suite"))
     p.add_argument("--jobs", type=int, default=2, help="parts run at once (default 2)")
     p.add_argument("--keep", action="store_true", help="keep inputs and every round's output")
+    p.add_argument(
+        "--unaligned",
+        action="store_true",
+        help="only the parts with checkpoint.unaligned=true (their share of --kills)",
+    )
     p.add_argument("--part", type=int, help=argparse.SUPPRESS)  # one part, in a child
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
@@ -282,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if verdict.passed else 1
     started = time.monotonic()
     print(f"chaos suite: seed {seed}", flush=True)
-    verdict = run_suite(args.kills, seed, workdir, jobs=args.jobs, keep=args.keep)
+    parts = unaligned_parts() if args.unaligned else None
+    verdict = run_suite(args.kills, seed, workdir, jobs=args.jobs, keep=args.keep, parts=parts)
     for problem in verdict.problems:
         print(f"chaos: problem: {problem}")
     print(verdict.details() + f"; {time.monotonic() - started:.0f}s")

@@ -17,7 +17,7 @@ import pytest
 
 from aiostream_ckpt.connectors.staging import read_committed_output
 from apps.fraud_rules import expected_output, write_inputs
-from tests.helpers import DaemonProcess, run_app_under_kills
+from tests.helpers import DaemonProcess, in_flight_records, run_app_under_kills
 
 pytestmark = pytest.mark.integration
 
@@ -52,9 +52,19 @@ def _diff(tmp: Path, txns: Path, rules: Path) -> tuple[int, int, int]:
     return sum(got.values()), sum((got - want).values()), sum((want - got).values())
 
 
-def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        # unaligned at two workers: transactions and rules in flight to the broadcast
+        # operator, across the workers' socket, and the lookups in flight in map_async
+        ["checkpoint.unaligned=true", "job.workers=2", "restart.delay=0s"],
+    ],
+    ids=["aligned", "unaligned-workers"],
+)
+def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path, extra: list[str]) -> None:
     txns, rules = write_inputs(tmp_path / "in", EVENTS, seed=11)
-    run_app_under_kills(
+    _, log = run_app_under_kills(
         tmp_path,
         "apps.fraud_rules",
         [
@@ -62,6 +72,7 @@ def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
             f"app.rules={rules}",
             f"app.output={tmp_path / 'out'}",
             f"app.rate={RATE}",
+            *extra,
         ],
         kills=2,
         seed=5,
@@ -69,8 +80,11 @@ def test_fraud_rules_exactly_once_under_kill9(tmp_path: Path) -> None:
         parallelism=2,
         batch_size=256,
         max_delay_after_checkpoint=0.12,
+        kill_workers=bool(extra),
     )
     assert _diff(tmp_path, txns, rules) == (EVENTS, 0, 0)
+    if extra:
+        assert in_flight_records(log.read_text()), "no checkpoint held in-flight records"
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])

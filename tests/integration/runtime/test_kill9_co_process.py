@@ -9,6 +9,7 @@ import pytest
 from tests.helpers import (
     DaemonProcess,
     check_pv_output,
+    in_flight_records,
     make_pv_input,
     recount,
     run_app_under_kills,
@@ -38,6 +39,35 @@ def test_connected_streams_exactly_once_under_kill9(tmp_path: Path, parallelism:
     )
     check = check_pv_output(out, recount(a, b))
     assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+
+
+def test_connected_streams_unaligned_at_two_workers_under_kill9(tmp_path: Path) -> None:
+    """Unaligned checkpoints: both inputs' records in flight, across the workers' socket."""
+    a = make_pv_input(tmp_path / "a.jsonl", EVENTS, seed=64, malformed=1)
+    b = make_pv_input(tmp_path / "b.jsonl", EVENTS * 2 // 3, seed=65, keys=150)
+    out = tmp_path / "out"
+    _, log = run_app_under_kills(
+        tmp_path,
+        "tests.apps.co_count",
+        [
+            f"app.input_a={a}",
+            f"app.input_b={b}",
+            f"app.output={out}",
+            f"app.rate={RATE}",
+            "checkpoint.unaligned=true",
+            "job.workers=2",
+            "restart.delay=0s",
+        ],
+        kills=2,
+        seed=7,
+        inputs=[a, b],
+        parallelism=2,
+        max_delay_after_checkpoint=0.12,
+        kill_workers=True,
+    )
+    check = check_pv_output(out, recount(a, b))
+    assert check.exact, (check.duplicates, check.missing, check.gaps[:5])
+    assert in_flight_records(log.read_text()), "no checkpoint held in-flight records"
 
 
 def test_killed_at_parallelism_2_resumed_at_3(tmp_path: Path) -> None:

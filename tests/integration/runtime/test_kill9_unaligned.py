@@ -12,16 +12,15 @@ reference run and against an independent recount of the input.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
 from aiostream_ckpt.failpoints import POINTS
-from aiostream_ckpt_dev.chaos.windows import DELTA_WINDOWS, Kill, run_round
+from aiostream_ckpt_dev.chaos.windows import DELTA_WINDOWS, MAIN_RUNNING, Kill, run_round
 from aiostream_ckpt_dev.validate.proof import AppRun, compare_dirs, compare_oracle, reference_run
 from apps import pv_count
-from tests.helpers import cli_cmd, make_pv_input
+from tests.helpers import cli_cmd, in_flight_records, make_pv_input
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +37,6 @@ PLAN = [
     Kill("final_metadata_durable"),
     Kill("final_committed"),
 ]
-_IN_FLIGHT = re.compile(r"checkpoint \d+ completed .*; unaligned, (\d+) in-flight records")
 
 
 def test_a_kill_in_every_window_keeps_pv_count_exact_with_unaligned_checkpoints(
@@ -70,8 +68,7 @@ def test_a_kill_in_every_window_keeps_pv_count_exact_with_unaligned_checkpoints(
     assert dict(result.kills) == dict.fromkeys(windows, 1), (result.kills, result.missed)
     for w in windows:
         assert f"failpoint {w}: SIGKILL" in text
-    in_flight = [int(n) for n in _IN_FLIGHT.findall(text)]
-    assert in_flight and max(in_flight) > 0, "no checkpoint held in-flight records"
+    assert in_flight_records(text), "no checkpoint held in-flight records"
 
     run = AppRun("apps.pv_count", sets)
     reference_run(run, pv_count.PROOF, tmp_path / "ref")
@@ -89,3 +86,51 @@ def test_a_kill_in_every_window_keeps_pv_count_exact_with_unaligned_checkpoints(
         tmp_path / "out", pv_count.PROOF.oracle({"input": sets[0][10:]}), pv_count.PROOF
     )
     assert recount.passed, recount.counts
+
+
+def test_at_two_workers_in_flight_records_cross_processes_and_survive_worker_kills(
+    tmp_path: Path,
+) -> None:
+    """``job.workers=2``: the slow step's keyed channels cross the workers' socket.
+
+    The windows of unaligned checkpoints kill a worker of the run's first
+    attempt (the main process restarts every worker from the latest
+    checkpoint, then is killed itself once that attempt checkpointed); the
+    coordinator's window kills the main process.
+    """
+    inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 60_000, seed=50 + i) for i in range(2)]
+    sets = [
+        f"app.input={','.join(map(str, inputs))}",
+        f"app.output={tmp_path / 'out'}",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+        "app.slow_ms=1",
+        "job.parallelism=2",
+        "job.workers=2",
+        "restart.delay=0s",
+        "checkpoint.interval=30ms",
+        "checkpoint.unaligned=true",
+        "job.batch_size=256",
+    ]
+    cmd = cli_cmd(
+        "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]
+    )
+    plan = [
+        Kill("metadata_durable", 2),
+        Kill("channel_state_write", 2, after=0.1),
+        Kill("channel_state_replay", after=0.1),
+        Kill("position", fraction=0.1, worker=1),
+    ]
+    log = tmp_path / "worker.log"
+    result = run_round(cmd, plan, inputs=inputs, log_path=log, timeout=600, workers=2)
+    text = log.read_text()
+    assert result.exit_code == 0, text[-3000:]
+    assert result.kills["metadata_durable"] == 1, result.kills
+    assert result.kills["worker:channel_state_write"] == 1, (result.kills, result.missed)
+    assert result.kills["worker:channel_state_replay"] == 1, (result.kills, result.missed)
+    assert result.kills[MAIN_RUNNING] >= 2, result.kills
+    assert in_flight_records(text), "no checkpoint held in-flight records"
+    assert pv_count.PROOF.oracle is not None
+    recount = compare_oracle(
+        tmp_path / "out", pv_count.PROOF.oracle({"input": sets[0][10:]}), pv_count.PROOF
+    )
+    assert recount.passed and recount.counts["records_out"] == 120_000, recount.counts

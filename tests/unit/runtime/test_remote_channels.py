@@ -313,3 +313,26 @@ async def test_control_messages_travel_beside_the_channels(
     await link.b.close()
     with pytest.raises(ChannelError, match="closed"):
         await link.a.receive_message()
+
+
+async def test_an_unaligned_barrier_takes_no_credit_and_overtakes_the_receiving_end(
+    closing: list[ChannelConnection],
+) -> None:
+    """Across processes too, what it overtook is what was queued or waiting when it came."""
+    window, capacity = 2, 2
+    link = await one_channel(closing, window=window, capacity=capacity)
+    w, r, gate = link.writer, link.reader, link.gate
+    for n in range(capacity + window):  # the gate full, the receiver holding the rest
+        await w.send([{"n": n}])
+    await until(lambda: len(r.pending) == window and w.credits == 0, "the credits run out")
+    barrier = CheckpointBarrier(5, 1.0, unaligned=True)
+    w.send_priority(barrier)  # no credit needed
+    await until(lambda: gate.queue.has_priority, "the barrier skips the line")
+    assert w.credits == 0 and len(r.pending) == window
+    assert await gate.queue.get() == (0, barrier)
+    in_line, _ = gate.in_line(0, 5)
+    assert in_line == [[{"n": n}] for n in range(capacity + window)]
+    # taking them grants their credits back; the barrier granted none
+    for n in range(capacity + window):
+        assert (await gate.queue.get())[1] == [{"n": n}]
+    await until(lambda: w.credits == window, "every credit back")
