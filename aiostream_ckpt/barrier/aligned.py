@@ -65,6 +65,21 @@ class AlignedBarrierHandler(BarrierHandler):
         """The barrier being aligned, if any."""
         return self._current
 
+    @property
+    def arrived(self) -> frozenset[int]:
+        """The channels whose barrier of the current alignment came."""
+        return frozenset(self._arrived)
+
+    @property
+    def started_at(self) -> float:
+        """When the current alignment began (the monotonic clock's reading)."""
+        return self._started_at
+
+    @property
+    def last_completed(self) -> int:
+        """The newest checkpoint aligned here (or given up)."""
+        return self._last_completed
+
     def on_barrier(
         self, channel: int, barrier: CheckpointBarrier, in_line: Sequence[Any] = ()
     ) -> BarrierDecision | None:

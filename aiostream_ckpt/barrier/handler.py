@@ -67,6 +67,8 @@ class BarrierDecision:
     released: list[tuple[int, Any]]
     in_flight: InFlight | None = None
     abandoned: int | None = None
+    #: the checkpoint turned unaligned here: the gate moves its barriers still in line ahead
+    prioritize: int | None = None
 
 
 class BarrierHandler(ABC):
@@ -106,3 +108,7 @@ class BarrierHandler(ABC):
     @abstractmethod
     def abort(self, checkpoint_id: int) -> list[tuple[int, Any]]:
         """Give up on ``checkpoint_id``: return held elements for replay."""
+
+    def on_alignment_timeout(self, barrier: CheckpointBarrier) -> BarrierDecision | None:
+        """``barrier`` waited here for ``checkpoint.aligned_timeout``; a decision to switch."""
+        return None

@@ -114,6 +114,23 @@ class UnalignedBarrierHandler(BarrierHandler):
             return None
         return decision
 
+    def switch(
+        self, barrier: CheckpointBarrier, arrived: frozenset[int], waited: float
+    ) -> BarrierDecision:
+        """Take ``barrier``'s checkpoint unaligned from now: it was aligned, ``arrived`` came.
+
+        Snapshot now; the channels in ``arrived`` passed their barrier (what the
+        alignment held of them comes after it), the others are collected from here
+        on as for any unaligned checkpoint (``waited``: the alignment so far).
+        """
+        abandoned = None
+        if self._current is not None:
+            abandoned = self._current.checkpoint_id
+            self.abort(abandoned)
+        self._start(barrier)
+        self._arrived = set(arrived)
+        return BarrierDecision(barrier.as_unaligned(), waited, [], abandoned=abandoned)
+
     def _start(self, barrier: CheckpointBarrier) -> None:
         self._transition(AlignmentState.COLLECTING)
         self._current = barrier

@@ -21,14 +21,17 @@ class CheckpointBarrier:
 
     An ``unaligned`` barrier (Flink's FLIP-76) travels ahead of the records
     queued in front of it; what it overtook is in flight, persisted with n as
-    channel state (``barrier.unaligned``) instead of waited for. Savepoints
-    are always aligned.
+    channel state (``barrier.unaligned``) instead of waited for. A
+    ``timeoutable`` one starts aligned and turns unaligned at a task whose
+    alignment takes longer than ``checkpoint.aligned_timeout`` (Flink's
+    ``alignedCheckpointTimeout``). Savepoints are always aligned.
     """
 
     checkpoint_id: int
     timestamp: float
     kind: CheckpointKind = CheckpointKind.CHECKPOINT
     unaligned: bool = False
+    timeoutable: bool = False
 
     def as_unaligned(self) -> CheckpointBarrier:
         """Return this barrier to be forwarded unaligned (its alignment timed out here)."""

@@ -46,6 +46,9 @@ class CheckpointConfig:
     #: Flink's unaligned checkpoints: barriers overtake queued records, which go
     #: into the checkpoint as channel state (``barrier.unaligned``)
     unaligned: bool = False
+    #: with ``unaligned``: seconds a checkpoint stays aligned at a task before it turns
+    #: unaligned there (Flink's ``alignedCheckpointTimeout``); 0: unaligned from the start
+    aligned_timeout: float = 0.0
 
     def validate(self) -> None:
         if self.remote is not None and self.directory is None:
@@ -70,6 +73,16 @@ class CheckpointConfig:
             "checkpoint.alignment_max_buffered_batches",
             self.alignment_max_buffered_batches,
             ">= 1",
+        )
+        _check(
+            self.aligned_timeout >= 0, "checkpoint.aligned_timeout", self.aligned_timeout, ">= 0"
+        )
+        _check(
+            self.unaligned or self.aligned_timeout == 0,
+            "checkpoint.aligned_timeout",
+            self.aligned_timeout,
+            "0 unless checkpoint.unaligned=true (the timeout is when an aligned checkpoint "
+            "turns unaligned)",
         )
         if self.unaligned:
             _check(

@@ -185,8 +185,11 @@ class CheckpointCoordinator:
         kind = CheckpointKind.SAVEPOINT if is_savepoint else CheckpointKind.CHECKPOINT
         # savepoints are always aligned; so is the final checkpoint: it must commit every
         # record, and an unaligned barrier would leave those it overtook in its channel state
-        unaligned = self.config.unaligned and not is_savepoint and not final
-        barrier = CheckpointBarrier(cid, pending.trigger_wall_time, kind, unaligned)
+        may_overtake = self.config.unaligned and not is_savepoint and not final
+        timeoutable = may_overtake and self.config.aligned_timeout > 0  # aligned first
+        barrier = CheckpointBarrier(
+            cid, pending.trigger_wall_time, kind, may_overtake and not timeoutable, timeoutable
+        )
         log.debug("triggering %s %d", kind.value, cid)
         deadline = pending.trigger_monotonic + self.config.timeout
         self._pending.expire_with(

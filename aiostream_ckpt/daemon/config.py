@@ -154,6 +154,7 @@ _SCHEMA: dict[str, tuple[str | None, str, Callable[[Any], Any]]] = {
         _parse_int,
     ),
     "checkpoint.unaligned": ("checkpoint", "unaligned", parse_bool),
+    "checkpoint.aligned_timeout": ("checkpoint", "aligned_timeout", parse_duration),
     "s3.endpoint_url": ("s3", "endpoint_url", _optional_str),
     "s3.region": ("s3", "region", _optional_str),
     "s3.profile": ("s3", "profile", _optional_str),

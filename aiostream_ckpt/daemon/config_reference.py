@@ -91,6 +91,14 @@ MEANINGS: dict[str, tuple[str | None, str]] = {
         "exactly_once` and `checkpoint.max_concurrent=1`; see the README's \"Aligned or "
         'unaligned checkpoints"',
     ),
+    "checkpoint.aligned_timeout": (
+        None,
+        "with `checkpoint.unaligned=true`: a checkpoint starts aligned, and turns unaligned at "
+        "a task once its barrier has waited there longer than this (in line behind records, "
+        "or for the barriers of the task's other inputs; Flink's alignedCheckpointTimeout): "
+        "in-flight records are stored only when backpressure makes alignment slow. `0`: "
+        "unaligned from the start",
+    ),
     "checkpoint.alignment_max_buffered_batches": (
         None,
         "batches an aligning task may hold back per checkpoint before it declines it",

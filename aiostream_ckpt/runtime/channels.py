@@ -11,13 +11,19 @@ An unaligned barrier (``checkpoint.unaligned``) skips the line: it goes into
 the queue's priority lane, ahead of every record queued, without waiting for
 room. What it overtook on its channel is *in line* (:meth:`InputGate.in_line`):
 processed as usual, and persisted with the checkpoint as channel state.
+
+An aligned barrier that may time out (``checkpoint.aligned_timeout``) is
+*announced* as it reaches the queue (:meth:`ChannelQueue.announce`: the task
+starts its timer), and keeps its place in line; once the checkpoint turned
+unaligned at the task, :meth:`ChannelQueue.prioritize` moves its barriers
+queued in line into the priority lane, and those that come later go there.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
@@ -30,6 +36,10 @@ class ChannelSender(Protocol):
 
     def send_priority(self, element: Any) -> None:
         """Send ``element`` (an unaligned barrier) ahead of what is queued; never waits."""
+        ...
+
+    async def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Send an aligned barrier (the receiving end may move it ahead: ``aligned_timeout``)."""
         ...
 
     def fill_ratio(self) -> float:
@@ -53,7 +63,9 @@ class ChannelQueue:
         "_priority_waiters",
         "_putters",
         "maxsize",
+        "on_announce",
         "overtaken",
+        "prioritized",
     )
 
     def __init__(self, maxsize: int) -> None:
@@ -66,6 +78,11 @@ class ChannelQueue:
         #: channel -> how many of its elements its last priority element overtook
         #: (counted when it came: what the channel sends afterwards queues behind it)
         self.overtaken: dict[int, int] = {}
+        #: called with each aligned barrier that may time out, as it reaches the queue
+        self.on_announce: Callable[[CheckpointBarrier], None] | None = None
+        #: barriers of checkpoints up to this one go into the priority lane (they
+        #: turned unaligned at the task: :meth:`prioritize`)
+        self.prioritized = 0
 
     def qsize(self) -> int:
         return len(self._items) + len(self._priority)
@@ -126,6 +143,40 @@ class ChannelQueue:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+
+    def announce(self, barrier: CheckpointBarrier) -> bool:
+        """Note an aligned barrier reaching the queue; True if it must take the priority lane."""
+        if barrier.checkpoint_id <= self.prioritized:
+            return True
+        if barrier.timeoutable and self.on_announce is not None:
+            self.on_announce(barrier)
+        return False
+
+    def prioritize(self, checkpoint_id: int) -> None:
+        """Move ``checkpoint_id``'s barriers queued in line into the priority lane.
+
+        Each one overtakes the elements of its channel behind it; those ahead of
+        it are what it overtook (:attr:`overtaken`). Barriers of it that come later
+        go into the lane at once (:meth:`announce`).
+        """
+        self.prioritized = max(self.prioritized, checkpoint_id)
+        ahead: dict[int, int] = {}
+        kept: deque[tuple[int, Any]] = deque()
+        moved = []
+        for channel, element in self._items:
+            if type(element) is CheckpointBarrier and element.checkpoint_id == checkpoint_id:
+                moved.append((channel, element.as_unaligned(), ahead.get(channel, 0)))
+                continue
+            ahead[channel] = ahead.get(channel, 0) + 1
+            kept.append((channel, element))
+        if not moved:
+            return
+        self._items = kept
+        for channel, barrier, count in moved:
+            self.put_priority((channel, barrier))
+            self.overtaken[channel] = count
+        while self._putters and not self.full():  # the lane does not count towards maxsize
+            self._wake(self._putters)
 
     def priority_arrival(self) -> asyncio.Future[None]:
         """Return a future that resolves once a priority element is queued (done if one is)."""
@@ -246,6 +297,13 @@ class ChannelWriter:
 
     def send_priority(self, element: Any) -> None:
         self.queue.put_priority((self.index, element))
+
+    async def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Send an aligned barrier: in line, or ahead once its checkpoint turned unaligned."""
+        if self.queue.announce(barrier):
+            self.queue.put_priority((self.index, barrier.as_unaligned()))
+        else:
+            await self.put((self.index, barrier))
 
     def fill_ratio(self) -> float:
         q = self.queue

@@ -50,6 +50,17 @@ class ProcessingTimeTick:
 
 
 @dataclass(frozen=True, slots=True)
+class AlignmentTimeout:
+    """Task-internal: ``barrier`` has waited here for ``checkpoint.aligned_timeout``.
+
+    Queued in the task's priority lane by its timer; the task's barrier
+    handler then turns the checkpoint unaligned here (``barrier.alternating``).
+    """
+
+    barrier: CheckpointBarrier
+
+
+@dataclass(frozen=True, slots=True)
 class EndOfInput:
     """The upstream instance will send no more records (it may still send barriers)."""
 
@@ -63,6 +74,7 @@ ControlElement = (
     | Watermark
     | WatermarkStatus
     | ProcessingTimeTick
+    | AlignmentTimeout
     | EndOfInput
     | CancelCheckpoint
 )

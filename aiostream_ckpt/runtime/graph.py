@@ -272,7 +272,8 @@ def _barrier_handler(
         return aligned
     encode = ChannelStateCodec(allow_pickle=config.state.allow_pickle).encode
     unaligned = UnalignedBarrierHandler(channels, monotonic, encode)
-    return AlternatingBarrierHandler(channels, monotonic, aligned, unaligned)
+    timeout = config.checkpoint.aligned_timeout
+    return AlternatingBarrierHandler(channels, monotonic, aligned, unaligned, timeout)
 
 
 def _channels_per_edge(e: Edge, upstream_p: int) -> int:

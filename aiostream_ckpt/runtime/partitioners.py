@@ -39,9 +39,13 @@ class OutputGate(ABC):
         """Send one batch of records downstream."""
 
     async def broadcast_control(self, element: Any) -> None:
-        if type(element) is CheckpointBarrier and element.unaligned:
-            for w in self.writers:
-                w.send_priority(element)
+        if type(element) is CheckpointBarrier:
+            if element.unaligned:
+                for w in self.writers:
+                    w.send_priority(element)
+            else:
+                for w in self.writers:
+                    await w.send_barrier(element)
             return
         for w in self.writers:
             await w.send(element)

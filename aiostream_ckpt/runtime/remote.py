@@ -130,6 +130,10 @@ class RemoteChannelWriter:
         """Send an unaligned barrier now, without a credit: the receiver grants none for it."""
         self._conn.send_element(self.channel_id, element)
 
+    async def send_barrier(self, barrier: CheckpointBarrier) -> None:
+        """Send an aligned barrier in line (the receiving end announces it, may move it ahead)."""
+        await self.send(barrier)
+
     async def _wait_for_credit(self) -> None:
         while self.credits <= 0:
             self._conn.check_usable()
@@ -183,9 +187,13 @@ class RemoteInput:
         """Take one element; True when it entered the gate (grant its credit now)."""
         self.received += 1
         queue = self.gate.queue
-        if type(element) is CheckpointBarrier and element.unaligned:
-            queue.put_priority((self.index, element), len(self.pending))  # without a credit
-            return False
+        if type(element) is CheckpointBarrier:
+            if element.unaligned:
+                queue.put_priority((self.index, element), len(self.pending))  # without a credit
+                return False
+            if queue.announce(element):  # its checkpoint turned unaligned at the task
+                queue.put_priority((self.index, element.as_unaligned()), len(self.pending))
+                return True
         if self.wrap is not None and type(element) is list:
             element = self.wrap(element)
         if not self.pending and not queue.full():
@@ -203,13 +211,18 @@ class RemoteInput:
     async def pump(self) -> None:
         """Move what waits here into the gate as it makes room, granting a credit for each."""
         pending = self.pending
-        put = self.gate.queue.put
+        queue = self.gate.queue
+        put = queue.put
         while True:
             if not pending:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await put(pending[0])
+            channel, element = pending[0]
+            if type(element) is CheckpointBarrier and element.checkpoint_id <= queue.prioritized:
+                queue.put_priority((channel, element.as_unaligned()))  # turned unaligned meanwhile
+            else:
+                await put(pending[0])
             pending.popleft()
             self._conn.grant(self.channel_id, 1)
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks, unless_failed, unless_set
+from aiostream_ckpt.barrier.alternating import AlternatingBarrierHandler
+from aiostream_ckpt.barrier.handler import BarrierDecision
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier
 from aiostream_ckpt.checkpoint.metadata import CompletedCheckpoint
 from aiostream_ckpt.checkpoint.responder import TaskCoordinator
@@ -37,6 +39,7 @@ from aiostream_ckpt.runtime.chain import ChainSpec, TaskMetrics, TaskState
 from aiostream_ckpt.runtime.elements import (
     END_OF_INPUT,
     PROCESSING_TIME_TICK,
+    AlignmentTimeout,
     EndOfInput,
     ProcessingTimeTick,
     Watermark,
@@ -107,6 +110,11 @@ class StreamTask:
         #: set once the task's last output is committed (see the checkpoint component)
         self._done = self._checkpoints.done
         coordinator.register_task(self.task_id, self._checkpoints)
+        gate, handler = spec.input_gate, spec.barrier_handler
+        timed = isinstance(handler, AlternatingBarrierHandler) and handler.aligned_timeout > 0
+        if gate is not None and timed:  # checkpoint.aligned_timeout: each barrier is timed
+            gate.queue.on_announce = self._barrier_announced
+        self._timed: set[int] = set()
         self._triggers = SourceTriggers(
             lambda b: self._checkpoint(b, 0.0), self._fire_processing_timers, spec.reader_wakeup
         )
@@ -296,16 +304,9 @@ class StreamTask:
             except CheckpointError as exc:
                 self._checkpoints.decline(element.checkpoint_id, exc)
                 return
-            if decision is None:
-                return
-            if decision.abandoned is not None:
-                self._checkpoints.abandon(decision.abandoned)
-            if decision.barrier is not None:
-                self.metrics.last_alignment_ms = decision.alignment_seconds * 1000
-                await self._checkpoint(decision.barrier, decision.alignment_seconds)
-            if decision.in_flight is not None:
-                self._checkpoints.in_flight_complete(decision.in_flight)
-            self._replay.extendleft(reversed(decision.released))
+            await self._decided(decision)
+        elif isinstance(element, AlignmentTimeout):
+            await self._decided(handler.on_alignment_timeout(element.barrier))
         elif isinstance(element, Watermark):
             await self._time.on_watermark(channel, element.timestamp)
         elif isinstance(element, WatermarkStatus):
@@ -319,6 +320,37 @@ class StreamTask:
                 await self._end_input()
             else:
                 await self._time.on_channel_end(channel)
+
+    async def _decided(self, decision: BarrierDecision | None) -> None:
+        """Do what the barrier handler decided: give up, snapshot, hand over, replay."""
+        if decision is None:
+            return
+        if decision.abandoned is not None:
+            self._checkpoints.abandon(decision.abandoned)
+        if decision.prioritize is not None:  # turned unaligned here: its barriers go ahead
+            assert self.spec.input_gate is not None
+            self.spec.input_gate.queue.prioritize(decision.prioritize)
+        if decision.barrier is not None:
+            self.metrics.last_alignment_ms = decision.alignment_seconds * 1000
+            await self._checkpoint(decision.barrier, decision.alignment_seconds)
+        if decision.in_flight is not None:
+            self._checkpoints.in_flight_complete(decision.in_flight)
+        self._replay.extendleft(reversed(decision.released))
+
+    def _barrier_announced(self, barrier: CheckpointBarrier) -> None:
+        """Start ``barrier``'s alignment timer as its first barrier reaches the gate."""
+        cid = barrier.checkpoint_id
+        if cid in self._timed:
+            return
+        self._timed = {c for c in self._timed if c > cid - 8}  # only recent ones matter
+        self._timed.add(cid)
+        self._bg.spawn(self._alignment_timer(barrier), f"{self.task_id}-align-{cid}")
+
+    async def _alignment_timer(self, barrier: CheckpointBarrier) -> None:
+        handler, gate = self.spec.barrier_handler, self.spec.input_gate
+        assert isinstance(handler, AlternatingBarrierHandler) and gate is not None
+        await self._clock.sleep(handler.aligned_timeout)
+        gate.queue.put_priority((-1, AlignmentTimeout(barrier)))  # the handler decides
 
     # -- event time (see runtime.event_time) ------------------------------------------
 

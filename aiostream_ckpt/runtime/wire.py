@@ -49,7 +49,7 @@ from aiostream_ckpt.state.codecs import EXACT_SCALARS, json_misfit, type_name
 
 #: payload length, channel id, kind
 HEADER = struct.Struct("<IIB")
-_BARRIER = struct.Struct("<qdBB")  # id, timestamp, kind, unaligned
+_BARRIER = struct.Struct("<qdBB")  # id, timestamp, kind, flags (1: unaligned, 2: timeoutable)
 _I64 = struct.Struct("<q")
 _U32 = struct.Struct("<I")
 _KINDS = list(CheckpointKind)
@@ -197,7 +197,8 @@ def encode_control(element: Any) -> tuple[FrameKind, bytes]:
     cls = type(element)
     if cls is CheckpointBarrier:
         kind = _KINDS.index(element.kind)
-        payload = _BARRIER.pack(element.checkpoint_id, element.timestamp, kind, element.unaligned)
+        flags = element.unaligned | element.timeoutable << 1
+        payload = _BARRIER.pack(element.checkpoint_id, element.timestamp, kind, flags)
         return FrameKind.BARRIER, payload
     if cls is Watermark:
         return FrameKind.WATERMARK, _I64.pack(element.timestamp)
@@ -213,8 +214,8 @@ def encode_control(element: Any) -> tuple[FrameKind, bytes]:
 def decode_control(kind: int, payload: bytes) -> Any:
     """Return the control element of a frame (``kind`` is not ``BATCH``)."""
     if kind == FrameKind.BARRIER:
-        cid, ts, k, unaligned = _BARRIER.unpack(payload)
-        return CheckpointBarrier(cid, ts, _KINDS[k], bool(unaligned))
+        cid, ts, k, flags = _BARRIER.unpack(payload)
+        return CheckpointBarrier(cid, ts, _KINDS[k], bool(flags & 1), bool(flags & 2))
     if kind == FrameKind.WATERMARK:
         return Watermark(_I64.unpack(payload)[0])
     if kind == FrameKind.STATUS:

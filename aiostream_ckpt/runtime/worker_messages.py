@@ -39,12 +39,14 @@ def barrier_message(task_id: str, barrier: CheckpointBarrier) -> Message:
         "timestamp": barrier.timestamp,
         "kind": barrier.kind.value,
         "unaligned": barrier.unaligned,
+        "timeoutable": barrier.timeoutable,
     }
 
 
 def barrier_of(message: Message) -> CheckpointBarrier:
     kind = CheckpointKind(message["kind"])
-    return CheckpointBarrier(message["id"], message["timestamp"], kind, message["unaligned"])
+    unaligned, timeoutable = message["unaligned"], message["timeoutable"]
+    return CheckpointBarrier(message["id"], message["timestamp"], kind, unaligned, timeoutable)
 
 
 def ack_message(checkpoint_id: int, ack: TaskAck) -> Message:

@@ -88,15 +88,18 @@ def test_a_kill_in_every_window_keeps_pv_count_exact_with_unaligned_checkpoints(
     assert recount.passed, recount.counts
 
 
+@pytest.mark.parametrize("timeout", [None, "20ms"], ids=["unaligned", "aligned-timeout"])
 def test_at_two_workers_in_flight_records_cross_processes_and_survive_worker_kills(
-    tmp_path: Path,
+    tmp_path: Path, timeout: str | None
 ) -> None:
     """``job.workers=2``: the slow step's keyed channels cross the workers' socket.
 
     The windows of unaligned checkpoints kill a worker of the run's first
     attempt (the main process restarts every worker from the latest
     checkpoint, then is killed itself once that attempt checkpointed); the
-    coordinator's window kills the main process.
+    coordinator's window kills the main process. With ``checkpoint.aligned_timeout``
+    each checkpoint starts aligned and turns unaligned where its barrier waits
+    behind the full channels longer than that.
     """
     inputs = [make_pv_input(tmp_path / f"in-{i}.jsonl", 60_000, seed=50 + i) for i in range(2)]
     sets = [
@@ -110,6 +113,7 @@ def test_at_two_workers_in_flight_records_cross_processes_and_survive_worker_kil
         "checkpoint.interval=30ms",
         "checkpoint.unaligned=true",
         "job.batch_size=256",
+        *([f"checkpoint.aligned_timeout={timeout}"] if timeout else []),
     ]
     cmd = cli_cmd(
         "run", "apps.pv_count", *[a for s in [*sets, "rest.port=0"] for a in ("--set", s)]

@@ -170,3 +170,62 @@ def test_an_unaligned_checkpoint_collects_while_a_later_savepoint_aligns() -> No
 def test_lifecycle_states() -> None:
     assert AlignmentState.COLLECTING.can_become(AlignmentState.IDLE)
     assert not AlignmentState.IDLE.can_become(AlignmentState.IDLE)
+
+
+def timed(cid: int) -> CheckpointBarrier:
+    return CheckpointBarrier(cid, 0.0, timeoutable=True)
+
+
+def aligned_with_timeout() -> tuple[AlternatingBarrierHandler, Clock]:
+    clock = Clock()
+    return AlternatingBarrierHandler(
+        3, clock, AlignedBarrierHandler(3, clock), UnalignedBarrierHandler(3, clock, copy), 2.0
+    ), clock
+
+
+def test_alignment_timeout_turns_the_checkpoint_unaligned_from_there() -> None:
+    h, clock = aligned_with_timeout()
+    assert h.on_barrier(0, timed(7)) is None  # aligned first: channel 0 held
+    assert h.hold(0, [1]) is True
+    assert h.hold(1, [2]) is False  # not held: channel 1 has not reached barrier 7
+    clock.now += 2.5
+    d = h.on_alignment_timeout(timed(7))
+    assert d is not None and d.barrier is not None and d.barrier.unaligned
+    assert d.alignment_seconds == 2.5 and d.prioritize == 7
+    assert d.released == [(0, [1])]  # after channel 0's barrier: processed, not in flight
+    # from now on channels 1 and 2 are in flight until their barriers come
+    assert not h.is_held(0) and h.is_held(1) and h.hold(1, [3]) is False
+    assert h.on_barrier(1, CheckpointBarrier(7, 0.0, unaligned=True), [[4]]) is None
+    d = h.on_barrier(2, timed(7))  # came in line: nothing of channel 2 before it is left
+    assert d is not None and d.in_flight is not None
+    assert d.in_flight.channels == {0: [], 1: [[3], [4]], 2: []}
+    assert h.on_barrier(0, timed(7)) is None and h.on_alignment_timeout(timed(7)) is None
+
+
+def test_timeout_before_any_barrier_was_taken_snapshots_at_once() -> None:
+    """The barrier still waits in line behind records: the gate moves it ahead."""
+    h, _ = aligned_with_timeout()
+    d = h.on_alignment_timeout(timed(8))
+    assert d is not None and d.barrier == timed(8).as_unaligned() and d.prioritize == 8
+    assert d.alignment_seconds == 2.0 and h.is_held(0) and h.is_held(2)
+
+
+def test_a_checkpoint_done_aligned_in_time_ignores_its_timer() -> None:
+    h, _ = aligned_with_timeout()
+    for c in range(3):
+        d = h.on_barrier(c, timed(9))
+    assert d is not None and d.barrier == timed(9) and d.in_flight is None
+    assert h.on_alignment_timeout(timed(9)) is None
+
+
+def test_an_unaligned_barrier_of_the_aligning_checkpoint_switches_it() -> None:
+    """Upstream it timed out and came on unaligned: here it turns unaligned at once."""
+    h, _ = aligned_with_timeout()
+    h.on_barrier(0, timed(4))
+    h.hold(0, [1])
+    d = h.on_barrier(1, CheckpointBarrier(4, 0.0, unaligned=True), [[5]])
+    assert d is not None and d.barrier is not None and d.barrier.unaligned
+    assert d.released == [(0, [1])] and d.prioritize == 4 and d.in_flight is None
+    d = h.on_barrier(2, CheckpointBarrier(4, 0.0, unaligned=True), [])
+    assert d is not None and d.in_flight is not None
+    assert d.in_flight.channels == {0: [], 1: [[5]], 2: []}

@@ -18,6 +18,7 @@ import pytest
 
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
+from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.collection import CollectSink
 from aiostream_ckpt.errors import JobFailedError, StateMigrationError
 from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
@@ -45,12 +46,19 @@ def batches(src: str, first: int, count: int) -> list[list[dict[str, Any]]]:
 
 
 def build(
-    tmp: Path, a: ScriptedSource, b: ScriptedSource, calls: asyncio.Event, parallelism: int = 1
+    tmp: Path,
+    a: ScriptedSource,
+    b: ScriptedSource,
+    calls: asyncio.Event,
+    parallelism: int = 1,
+    aligned_timeout: float = 0.0,
 ) -> tuple[Any, CollectSink]:
     config = JobConfig(
         batch_size=BATCH,
         parallelism=parallelism,
-        checkpoint=CheckpointConfig(directory=tmp / "ckpt", interval=0, unaligned=True),
+        checkpoint=CheckpointConfig(
+            directory=tmp / "ckpt", interval=0, unaligned=True, aligned_timeout=aligned_timeout
+        ),
     )
     env = StreamEnvironment("unaligned", config=config)
 
@@ -70,9 +78,11 @@ def build(
     return env.spec(), sink
 
 
-async def start(spec: Any) -> tuple[JobRunner, asyncio.Task[Any], JobRun]:
+async def start(
+    spec: Any, clock: ManualClock | None = None
+) -> tuple[JobRunner, asyncio.Task[Any], JobRun]:
     started: asyncio.Future[JobRun] = asyncio.get_running_loop().create_future()
-    runner = JobRunner(spec, on_started=started.set_result)
+    runner = JobRunner(spec, on_started=started.set_result, clock=clock)
     job = asyncio.create_task(runner.run())
     return runner, job, await started
 
@@ -163,3 +173,36 @@ async def test_restore_at_another_parallelism_is_refused_naming_the_option(
     storage = CheckpointStorage(tmp_path / "ckpt", create=False)
     assert next(storage.completed_newest_first()) == completed.checkpoint_id
     assert read_checkpoint(completed.directory).checkpoint_id == completed.checkpoint_id
+
+
+async def test_aligned_timeout_turns_a_stuck_aligned_checkpoint_unaligned(tmp_path: Path) -> None:
+    """``checkpoint.aligned_timeout``: aligned while in time, unaligned after (the job's clock)."""
+    a, b, calls = ScriptedSource("a"), ScriptedSource("b"), asyncio.Event()
+    clock = ManualClock()
+    spec, _ = build(tmp_path, a, b, calls, aligned_timeout=2.0)
+    runner, job, run = await start(spec, clock)
+    slow = next(t for t in run.tasks if t.task_id.startswith("slow"))
+    gate = slow.spec.input_gate
+    assert gate is not None and run.coordinator is not None
+    for batch in batches("a", 0, 3):
+        a.queue.put_nowait(batch)
+    for batch in batches("b", 0, 2):
+        b.queue.put_nowait(batch)
+    await wait_until(lambda: a.emitted == 30 and b.emitted == 20 and gate.queue.qsize() == 4)
+    checkpoint = run.coordinator.trigger()
+    # both barriers wait in line behind the batches the blocked calls do not take
+    await wait_until(lambda: gate.queue.qsize() == 6)
+    for _ in range(200):
+        await asyncio.sleep(0)
+    assert not checkpoint.done() and slow.metrics.last_checkpoint_sync_ms == 0
+    clock.advance(2.0)  # the timeout: unaligned from here, the barriers go ahead
+    completed = await asyncio.wait_for(checkpoint, 10)
+    assert not calls.is_set(), "completed while every call still waits"
+    figures = completed.tasks["slow-0"]
+    assert figures["unaligned"] is True and figures["alignment_ms"] == 2000.0
+    assert figures["in_flight_records"] == 40  # a's 2 and b's 2 batches queued in front
+    handle = completed.subtask_states("slow")[0]["channel"]
+    assert handle["channels"] == {"0": [2, 20], "1": [2, 20]}
+    assert not completed.tasks["a-0"]["unaligned"]  # the sources had nothing to align
+    runner.cancel()
+    await asyncio.wait_for(job, 10)

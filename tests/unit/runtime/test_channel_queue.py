@@ -69,3 +69,23 @@ async def test_in_line_is_what_the_barrier_overtook_when_it_came_not_what_came_a
     assert gate.in_line(0, 4) == ([[1], Watermark(4), [7]], CheckpointBarrier(4, 0.0))
     # an older barrier in line belongs to no channel state
     assert gate.in_line(0, 5) == ([[1], Watermark(4), [7], [8]], None)
+
+
+async def test_prioritize_moves_a_checkpoints_barriers_ahead_with_what_they_overtook() -> None:
+    gate = InputGate(2, 8)
+    announced: list[CheckpointBarrier] = []
+    gate.queue.on_announce = announced.append
+    barrier = CheckpointBarrier(6, 0.0, timeoutable=True)
+    w0, w1 = gate.writer(0), gate.writer(1)
+    await w0.send([1])
+    await w1.send([2])
+    await w0.send_barrier(barrier)  # in line, announced: the task times it
+    await w0.send([3])  # after the barrier
+    assert announced == [barrier] and not gate.queue.has_priority
+    gate.queue.prioritize(6)
+    assert gate.queue.get_nowait() == (0, barrier.as_unaligned())
+    assert gate.in_line(0, 6) == ([[1]], None)  # [3] came after it
+    await w1.send_barrier(barrier)  # comes later: straight into the lane
+    assert gate.queue.get_nowait() == (1, barrier.as_unaligned())
+    assert gate.in_line(1, 6) == ([[2]], None)
+    assert [gate.queue.get_nowait()[1] for _ in range(3)] == [[1], [2], [3]]

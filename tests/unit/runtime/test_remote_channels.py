@@ -336,3 +336,28 @@ async def test_an_unaligned_barrier_takes_no_credit_and_overtakes_the_receiving_
     for n in range(capacity + window):
         assert (await gate.queue.get())[1] == [{"n": n}]
     await until(lambda: w.credits == window, "every credit back")
+
+
+async def test_an_aligned_barrier_is_announced_and_goes_ahead_once_its_checkpoint_turned(
+    closing: list[ChannelConnection],
+) -> None:
+    """``checkpoint.aligned_timeout`` across processes: the receiving end times and moves it."""
+    window, capacity = 2, 2
+    link = await one_channel(closing, window=window, capacity=capacity)
+    w, r, gate = link.writer, link.reader, link.gate
+    announced: list[CheckpointBarrier] = []
+    gate.queue.on_announce = announced.append
+    barrier = CheckpointBarrier(5, 1.0, timeoutable=True)
+    for n in range(capacity + 1):
+        await w.send([{"n": n}])
+    await w.send_barrier(barrier)  # in line, behind a waiting element
+    await until(lambda: len(r.pending) == 2, "the barrier waits to enter the gate")
+    assert announced == [barrier] and not gate.queue.has_priority
+    gate.queue.prioritize(5)  # it timed out at the task: the waiting barrier goes ahead ...
+    assert not gate.queue.has_priority
+    assert (await gate.queue.get())[1] == [{"n": 0}]  # ... as the pump moves it
+    await until(lambda: gate.queue.has_priority, "moved into the lane")
+    assert await gate.queue.get() == (0, barrier.as_unaligned())
+    assert gate.in_line(0, 5) == ([[{"n": 1}], [{"n": 2}]], None)
+    await w.send_barrier(CheckpointBarrier(5, 1.0, timeoutable=True))  # late ones: ahead too
+    await until(lambda: gate.queue.has_priority, "straight into the lane")
