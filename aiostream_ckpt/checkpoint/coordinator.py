@@ -27,7 +27,7 @@ from aiostream_ckpt import failpoints
 from aiostream_ckpt.aio import BackgroundTasks, to_the_end
 from aiostream_ckpt.checkpoint.barriers import CheckpointBarrier, CheckpointKind
 from aiostream_ckpt.checkpoint.config import CheckpointConfig
-from aiostream_ckpt.checkpoint.history import aborted_entry, completed_entry
+from aiostream_ckpt.checkpoint.history import aborted_entry, alignment, completed_entry
 from aiostream_ckpt.checkpoint.metadata import (
     METADATA_FILE,
     AbortReason,
@@ -509,9 +509,8 @@ class CheckpointCoordinator:
 
 def _in_flight_note(completed: CompletedCheckpoint) -> str:
     """``; unaligned, N in-flight records (B bytes)`` when some task took it unaligned."""
-    tasks = completed.tasks.values()
-    if not any(t.get("unaligned") for t in tasks):
+    how = alignment(completed)
+    if not how["unaligned"]:
         return ""
-    records = sum(int(t.get("in_flight_records", 0)) for t in tasks)
-    size = sum(int(t.get("in_flight_bytes", 0)) for t in tasks)
+    records, size = how["in_flight_records"], how["in_flight_bytes"]
     return f"; unaligned, {records} in-flight records ({size} bytes)"

@@ -12,7 +12,11 @@ from aiostream_ckpt.checkpoint.metadata import AbortReason, CompletedCheckpoint,
 
 
 def completed_entry(completed: CompletedCheckpoint) -> dict[str, Any]:
-    """Return the entry of a completed checkpoint: its duration, size, slowest task's phases."""
+    """Return the entry of a completed checkpoint: its duration, size, slowest task's phases.
+
+    And how it was taken (:func:`alignment`): aligned or unaligned, the longest
+    alignment, the in-flight records its channel state holds.
+    """
     tasks = completed.tasks.values()
     return {
         "id": completed.checkpoint_id,
@@ -23,7 +27,24 @@ def completed_entry(completed: CompletedCheckpoint) -> dict[str, Any]:
         "size_bytes": completed.size_bytes,
         "sync_ms_max": max((t["sync_ms"] for t in tasks), default=0.0),
         "async_ms_max": max((t["async_ms"] for t in tasks), default=0.0),
+        **alignment(completed),
+    }
+
+
+def alignment(completed: CompletedCheckpoint) -> dict[str, Any]:
+    """Return whether ``completed`` was taken unaligned anywhere, and what it persisted in flight.
+
+    ``unaligned``: some task took it unaligned (``checkpoint.unaligned``; with
+    ``checkpoint.aligned_timeout`` only the tasks where it waited too long);
+    ``alignment_ms_max``: the longest a task waited for its barriers;
+    ``in_flight_records`` / ``in_flight_bytes``: its channel state, over the tasks.
+    """
+    tasks = completed.tasks.values()
+    return {
+        "unaligned": any(t.get("unaligned", False) for t in tasks),
         "alignment_ms_max": max((t["alignment_ms"] for t in tasks), default=0.0),
+        "in_flight_records": sum(int(t.get("in_flight_records", 0)) for t in tasks),
+        "in_flight_bytes": sum(int(t.get("in_flight_bytes", 0)) for t in tasks),
     }
 
 

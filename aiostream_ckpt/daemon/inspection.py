@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from aiostream_ckpt.checkpoint.history import alignment
 from aiostream_ckpt.checkpoint.metadata import METADATA_FILE, CompletedCheckpoint
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.errors import CheckpointError, CorruptCheckpointError
@@ -22,14 +23,15 @@ def _operator_sizes(chk: CompletedCheckpoint) -> dict[str, int]:
 
 
 def _subtask_sizes(chk: CompletedCheckpoint) -> dict[str, dict[str, int]]:
-    """Per operator, each subtask's state bytes (keyed snapshot plus operator state)."""
+    """Per operator, each subtask's state bytes (keyed snapshot, operator state, in flight)."""
     sizes: dict[str, dict[str, int]] = {}
     for uid, op in chk.operators.items():
         per = sizes[uid] = {}
         for sub, st in sorted(op["subtasks"].items(), key=lambda kv: int(kv[0])):
             keyed = int(st["keyed"].get("size_bytes", 0)) if st.get("keyed") else 0
             operator = len(orjson.dumps(st["operator"])) if st.get("operator") is not None else 0
-            per[sub] = keyed + operator
+            channel = int(st["channel"].get("size_bytes", 0)) if st.get("channel") else 0
+            per[sub] = keyed + operator + channel
     return sizes
 
 
@@ -79,7 +81,11 @@ def list_checkpoints(directory: Path, savepoint_dir: Path | None = None) -> list
         except CorruptCheckpointError as exc:
             lines.append(f"{cid:>6}  {'?':19}  {'?':>12}  {'?':>9}  CORRUPT: {exc}")
             continue
-        lines.append(_row(str(cid), chk, "completed (final)" if chk.is_final else "completed"))
+        status = "completed (final)" if chk.is_final else "completed"
+        how = alignment(chk)
+        if how["unaligned"]:
+            status += f", unaligned: {how['in_flight_records']} records in flight"
+        lines.append(_row(str(cid), chk, status))
     for cid, reason in sorted(storage.set_aside_checkpoints().items(), reverse=True):
         lines.append(f"{cid:>6}  {'-':19}  {'-':>12}  {'-':>9}  set aside: {reason}")
     if len(lines) == 1:
@@ -134,6 +140,8 @@ def inspect_checkpoint(directory: Path, checkpoint_id: int | None) -> dict[str, 
         "completed": _when(chk.completion_time),
         "duration_ms": round(chk.duration_seconds * 1000, 1),
         "size_bytes": chk.size_bytes,
+        # aligned or unaligned, the longest alignment, what its channel state holds
+        **alignment(chk),
         "max_parallelism": chk.max_parallelism,
         "operator_state_bytes": _operator_sizes(chk),
         "subtask_state_bytes": _subtask_sizes(chk),

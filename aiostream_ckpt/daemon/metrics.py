@@ -349,6 +349,16 @@ class _Collector:
                 "Longest barrier alignment over the tasks, newest completed checkpoint.",
                 0.001,
             ),
+            "unaligned": (
+                "aiostream_last_checkpoint_unaligned",
+                "1 when some task took the newest completed checkpoint unaligned.",
+                1.0,
+            ),
+            "in_flight_bytes": (
+                "aiostream_last_checkpoint_in_flight_bytes",
+                "In-flight records' bytes the newest completed checkpoint persisted (unaligned).",
+                1.0,
+            ),
         }
         for key, (name, doc, scale) in gauges.items():
             g = GaugeMetricFamily(name, doc)

@@ -240,6 +240,15 @@ SPEC: dict[str, Any] = {
                     "sync_ms_max": {"type": "number"},
                     "async_ms_max": {"type": "number"},
                     "alignment_ms_max": {"type": "number"},
+                    "unaligned": {
+                        "type": "boolean",
+                        "description": "some task took it unaligned (checkpoint.unaligned)",
+                    },
+                    "in_flight_records": {
+                        "type": "integer",
+                        "description": "records in flight its channel state holds",
+                    },
+                    "in_flight_bytes": {"type": "integer"},
                     "reason": {"type": "string"},
                     "detail": {"type": "string"},
                 },

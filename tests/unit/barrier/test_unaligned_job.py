@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from aiostream_ckpt.api import KeyedProcessFunction, StreamEnvironment, ValueStateDescriptor
+from aiostream_ckpt.checkpoint.history import completed_entry
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
 from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.connectors.collection import CollectSink
+from aiostream_ckpt.daemon.inspection import inspect_checkpoint, list_checkpoints
 from aiostream_ckpt.errors import JobFailedError, StateMigrationError
 from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
@@ -132,6 +134,16 @@ async def test_unaligned_checkpoint_completes_past_a_full_channel_and_restores_e
     assert (completed.root / handle["file"]).is_file()
     # the 10 records of a's first batch are the async operator's own state
     assert len(completed.subtask_states("slow")[0]["operator"]["in_flight"]) == 10
+    # the checkpoint history (REST) and `checkpoints inspect` / `list` say how it was taken
+    entry = completed_entry(completed)
+    assert entry["unaligned"] is True and entry["in_flight_records"] == 50
+    assert entry["in_flight_bytes"] == figures["in_flight_bytes"]
+    assert entry["alignment_ms_max"] == 0.0  # it waited for nothing
+    inspected = inspect_checkpoint(completed.directory, None)
+    assert inspected["unaligned"] is True and inspected["in_flight_records"] == 50
+    assert inspected["subtask_state_bytes"]["slow"]["0"] > handle["size_bytes"]
+    rows = list_checkpoints(tmp_path / "ckpt")
+    assert any(r.lstrip().startswith("1 ") and "unaligned: 50 records" in r for r in rows)
 
     # restore: in-flight records first, then a's batches after its barrier, again
     a, b, calls = ScriptedSource("a"), ScriptedSource("b"), asyncio.Event()

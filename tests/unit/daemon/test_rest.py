@@ -131,7 +131,11 @@ async def test_read_calls_work_on_loopback_without_token(running: Running) -> No
         "sync_ms_max",
         "async_ms_max",
         "alignment_ms_max",
+        "unaligned",
+        "in_flight_records",
+        "in_flight_bytes",
     } <= set(first)
+    assert first["unaligned"] is False and first["in_flight_bytes"] == 0  # aligned
 
     status, latest = await get(running, "/checkpoints/latest")
     assert status == 200 and latest["size_bytes"] > 0
