@@ -18,7 +18,10 @@ Kafka mode, when ``kafka_bootstrap`` is set: read events from ``input_topic``
 events to ``late_topic`` (optional), both exactly-once and keyed by
 ``user_id``. Which events are late depends on the order they are read in, so
 the output is deterministic only for an input topic of one partition (the
-proof's determinism check says so otherwise).
+proof's determinism check says so otherwise); not on how the partition is
+fetched (``fetch_bytes``, the consumer's ``max_partition_fetch_bytes``: the
+tests read it in tiny fetches), since event time moves at the same records
+whatever the fetch sizes (``aiostream_ckpt.time.watermarks``).
 """
 
 from __future__ import annotations
@@ -91,6 +94,9 @@ def build(env: StreamEnvironment) -> None:
             str(p["kafka_bootstrap"]),
             stop_at_end=str(p.get("stop_at_end", "0")) == "1",
             required={"user_id": str, "ts": int},
+            consumer_config=(
+                {"max_partition_fetch_bytes": int(p["fetch_bytes"])} if "fetch_bytes" in p else None
+            ),
         )
     else:
         source = JsonLinesFileSource([s for s in str(p["input"]).split(",") if s])

@@ -231,6 +231,24 @@ class CheckpointPositionReader(Protocol):
 
 
 @runtime_checkable
+class BacklogAwareReader(Protocol):
+    """Optional reader capability: whether a split has records available beyond those read.
+
+    Used only with a watermark strategy, to decide when a split's partial chunk
+    may move the watermark (``time.watermarks``): while records of the split
+    wait to be read (a backlog, or anything before a bounded input's end), the
+    chunk is completed first, so event time moves at the same records however
+    the reads were sized; once the reader has read everything available now (a
+    live tail), waiting would only add latency. Readers without it count as
+    always caught up.
+    """
+
+    async def has_backlog(self, split: str) -> bool:
+        """Return True when more records of ``split`` can be read now, or will until it ends."""
+        ...
+
+
+@runtime_checkable
 class WatermarkEmittingReader(Protocol):
     """Optional reader capability: a watermark the source declares itself.
 

@@ -291,6 +291,13 @@ class JsonLinesFileReader:
         """Files are read one after the other: only the current one is active."""
         return [self._splits[self._current]] if self._current < len(self._splits) else []
 
+    async def has_backlog(self, split: str) -> bool:
+        """Say yes until the file ends: a bounded split (a paced read sees its records later).
+
+        So event time moves at the same records paced or not (``time.watermarks``).
+        """
+        return split in self.active_splits()
+
     async def _read(self, max_records: int, *, one_split: bool) -> list[Any] | None:
         if self._current >= len(self._splits):
             return None

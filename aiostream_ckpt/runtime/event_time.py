@@ -118,6 +118,10 @@ class TaskEventTime:
         assert self._spec.source_watermarks is not None
         await self._apply(self._spec.source_watermarks.poll())
 
+    async def send_source_update(self, update: WatermarkUpdate) -> None:
+        """Source tasks: send what a chunk's end moved (between the records of one read)."""
+        await self._apply(update)
+
     async def _apply(self, update: WatermarkUpdate | None) -> None:
         if update is None:
             return

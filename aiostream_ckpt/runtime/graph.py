@@ -330,7 +330,7 @@ def build_chain_specs(
                     spec.reader_wakeup = ctx.wakeup
                     if t.watermark_strategy is not None:
                         spec.source_watermarks = SourceWatermarks(
-                            t.watermark_strategy, spec.reader, monotonic
+                            t.watermark_strategy, spec.reader, monotonic, config.batch_size
                         )
                 elif t.kind is TransformKind.SINK:
                     if _checks_key_groups(t, chain, shard):

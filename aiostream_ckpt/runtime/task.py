@@ -218,26 +218,37 @@ class StreamTask:
         reader = self.spec.reader
         assert reader is not None
         watermarks = self.spec.source_watermarks
-        read = reader.read_batch if watermarks is None else watermarks.read_batch
-        after = None if watermarks is None else self._time.after_source_read
         push = self._chain.push
         size = self._batch_size
         triggers = self._triggers
         metrics = self.metrics
-        await self._time.announce()
+        time = self._time
+        await time.announce()
         while True:
             if triggers:
                 await triggers.run()
-            batch = await read(size)
-            if batch is None:
-                break
-            if batch:
-                metrics.records_in += len(batch)
-                await push(batch)
-            # Free the batch now, while it is cached, not after the next read.
-            del batch
-            if after is not None:
-                await after()
+            if watermarks is None:
+                batch = await reader.read_batch(size)
+                if batch is None:
+                    break
+                if batch:
+                    metrics.records_in += len(batch)
+                    await push(batch)
+                # Free the batch now, while it is cached, not after the next read.
+                del batch
+            else:
+                # cut where event time moves, each cut's records before its watermark
+                segments = await watermarks.read_segments(size)
+                if segments is None:
+                    break
+                for records, update in segments:
+                    if records:
+                        metrics.records_in += len(records)
+                        await push(records)
+                    if update is not None:
+                        await time.send_source_update(update)
+                del segments, records
+                await time.after_source_read()
             # Nothing above suspends while the queues have room: yield once per batch
             # so the coordinator's timer, commits and other tasks get to run.
             await asyncio.sleep(0)

@@ -10,7 +10,7 @@ What a task stores, as ``"time"`` in the state entry of every operator of its
 chain that has one (source, keyed operators, sink)::
 
     {"watermark": int, "idle": bool,
-     "splits": {split id: [max timestamp, idle]},            # source tasks
+     "splits": {split id: [max timestamp, idle, chunk records, chunk max]},  # source tasks
      "layout": [edge, ...], "channels": [[watermark, idle], ...]}   # tasks with inputs
 
 Restore rule (:func:`merge`), the same for every part:
@@ -83,11 +83,14 @@ def merge(olds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
     splits: dict[str, list[Any]] = {}
     for o in olds:
-        for split, (max_ts, idle) in (o.get("splits") or {}).items():
+        for split, saved in (o.get("splits") or {}).items():
             cur = splits.get(split)
-            splits[split] = (
-                [max_ts, idle] if cur is None else [min(cur[0], max_ts), cur[1] and idle]
-            )
+            if cur is None or saved[0] < cur[0]:
+                # a split several old subtasks had (the "*" of readers without splits):
+                # the one furthest behind, its chunk in progress with it
+                splits[split] = [*saved[:1], saved[1] and (cur is None or cur[1]), *saved[2:]]
+            else:
+                cur[1] = cur[1] and saved[1]
     if splits:
         out["splits"] = splits
     layouts = {repr(o.get("layout")) for o in olds}

@@ -22,8 +22,8 @@ APP = "apps.sessions"
 #: enough that a pass completes several checkpoints (:data:`CHECKPOINT_INTERVAL`) on a
 #: fast, idle machine: the chaos plan may kill at the 3rd checkpoint's durable metadata,
 #: and 30,000 events read in ~0.2 s completed 2 (3 rounds without a kill: FAIL, seed
-#: 90426). The input stays unpaced: the watermark moves per batch, so paced batches
-#: (sized by timing) would decide lateness differently from the reference run.
+#: 90426). Pacing or fetch sizes no longer matter to lateness: event time moves at
+#: chunk ends of each split (``aiostream_ckpt.time.watermarks``).
 EVENTS = 120_000
 CHECKPOINT_INTERVAL = "50ms"
 #: Out of order by up to 2 min, while the app waits 1 min: some events are late.

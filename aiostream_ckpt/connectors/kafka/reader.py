@@ -228,6 +228,28 @@ class KafkaSourceReader:
         """Return the partitions still being read (finished ones release the watermark)."""
         return [split_id(tp.topic, tp.partition) for tp in self._active]
 
+    async def has_backlog(self, split: str) -> bool:
+        """Whether records of ``split`` wait to be read: event time moves at chunk ends then.
+
+        A bounded partition has them until its end offset; an unbounded one until
+        the consumer's position reaches what it may read (the last stable offset
+        under ``read_committed``, else the high watermark, as of the last fetch).
+        Unknown counts as caught up: the watermark then moves as it did per read.
+        """
+        tp = next((t for t in self._active if split_id(t.topic, t.partition) == split), None)
+        if tp is None:
+            return False
+        if self._src.bounded:
+            return True
+        consumer = self._consumer
+        if self._src.isolation_level == "read_committed":
+            available = consumer.last_stable_offset(tp)
+        else:
+            available = consumer.highwater(tp)
+        if available is None:
+            return False
+        return bool(await consumer.position(tp) < available)
+
     async def _fetch(self, max_records: int) -> list[tuple[Any, list[Any]]] | None:
         src = self._src
         if not self._active:
