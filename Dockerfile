@@ -22,7 +22,7 @@ FROM python:3.11-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Not setup.py: it builds session windows' optional C loops, and the slim image has no
-# compiler; their Python twins run instead (same results, runtime/session_fold.py).
+# compiler; their Python twins run instead (same results, runtime/windowing/session_fold.py).
 COPY pyproject.toml README.md ./
 COPY aiostream_ckpt ./aiostream_ckpt
 COPY aiostream_ckpt_dev ./aiostream_ckpt_dev

@@ -21,10 +21,10 @@ $(STAMP): pyproject.toml setup.py
 
 # Session windows' C loops (setup.py), built in place by the install and again here after
 # an edit of the .c. Optional: without a compiler the same loops run in Python.
-SPEEDUPS := aiostream_ckpt/runtime/_session_speedups
+SPEEDUPS := aiostream_ckpt/runtime/windowing/_session_speedups
 $(SPEEDUPS).so.stamp: $(STAMP) $(SPEEDUPS).c
 	$(BIN)/python setup.py -q build_ext --inplace 2>&1 | grep -iE 'error|warning: [^_]' || true
-	@$(BIN)/python -c 'from aiostream_ckpt.runtime import session_fold as f; \
+	@$(BIN)/python -c 'from aiostream_ckpt.runtime.windowing import session_fold as f; \
 	print("session windows loops:", "C" if f.NATIVE else "Python (no C build)")'
 	@touch $@
 

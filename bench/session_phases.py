@@ -28,7 +28,7 @@ from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import CountAggregate
 from aiostream_ckpt.runtime.process import tune_gc
-from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
+from aiostream_ckpt.runtime.windowing.session_windows import SessionWindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.time import EventTimeSessionWindows
 from bench.backends import one_instance_backend

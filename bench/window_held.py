@@ -30,7 +30,7 @@ from typing import Any
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowKind, WindowSpec
 from aiostream_ckpt.jobspec.window_functions import CountAggregate, ProcessWindowFunction
-from aiostream_ckpt.runtime.window_operator import WindowOperator
+from aiostream_ckpt.runtime.windowing.window_operator import WindowOperator
 from aiostream_ckpt.state.backend import SnapshotTarget
 from aiostream_ckpt.time import SlidingEventTimeWindows, TumblingEventTimeWindows
 from bench.backends import one_instance_backend

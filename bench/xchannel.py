@@ -8,7 +8,7 @@ size and serializer: microseconds per record (wall) and CPU seconds per
 million records (producer and consumer process together). Rows:
 
 * ``in-process``: today's hop, an ``asyncio.Queue`` in one uvloop loop;
-* ``cross-process``: a :class:`~aiostream_ckpt.runtime.remote.ChannelConnection`
+* ``cross-process``: a :class:`~aiostream_ckpt.runtime.network.remote.ChannelConnection`
   over a socket pair to a child process on its own uvloop loop (window 8).
 
 The difference is what a record pays for crossing a process: encoding (with
@@ -33,7 +33,7 @@ import uvloop
 
 from aiostream_ckpt.runtime.channels import InputGate
 from aiostream_ckpt.runtime.elements import END_OF_INPUT
-from aiostream_ckpt.runtime.remote import ChannelConnection
+from aiostream_ckpt.runtime.network.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 
 WINDOW = 8

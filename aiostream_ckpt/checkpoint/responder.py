@@ -39,7 +39,7 @@ class TaskCoordinator(CheckpointResponder, Protocol):
 
     The :class:`~aiostream_ckpt.checkpoint.coordinator.CheckpointCoordinator`
     in a single process; in a worker process, its proxy over the control
-    connection (``runtime.worker_attempt``): the task cannot tell them apart.
+    connection (``runtime.workers.worker_attempt``): the task cannot tell them apart.
     """
 
     #: resolves to the id of the checkpoint taken after every source ended

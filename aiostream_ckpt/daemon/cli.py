@@ -192,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from aiostream_ckpt.daemon.config import load_config
     from aiostream_ckpt.daemon.logs import setup_logging
-    from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
+    from aiostream_ckpt.runtime.workers.worker_process import EarlyWorkers, WorkerLaunch
 
     failpoints.arm_from_env()  # before anything can fail: a bad spec is a usage error
     sets = list(args.sets)

@@ -12,7 +12,7 @@ queue was full.
 Values are read at scrape time from the live objects (a custom collector), so
 the hot path never touches a Prometheus metric. Subtasks in worker processes
 (``job.workers`` > 1) are read from their workers' latest reports
-(``runtime.worker_metrics``) and carry a ``worker`` label.
+(``runtime.workers.worker_metrics``) and carry a ``worker`` label.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from aiostream_ckpt.runtime.task_report import (
     task_figures,
     transaction_rows,
 )
-from aiostream_ckpt.runtime.worker_metrics import WorkerReports
+from aiostream_ckpt.runtime.workers.worker_metrics import WorkerReports
 
 
 class JobStats:

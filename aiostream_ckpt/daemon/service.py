@@ -24,7 +24,7 @@ from aiostream_ckpt.daemon.settings import DaemonSettings
 from aiostream_ckpt.daemon.vertices import vertex_rows
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.job import JobResult, JobRunner, JobStatus
-from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
+from aiostream_ckpt.runtime.workers.worker_process import EarlyWorkers, WorkerLaunch
 
 if TYPE_CHECKING:
     from aiostream_ckpt.daemon.rest import RestServer

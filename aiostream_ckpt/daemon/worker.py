@@ -1,11 +1,11 @@
-"""The entry point of a worker process (started by ``runtime.workers.WorkerProcess``).
+"""The entry point of a worker process (started by ``runtime.workers.worker_process``).
 
 It builds the job from the app module and the main process's config
 sources, as ``aiostream-ckpt run`` does, says hello on its control
 connection with the graph's fingerprint and its share of the tasks, then
-runs its share of one attempt (``runtime.worker_attempt``) until told to
+runs its share of one attempt (``runtime.workers.worker_attempt``) until told to
 stop; the end of the control connection (the main process is gone) ends it
-too. From its hello on it sends heartbeats (``runtime.heartbeats``).
+too. From its hello on it sends heartbeats (``runtime.workers.heartbeats``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from aiostream_ckpt.daemon.logs import setup_logging
 from aiostream_ckpt.errors import AiostreamError, ChannelError
 from aiostream_ckpt.jobspec.graph import JobSpec
 from aiostream_ckpt.runtime.graph import Chain, plan_chains
-from aiostream_ckpt.runtime.heartbeats import HeartbeatSender
-from aiostream_ckpt.runtime.placement import graph_fingerprint, worker_tasks
+from aiostream_ckpt.runtime.network.placement import graph_fingerprint, worker_tasks
+from aiostream_ckpt.runtime.network.remote import ChannelConnection
 from aiostream_ckpt.runtime.process import apply_process_profile
-from aiostream_ckpt.runtime.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
-from aiostream_ckpt.runtime.worker_attempt import serve_attempt
-from aiostream_ckpt.runtime.workers import die_with_parent
+from aiostream_ckpt.runtime.workers.heartbeats import HeartbeatSender
+from aiostream_ckpt.runtime.workers.worker_attempt import serve_attempt
+from aiostream_ckpt.runtime.workers.worker_process import die_with_parent
 
 
 def build_job(module: str, config: Path | None, sets: list[str]) -> JobSpec:

@@ -122,14 +122,14 @@ def usable_cores() -> int:
 @dataclass(frozen=True)
 class JobConfig:
     parallelism: int = 1
-    #: processes running the subtasks (``runtime.placement``); 1: all in this process
+    #: processes running the subtasks (``runtime.network.placement``); 1: all in this process
     workers: int = 1
     #: seconds a worker process may take to say hello (start, import, build the job)
     worker_start_timeout: float = 120.0
     #: seconds a worker may take to restore its share, and to recover its outputs (each);
     #: None: ``worker_start_timeout``
     worker_restore_timeout: float | None = None
-    #: seconds between a running worker's heartbeats (``runtime.heartbeats``)
+    #: seconds between a running worker's heartbeats (``runtime.workers.heartbeats``)
     heartbeat_interval: float = 1.0
     #: seconds a running worker may be silent before it is killed and the attempt fails
     heartbeat_timeout: float = 20.0

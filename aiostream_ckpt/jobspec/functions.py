@@ -29,7 +29,7 @@ from aiostream_ckpt.state.descriptors import (
 
 
 class BroadcastStates(Protocol):
-    """The broadcast states an operator instance hands its function (``runtime.broadcast``)."""
+    """The broadcast states an operator instance hands its function (``runtime.two_input``)."""
 
     def get(self, descriptor: MapStateDescriptor[Any, Any]) -> MapState[Any, Any]: ...
 

@@ -14,7 +14,7 @@ from aiostream_ckpt.checkpoint.barriers import CancelCheckpoint, CheckpointBarri
 
 
 class SecondInput:
-    """A batch of the second input of a two-input operator (``runtime.co_process``).
+    """A batch of the second input of a two-input operator (``runtime.two_input.co_process``).
 
     Not a ``list``: the plain loop hands it to the task's control path, which
     a two-input task extends.

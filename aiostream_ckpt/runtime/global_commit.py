@@ -7,7 +7,7 @@ the writers' states reach the coordinator in their acknowledgements, so
 the completed checkpoint's metadata lists everything to commit. The
 coordinator runs each committer once a checkpoint's metadata is durable,
 before any task hears of it; the restore runs their survey with the
-writers' (step 3 of ``runtime.recovery``) and their recovery before the
+writers' (step 3 of ``runtime.failover.recovery``) and their recovery before the
 writers' (step 5), so a writer recovering finds the table as the restored
 checkpoint says it is.
 """

@@ -40,21 +40,13 @@ from aiostream_ckpt.jobspec.graph import (
     WindowSpec,
 )
 from aiostream_ckpt.keygroups import Shard
-from aiostream_ckpt.runtime.async_keyed import make_async_operator
-from aiostream_ckpt.runtime.broadcast import (
-    BroadcastProcessOperator,
-    KeyedBroadcastProcessOperator,
-)
+from aiostream_ckpt.runtime.async_io.async_keyed import make_async_operator
 from aiostream_ckpt.runtime.chain import ChainSpec
 from aiostream_ckpt.runtime.channel_state import ChannelStateCodec
 from aiostream_ckpt.runtime.channels import ChannelSender, InputGate
-from aiostream_ckpt.runtime.co_process import (
-    CoProcessOperator,
-    KeyedCoProcessOperator,
-    SecondInputWriter,
-)
 from aiostream_ckpt.runtime.elements import SecondInput
 from aiostream_ckpt.runtime.key_group_check import KeyGroupCheck
+from aiostream_ckpt.runtime.network.placement import ProcessShare, task_id
 from aiostream_ckpt.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -70,11 +62,19 @@ from aiostream_ckpt.runtime.partitioners import (
     OutputGate,
     RebalanceGate,
 )
-from aiostream_ckpt.runtime.placement import ProcessShare, task_id
-from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
 from aiostream_ckpt.runtime.side_outputs import SideOutputGate
 from aiostream_ckpt.runtime.timed_process import make_keyed_process_operator
-from aiostream_ckpt.runtime.window_operator import WindowOperator
+from aiostream_ckpt.runtime.two_input.broadcast import (
+    BroadcastProcessOperator,
+    KeyedBroadcastProcessOperator,
+)
+from aiostream_ckpt.runtime.two_input.co_process import (
+    CoProcessOperator,
+    KeyedCoProcessOperator,
+    SecondInputWriter,
+)
+from aiostream_ckpt.runtime.windowing.session_windows import SessionWindowOperator
+from aiostream_ckpt.runtime.windowing.window_operator import WindowOperator
 from aiostream_ckpt.state.backend import KeyedStateBackendFactory
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.time.watermarks import SourceWatermarks
@@ -182,7 +182,7 @@ def plan_chains(transformations: Sequence[Transformation], config: JobConfig) ->
         if not config.chaining or e.source.kind is TransformKind.SINK or e.tag is not None:
             return False
         if e.target.kind is TransformKind.ASYNC_MAP:
-            return False  # it heads its own task: see runtime.async_task
+            return False  # it heads its own task: see runtime.async_io.async_task
         if len(producers[e.target.id]) != 1 or len(consumers[e.source.id]) != 1:
             return False
         if e.source.parallelism != e.target.parallelism:

@@ -32,23 +32,23 @@ from aiostream_ckpt.errors import (
     UserFunctionError,
 )
 from aiostream_ckpt.jobspec.graph import JobSpec
-from aiostream_ckpt.runtime.attempt import AttemptSetup, AttemptThreads, build_tasks
-from aiostream_ckpt.runtime.global_commit import GlobalCommitters, recover_checkpoint_id
-from aiostream_ckpt.runtime.graph import Chain, plan_chains
-from aiostream_ckpt.runtime.ownership import DirectoryLocks, job_directories
-from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
-from aiostream_ckpt.runtime.recovery import (
+from aiostream_ckpt.runtime.failover.ownership import DirectoryLocks, job_directories
+from aiostream_ckpt.runtime.failover.recovery import (
     RestorePoints,
     decide_restore,
     restore_info,
     restore_tasks,
 )
-from aiostream_ckpt.runtime.restart import NoRestart, RestartStrategy, restart_strategy
-from aiostream_ckpt.runtime.shard_layout import check_shard_layout
+from aiostream_ckpt.runtime.failover.restart import NoRestart, RestartStrategy, restart_strategy
+from aiostream_ckpt.runtime.failover.shard_layout import check_shard_layout
+from aiostream_ckpt.runtime.global_commit import GlobalCommitters, recover_checkpoint_id
+from aiostream_ckpt.runtime.graph import Chain, plan_chains
+from aiostream_ckpt.runtime.process import ProcessProfile, apply_process_profile
 from aiostream_ckpt.runtime.task import StreamTask
-from aiostream_ckpt.runtime.worker_group import WorkerGroup
-from aiostream_ckpt.runtime.worker_metrics import WorkerReports
-from aiostream_ckpt.runtime.workers import EarlyWorkers, WorkerLaunch
+from aiostream_ckpt.runtime.workers.attempt import AttemptSetup, AttemptThreads, build_tasks
+from aiostream_ckpt.runtime.workers.worker_group import WorkerGroup
+from aiostream_ckpt.runtime.workers.worker_metrics import WorkerReports
+from aiostream_ckpt.runtime.workers.worker_process import EarlyWorkers, WorkerLaunch
 from aiostream_ckpt.state import local_dirs
 
 log = logging.getLogger(__name__)
@@ -382,7 +382,7 @@ class JobRunner:
         coordinator: CheckpointCoordinator,
         committers: GlobalCommitters,
     ) -> bool:
-        """Run the attempt in ``job.workers`` worker processes (see ``runtime.worker_group``)."""
+        """Run the attempt in ``job.workers`` worker processes (see ``workers.worker_group``)."""
         assert self.launch is not None  # checked at construction
         spawned = await self._early.take(self.launch) if self._early is not None else None
         group = WorkerGroup(

@@ -1,6 +1,6 @@
 """The task's part of a restore: state first, outputs after (every task's, in the job's order).
 
-``runtime.recovery`` runs step 1 for every task of the job before any task
+``runtime.failover.recovery`` runs step 1 for every task of the job before any task
 surveys or recovers its outputs, so a corrupt checkpoint is found before a
 sink commits or retracts anything. The steps, numbered as in the code:
 

@@ -11,7 +11,8 @@ it, one module each:
   :class:`~.subtask_checkpoint.SubtaskCheckpointCoordinator` snapshots,
   forwards, acknowledges through the responder, and commits;
 - watermarks, idleness and timers: :class:`~.event_time.TaskEventTime`;
-- restore, in the job's order (``runtime.recovery``): :class:`~.subtask_restore.SubtaskRestore`.
+- restore, in the job's order (``runtime.failover.recovery``):
+  :class:`~.subtask_restore.SubtaskRestore`.
 
 At end of input the task finishes the operators, forwards end-of-input, and
 stays alive until a checkpoint taken after the end completes, so the last
@@ -207,7 +208,7 @@ class StreamTask:
     async def committed(self, checkpoint_id: int) -> None:
         """Return once this task committed ``checkpoint_id``'s output, or has none left to commit.
 
-        A worker confirms commits with it (``runtime.worker_attempt``): a stop
+        A worker confirms commits with it (``runtime.workers.worker_attempt``): a stop
         waits for the sinks in the workers, as a single process's waits for its tasks.
         """
         await unless_set(self._checkpoints.committed(checkpoint_id), self._done)

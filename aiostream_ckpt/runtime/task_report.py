@@ -2,7 +2,7 @@
 
 The main process reads its own tasks' figures at scrape time; a worker
 process reads its tasks' the same way and sends them to the main process
-(``runtime.worker_metrics``). Both use :class:`TaskSampler` for what needs a
+(``runtime.workers.worker_metrics``). Both use :class:`TaskSampler` for what needs a
 time window (records per second, the backpressured share of samples, as
 Flink's web UI shows them) and :func:`task_figures` for the row, so a
 subtask looks the same in one process or in a worker.

@@ -4,7 +4,7 @@ A frame is a 9-byte header (payload length, channel id, kind) and a payload.
 Batches of records are encoded by the channel's :class:`BatchCodec`; control
 elements (barriers, watermarks, idleness, end-of-input, cancelled checkpoints)
 by fixed ``struct`` layouts, so they stay in band and in order with the
-records. Credits travel the other way (see :mod:`.remote`).
+records. Credits travel the other way (see :mod:`~aiostream_ckpt.runtime.network.remote`).
 
 Record codecs, as for keyed state (:mod:`aiostream_ckpt.state.codecs`):
 

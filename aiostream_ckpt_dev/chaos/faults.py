@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from aiostream_ckpt.checkpoint.storage import CheckpointStorage, read_checkpoint
-from aiostream_ckpt.runtime.ownership import LOCK_FILE
+from aiostream_ckpt.runtime.failover.ownership import LOCK_FILE
 
 TWO_SUCCESSORS = "two_successors"
 CORRUPT_NEWEST = "corrupt_newest"

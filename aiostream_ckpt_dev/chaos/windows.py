@@ -85,7 +85,7 @@ MAIN_RUNNING = "main_running"
 #: SIGSTOP a worker process at an input position (a hung worker), see the module docstring.
 HANG = "hang"
 _COMPLETED = re.compile(rb"checkpoint \d+ completed")
-#: the main process's failure of a hung worker (``runtime.worker_group``)
+#: the main process's failure of a hung worker (``runtime.workers.worker_group``)
 _HEARTBEAT_FAILURE = b"(job.heartbeat_timeout): hung, killed"
 
 

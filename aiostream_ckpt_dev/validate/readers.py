@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aiostream_ckpt.keygroups import Shard
-from aiostream_ckpt.runtime.ownership import LOCK_FILE
+from aiostream_ckpt.runtime.failover.ownership import LOCK_FILE
 from aiostream_ckpt_dev.validate import parse
 from aiostream_ckpt_dev.validate.errors import ValidationConfigError, ValidationError
 from aiostream_ckpt_dev.validate.tables import shard_directories

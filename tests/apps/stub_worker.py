@@ -1,6 +1,6 @@
 """A stand-in worker process for the main process's unit tests: real, but scripted.
 
-Started by a :class:`~aiostream_ckpt.runtime.workers.WorkerLaunch` whose
+Started by a :class:`~aiostream_ckpt.runtime.workers.worker_process.WorkerLaunch` whose
 ``argv`` runs this file (``python tests/apps/stub_worker.py MODE FD
 FINGERPRINT``). It says hello on its control connection with no tasks, then:
 
@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 
-from aiostream_ckpt.runtime.remote import ChannelConnection
+from aiostream_ckpt.runtime.network.remote import ChannelConnection
 from aiostream_ckpt.runtime.wire import batch_codec
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aiostream_ckpt.runtime.ownership import LOCK_FILE
+from aiostream_ckpt.runtime.failover.ownership import LOCK_FILE
 from tests.helpers import check_pv_output, cli, generated_counts, generated_pv_args
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from aiostream_ckpt.jobspec.config import JobConfig
 from aiostream_ckpt.jobspec.graph import Partitioning
 from aiostream_ckpt.keygroups import key_group_of
 from aiostream_ckpt.runtime.graph import plan_chains
-from aiostream_ckpt.runtime.placement import graph_fingerprint
+from aiostream_ckpt.runtime.network.placement import graph_fingerprint
 from apps.pv_count import CountPageViews, app_id
 from tests.helpers import check_pv_output, recount
 

@@ -6,7 +6,7 @@ the abort: before this, its files re-created ``chk-N/<uid>-<subtask>`` (or the
 savepoint's directory, or -- in a worker, once told of the abort -- a
 ``chk-N`` of the savepoint's id), left there until the next attempt's
 cleanup. Now a target of an ended checkpoint is refused (the task declines;
-a worker's in ``tests/unit/runtime/test_worker_savepoint_dirs.py``),
+a worker's in ``tests/unit/runtime/workers/test_worker_savepoint_dirs.py``),
 and a late ack or decline removes what the late write made, never a
 completed checkpoint's or savepoint's files. ManualClock; no sleeping.
 """

@@ -15,7 +15,7 @@ from aiostream_ckpt.clock import ManualClock
 from aiostream_ckpt.daemon.metrics import JobStats
 from aiostream_ckpt.daemon.vertices import vertex_rows
 from aiostream_ckpt.runtime.job import JobStatus
-from aiostream_ckpt.runtime.worker_metrics import WorkerReports
+from aiostream_ckpt.runtime.workers.worker_metrics import WorkerReports
 
 
 def figures(subtask: int, records_in: int, ops: dict[str, int]) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from aiostream_ckpt.jobspec.config import CheckpointConfig, JobConfig
 from aiostream_ckpt.jobspec.functions import RuntimeContext
 from aiostream_ckpt.jobspec.graph import WindowSpec
 from aiostream_ckpt.runtime.job import JobRun, JobRunner
-from aiostream_ckpt.runtime.session_windows import SessionWindowOperator
-from aiostream_ckpt.runtime.window_operator import WindowOperator
+from aiostream_ckpt.runtime.windowing.session_windows import SessionWindowOperator
+from aiostream_ckpt.runtime.windowing.window_operator import WindowOperator
 from aiostream_ckpt.state.keygroups import KeyGroupRange
 from aiostream_ckpt.state.lmdb import LmdbStateBackend
 from aiostream_ckpt.time import WatermarkStrategy

@@ -18,8 +18,8 @@ import pytest
 from aiostream_ckpt.api import StreamEnvironment
 from aiostream_ckpt.connectors.collection import CollectionSource
 from aiostream_ckpt.time import TumblingEventTimeWindows
+from tests.unit.runtime.windowing.test_windows import Describe, Sum, _events, _expected
 from tests.unit.time.support import config, strategy
-from tests.unit.time.test_windows import Describe, Sum, _events, _expected
 
 
 @pytest.mark.parametrize("ordered", [True, False])
