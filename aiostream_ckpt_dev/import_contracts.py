@@ -16,6 +16,14 @@ interpreter. Two rules:
 
 3. **The engine never imports the dev tooling** (``aiostream_ckpt_dev``).
 
+4. **Inside a package with rooms of its own** (``INNER``: ``runtime``), rule 1
+   again, one level down: its sub-packages (*families*: windowing, async I/O,
+   two-input operators, worker processes...) and the top-level modules named
+   in its layers (``graph``, ``job``: they put the families together) are
+   layered; every other top-level module is its *core* (``CORE``), the bottom
+   layer. So the core imports no family, nor ``graph`` or ``job``; a family
+   imports the core and the families below it, never one beside or above it.
+
 ``python -m aiostream_ckpt_dev.import_contracts`` (in ``make lint``) prints
 each broken rule and exits 1.
 """
@@ -48,7 +56,25 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
 )
 
+#: The bottom layer of a package in ``INNER``: its top-level modules not named in a layer.
+CORE = "core"
+
+#: Packages whose own sub-packages and top-level modules are layered (rule 4), top to
+#: bottom; a name is a sub-package, a top-level module, or ``CORE``.
+INNER: dict[str, tuple[tuple[str, ...], ...]] = {
+    "runtime": (
+        ("job",),  # job.py: attempts, failover, in this process or in worker processes
+        ("workers",),  # an attempt's tasks, built here (attempt.py) or in worker processes
+        ("graph",),  # graph.py: plans the chains, builds each family's operator, wires channels
+        # windows; map_async; connect().process and broadcast; channels between processes
+        # and who runs which subtask; restart strategies, restore order, directory locks
+        ("windowing", "async_io", "two_input", "network", "failover"),
+        (CORE,),  # tasks, chains, channels, operators, a task's checkpoint and restore
+    ),
+}
+
 #: Edges the layers forbid that are still there: (importer, imported) -> what removes them.
+#: Inside a package of ``INNER`` a name is written ``package/name`` (``runtime/core``).
 DEBTS: dict[tuple[str, str], str] = {}
 
 
@@ -111,6 +137,22 @@ def top(module: str) -> str:
     return module.split(".")[1] if "." in module else module
 
 
+def room(module: str, packages: set[str]) -> str | None:
+    """Name the inner layer of ``aiostream_ckpt.p.x[.y]`` (``p`` in ``INNER``): ``p/x``, ``p/core``.
+
+    ``packages`` are the package's sub-packages (``p.x``); None: not inside a package
+    of ``INNER``, or its ``__init__`` itself.
+    """
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] not in INNER:
+        return None
+    p, x = parts[1], parts[2]
+    named = {n for layer in INNER[p] for n in layer}
+    if f"{parts[0]}.{p}.{x}" in packages or x in named:
+        return f"{p}/{x}"
+    return f"{p}/{CORE}"
+
+
 def check(root: Path) -> list[str]:
     paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     found = [i for m, p in paths.items() for i in imports_of(p, m, set(paths))]
@@ -122,9 +164,20 @@ def check(root: Path) -> list[str]:
     upward = [i for i in found if i.imported.partition(".")[0] in ABOVE]
     problems += [f"{paths[i.importer]}:{i.line}: the engine imports {i.imported}" for i in upward]
     found = [i for i in found if i not in upward]
+    packages = {m for m, p in paths.items() if p.name == "__init__.py"}
+    for p, layers in INNER.items():
+        rank |= {f"{p}/{name}": n for n, layer in enumerate(layers) for name in layer}
+        problems += [
+            f"{root.name}/{p}/{x.rpartition('.')[2]}: not in any layer of {p}: "
+            f"add it to INNER in {Path(__file__).name}"
+            for x in sorted(packages)
+            if x.count(".") == 2 and top(x) == p and room(x, packages) not in rank
+        ]
     used: set[tuple[str, str]] = set()
     for i in {(i.importer, i.imported, i.line): i for i in found}.values():
         a, b = top(i.importer), top(i.imported)
+        if a == b:  # inside one package: its rooms, if it has any (rule 4)
+            a, b = room(i.importer, packages) or a, room(i.imported, packages) or b
         if a == b or b == PACKAGE or a not in rank or b not in rank or rank[a] < rank[b]:
             continue
         if (a, b) in DEBTS:

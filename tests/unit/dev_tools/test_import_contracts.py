@@ -125,6 +125,75 @@ def test_a_package_in_no_layer_fails(tmp_path: Path) -> None:
     assert any("newroom: not in any layer" in p for p in check(pkg))
 
 
+def _runtime(root: Path, files: dict[str, str]) -> Path:
+    """Lay out the package with runtime's families present and empty, and ``files``."""
+    pkg = _package(root, {})
+    for family in ("windowing", "async_io", "two_input", "network", "failover", "workers"):
+        (pkg / "runtime" / family).mkdir()
+        (pkg / "runtime" / family / "__init__.py").write_text("")
+    for path, text in files.items():
+        (pkg / path).write_text(text)
+    return pkg
+
+
+def test_runtime_families_import_the_core_and_graph_imports_the_families(tmp_path: Path) -> None:
+    pkg = _runtime(
+        tmp_path,
+        {
+            "runtime/task.py": "from aiostream_ckpt.runtime.chain import ChainSpec\n",
+            "runtime/chain.py": "",
+            "runtime/windowing/window_operator.py": "from aiostream_ckpt.runtime import task\n",
+            "runtime/graph.py": (
+                "from aiostream_ckpt.runtime.windowing.window_operator import WindowOperator\n"
+            ),
+            "runtime/workers/attempt.py": "from aiostream_ckpt.runtime.graph import Chain\n",
+            "runtime/job.py": "from aiostream_ckpt.runtime.workers import attempt\n",
+        },
+    )
+    assert _debts_free(check(pkg)) == []
+
+
+def test_the_runtime_core_imports_no_family(tmp_path: Path) -> None:
+    pkg = _runtime(
+        tmp_path,
+        {
+            "runtime/task.py": "from aiostream_ckpt.runtime.windowing import window_operator\n",
+            "runtime/windowing/window_operator.py": "",
+            "runtime/chain.py": "def f():\n    from aiostream_ckpt.runtime.graph import Chain\n",
+            "runtime/graph.py": "",
+        },
+    )
+    assert sorted(p.split(": ", 1)[1] for p in _debts_free(check(pkg))) == [
+        "runtime/core imports runtime/graph (a higher layer): aiostream_ckpt.runtime.graph",
+        "runtime/core imports runtime/windowing (a higher layer): "
+        "aiostream_ckpt.runtime.windowing.window_operator",
+    ]
+
+
+def test_a_runtime_family_imports_no_family_beside_or_above_it(tmp_path: Path) -> None:
+    pkg = _runtime(
+        tmp_path,
+        {
+            "runtime/two_input/co_process.py": "from aiostream_ckpt.runtime.windowing import w\n",
+            "runtime/windowing/w.py": "from aiostream_ckpt.runtime.workers import attempt\n",
+            "runtime/workers/attempt.py": "",
+        },
+    )
+    assert sorted(p.split(": ", 1)[1] for p in _debts_free(check(pkg))) == [
+        "runtime/two_input imports runtime/windowing (a sibling in its layer): "
+        "aiostream_ckpt.runtime.windowing.w",
+        "runtime/windowing imports runtime/workers (a higher layer): "
+        "aiostream_ckpt.runtime.workers.attempt",
+    ]
+
+
+def test_a_runtime_family_in_no_layer_fails(tmp_path: Path) -> None:
+    pkg = _runtime(tmp_path, {})
+    (pkg / "runtime" / "newroom").mkdir()
+    (pkg / "runtime" / "newroom" / "__init__.py").write_text("")
+    assert any("runtime/newroom: not in any layer of runtime" in p for p in check(pkg))
+
+
 def test_the_engine_never_imports_the_dev_tooling(tmp_path: Path) -> None:
     pkg = _package(
         tmp_path, {"daemon/cli.py": "def main():\n    import aiostream_ckpt_dev.chaos\n"}
