@@ -22,10 +22,11 @@ sees, not what a fallback moved aside. Two pv_count parts write a Delta
 table (``app.sink=delta``), with the Delta sink's windows in their plans
 (data files written at a barrier, before and after the Delta commit), one of
 them with the faults (a fallback then retracts by a Delta commit); their
-proof reads the table's newest version through delta-rs. A last part kills
-pv_count at every point of a triggered savepoint's path, at ``job.workers``
-1 and 2, and proves the output after the restart and again after a restore
-of the savepoint into a fresh checkpoint directory (:mod:`.savepoint_kills`).
+proof reads the table's newest version through delta-rs. Two last parts kill
+pv_count (its file sink, then its Delta sink) at every point of a triggered
+savepoint's path, at ``job.workers`` 1 and 2, and prove the output after the
+restart and again after a restore of the savepoint into a fresh checkpoint
+directory (:mod:`.savepoint_kills`).
 Prints one verdict line::
 
     chaos: kills=N faults=F events=E lost=L duplicated=D verdict=PASS|FAIL
@@ -135,14 +136,16 @@ PARTS = (
 )
 
 
-#: The part after :data:`PARTS`: a kill at each point of a savepoint's path (fixed count).
-SAVEPOINT_PART = len(PARTS)
+#: The parts after :data:`PARTS`: a kill at each point of a savepoint's path (a fixed
+#: count), with pv_count's file sink, then with its Delta sink.
+SAVEPOINT_PARTS = {len(PARTS): "files", len(PARTS) + 1: "delta"}
 _SAVEPOINT_EVENTS = 30_000  # per input, two inputs: paced, the savepoint comes mid-way
 
 
-def run_savepoint_part(workdir: Path, *, keep: bool = False) -> ChaosVerdict:
+def run_savepoint_part(n: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
     """Run :func:`~.savepoint_kills.run_matrix` on pv_count (see the module docstring)."""
-    d = workdir / f"{SAVEPOINT_PART}-savepoints"
+    sink = SAVEPOINT_PARTS[n]
+    d = workdir / f"{n}-savepoints-{sink}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     inputs = []
@@ -160,10 +163,14 @@ def run_savepoint_part(workdir: Path, *, keep: bool = False) -> ChaosVerdict:
             "job.parallelism=2",
             "checkpoint.interval=100ms",
             "job.batch_size=256",
+            f"app.sink={sink}",
         ],
     )
     started = time.monotonic()
-    print("chaos suite: apps.pv_count, a kill at each point of a savepoint's path", flush=True)
+    print(
+        f"chaos suite: apps.pv_count ({sink} sink), a kill at each point of a savepoint's path",
+        flush=True,
+    )
     verdict = run_matrix(
         run,
         load_contract("apps.pv_count"),
@@ -180,8 +187,8 @@ def run_savepoint_part(workdir: Path, *, keep: bool = False) -> ChaosVerdict:
 
 def run_part(n: int, kills: int, seed: int, workdir: Path, *, keep: bool = False) -> ChaosVerdict:
     """Run part ``n`` of :data:`PARTS` (its share of ``kills``) under ``workdir``."""
-    if n == SAVEPOINT_PART:
-        return run_savepoint_part(workdir, keep=keep)
+    if n in SAVEPOINT_PARTS:
+        return run_savepoint_part(n, workdir, keep=keep)
     part = PARTS[n]
     d = workdir / f"{n}-{part.app.rsplit('.', 1)[-1]}-p{part.parallelism}-w{part.workers}"
     shutil.rmtree(d, ignore_errors=True)
@@ -248,8 +255,8 @@ def run_suite(
     """
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    # the savepoint part last
-    todo = list(range(len(PARTS) + 1)) if parts is None else list(parts)
+    # the savepoint parts last
+    todo = list(range(len(PARTS) + len(SAVEPOINT_PARTS))) if parts is None else list(parts)
     running: dict[int, subprocess.Popen[bytes]] = {}
     total = ChaosVerdict()
     while todo or running:

@@ -12,12 +12,17 @@ Recovery, before any writer recovers, in the order that loses nothing:
 
 1. the table's schema and partition columns must be the sink's (a table
    another writer made with other columns is refused here, at start);
-2. the restored checkpoint's files above the table's version are committed
-   (its metadata was durable: it completed, whatever the crash missed);
-3. a restore to before the version (a corrupt newest checkpoint, a savepoint
+2. a restore to before the version (a corrupt newest checkpoint, a savepoint
    with ``--allow-retract-output``) removes the newer checkpoints' files in
    one commit: readers of the table's newest version no longer see them,
    time travel still does (the table's ``_retracted`` move), until vacuum;
+3. the restored checkpoint's files the table lacks are committed (its
+   metadata was durable: it completed, whatever the crash missed): those
+   above the table's version, and after a restore to before the version also
+   its files that are not in the table (a savepoint's files, which a restart
+   of the job deleted as files of no commit before the checkpoint after the
+   savepoint added them; they come back from the savepoint's copies,
+   :mod:`aiostream_ckpt.connectors.held_output`);
 4. data files of this sink in no commit (written at barriers of checkpoints
    that never completed) are deleted.
 """
@@ -51,6 +56,7 @@ from aiostream_ckpt.connectors.delta.table import (
     table_files,
     transaction_version,
 )
+from aiostream_ckpt.connectors.held_output import copies_of, put_back, unusable
 from aiostream_ckpt.errors import ConnectorError
 
 if TYPE_CHECKING:
@@ -134,13 +140,62 @@ class DeltaCommitter:
         todo = [(c, e) for c, e in _listed(states, checkpoint_id) if c > version]
         if checkpoint_id <= version or not todo:
             return 0
+        return self._add_files(table, todo, states, checkpoint_id)
+
+    def _restored_todo(
+        self, table: DeltaTable | None, states: States, checkpoint_id: int
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """Return the files the restored checkpoint lists that the table lacks (step 3).
+
+        Not after compaction (``optimize_every``): a committed file may live on
+        merged into another there, and going back before the version is
+        refused anyway (:meth:`survey`).
+        """
+        version = transaction_version(table, self.app_id)
+        listed = _listed(states, checkpoint_id)
+        if table is not None and version > checkpoint_id and not self._sink.optimize_every:
+            current = set(table_files(table))
+            return [(c, e) for c, e in listed if str(e["path"]) not in current]
+        return [(c, e) for c, e in listed if c > version]
+
+    def _copy_of(self, states: States, path: str, *, verify: bool) -> tuple[Path | None, str]:
+        """Return the restored savepoint's copy of data file ``path``, or why none is usable."""
+        restore = self._restore
+        copy = next((c for s in states.values() if (c := copies_of(s).get(path))), None)
+        if restore is None or restore.kind != "savepoint" or copy is None:
+            return None, ""
+        root = Path(restore.path)
+        why = unusable(root, copy, verify=verify)
+        return (None, f" ({why})") if why is not None else (root / copy.path, "")
+
+    def _add_files(
+        self,
+        table: DeltaTable | None,
+        todo: list[tuple[int, dict[str, Any]]],
+        states: States,
+        version: int,
+    ) -> int:
+        """Commit ``todo`` in one Delta commit with transaction version ``version``."""
         root = Path(self.uri)
         for c, entry in todo:
-            if not (root / str(entry["path"])).is_file():
-                raise ConnectorError(
-                    f"Delta sink {self._sink.name!r}: data file {root / entry['path']} of "
-                    f"checkpoint {c} is missing and was never committed: its records are lost",
-                    retriable=False,
+            path = root / str(entry["path"])
+            if not path.is_file():
+                copy, why = self._copy_of(states, str(entry["path"]), verify=False)
+                if copy is None:
+                    raise ConnectorError(
+                        f"Delta sink {self._sink.name!r}: data file {path} of checkpoint {c} "
+                        f"is missing and was never committed: its records are lost{why}",
+                        retriable=False,
+                    )
+                path.parent.mkdir(parents=True, exist_ok=True)
+                put_back(copy, path.parent, path.name)
+                log.info(
+                    "%s: data file %s of checkpoint %d, listed by the restored savepoint, was "
+                    "gone; brought back from the savepoint's copy %s",
+                    self.uri,
+                    entry["path"],
+                    c,
+                    copy,
                 )
         adds = [add_action(e) for _, e in todo]
         failpoints.hit("delta_commit")
@@ -152,7 +207,7 @@ class DeltaCommitter:
                 adds,
                 mode="error",
                 partition_by=list(self._sink.partition_by) or None,
-                commit_properties=self._properties(checkpoint_id),
+                commit_properties=self._properties(version),
             )
         else:
             actions: list[AddAction | RemoveAction] = [*adds]
@@ -161,7 +216,7 @@ class DeltaCommitter:
                 mode="append",
                 schema=table.schema(),
                 partition_by=list(self._sink.partition_by) or None,
-                commit_properties=self._properties(checkpoint_id),
+                commit_properties=self._properties(version),
             )
         failpoints.hit("delta_committed")
         return len(adds)
@@ -174,9 +229,11 @@ class DeltaCommitter:
         root = Path(self.uri)
         lost = []
         if checkpoint_id:
-            for c, entry in _listed(states, checkpoint_id):
-                if c > version and not (root / str(entry["path"])).is_file():
-                    lost.append(str(entry["path"]))
+            for _, entry in self._restored_todo(table, states, checkpoint_id):
+                if not (root / str(entry["path"])).is_file():
+                    copy, why = self._copy_of(states, str(entry["path"]), verify=True)
+                    if copy is None:
+                        lost.append(f"{entry['path']}{why}")
         retract: list[tuple[str, int]] = []
         kept = ""
         if checkpoint_id is None and version:
@@ -220,9 +277,14 @@ class DeltaCommitter:
                 partition_by=list(self._sink.partition_by) or None,
             )
             table = open_table(self.uri)
-        if checkpoint_id:  # 2. the restored checkpoint completed: its files go in
-            added = self._add(table, checkpoint_id, states)
-            if added:
+        version = transaction_version(table, self.app_id)
+        if table is not None and checkpoint_id is not None and version > checkpoint_id:
+            self._retract(table, checkpoint_id, version)  # 2.
+            table = open_table(self.uri)
+        if checkpoint_id:  # 3. the restored checkpoint completed: its files go in
+            todo = self._restored_todo(table, states, checkpoint_id)
+            if todo:  # the version never goes back: the next checkpoints' ids go above it
+                added = self._add_files(table, todo, states, max(version, checkpoint_id))
                 log.info(
                     "%s: committed the %d data file(s) of restored checkpoint %d",
                     self.uri,
@@ -230,9 +292,6 @@ class DeltaCommitter:
                     checkpoint_id,
                 )
                 table = open_table(self.uri)
-        version = transaction_version(table, self.app_id)
-        if table is not None and checkpoint_id is not None and version > checkpoint_id:
-            self._retract(table, checkpoint_id, version)  # 3.
         self._remove_uncommitted(table)  # 4.
 
     def _retract(self, table: DeltaTable, checkpoint_id: int, version: int) -> None:

@@ -41,7 +41,8 @@ from aiostream_ckpt.connectors.delta.table import (
     partition_value,
     sink_tag,
 )
-from aiostream_ckpt.durable import fsync_dir
+from aiostream_ckpt.connectors.held_output import HELD_KEY, HeldCopy, keep_copy, merge_copies
+from aiostream_ckpt.durable import child_path, fsync_dir
 from aiostream_ckpt.errors import ConnectorError
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ def merge_delta_states(states: Iterable[Mapping[str, Any] | None]) -> dict[str, 
     merged: dict[str, Any] = {"files": list(files.values())}
     if schema:
         merged["schema"] = schema
+    if held := merge_copies(states):
+        merged[HELD_KEY] = held
     return merged
 
 
@@ -233,6 +236,34 @@ class DeltaWriter:
         if self.schema.schema is not None:
             state["schema"] = schema_to_state(self.schema.schema)
         return state
+
+    async def hold_for_savepoint(
+        self, checkpoint_id: int, state: dict[str, Any], directory: Path, root: Path
+    ) -> dict[str, Any]:
+        """Keep a copy (a hard link) of every data file ``state`` lists, inside the savepoint.
+
+        A savepoint does not commit: the next checkpoint's Delta commit adds its
+        files. Should the job die first, the restart deletes them as files of
+        no commit; the restore of the savepoint then adds the copies
+        (:class:`~aiostream_ckpt.connectors.base.SavepointHolder`).
+        """
+        paths = [str(entry["path"]) for _, entry in state.get("files", [])]
+        if not paths:
+            return state
+        held = await self._in_thread(self._hold_sync, paths, directory, root)
+        return {**state, HELD_KEY: [c.to_state() for c in held]}
+
+    def _hold_sync(self, paths: list[str], directory: Path, root: Path) -> list[HeldCopy]:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            held = [
+                keep_copy([self._root / rel], child_path(directory, Path(rel).name), root, rel)
+                for rel in paths
+            ]
+            fsync_dir(directory)
+        except OSError as exc:
+            raise _io_error("keep a savepoint copy of", self._root, exc) from exc
+        return held
 
     async def commit(self, checkpoint_id: int) -> None:
         """Forget the files up to ``checkpoint_id``: the committer added them before telling us."""

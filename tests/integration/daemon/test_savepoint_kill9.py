@@ -84,15 +84,19 @@ def test_a_savepoint_killed_before_its_output_committed_still_restores(tmp_path:
 #: savepoint's output not committed, a worker killed after its copy (the
 #: savepoint never completes).
 SCENARIOS = [
-    ("savepoint_metadata_durable", 1),
-    ("savepoint_next_metadata_durable", 2),
-    ("savepoint_snapshot", 2),
+    ("savepoint_metadata_durable", 1, "files"),
+    ("savepoint_next_metadata_durable", 2, "files"),
+    ("savepoint_snapshot", 2, "files"),
+    # the Delta sink: its restart deleted the savepoint's data files as files of no
+    # commit, and the restore (retracting the newer checkpoints) lost their records
+    # silently (2816 of 120,000 on 68a452b; exit 0)
+    ("savepoint_answered", 1, "delta"),
 ]
 
 
-@pytest.mark.parametrize(("point", "workers"), SCENARIOS)
+@pytest.mark.parametrize(("point", "workers", "sink"), SCENARIOS)
 def test_a_kill_on_the_savepoint_path_then_restart_and_restore(
-    tmp_path: Path, point: str, workers: int
+    tmp_path: Path, point: str, workers: int, sink: str
 ) -> None:
     inputs = [
         make_pv_input(tmp_path / f"in-{i}.jsonl", 30_000, seed=3 + i, keys=300, malformed=1)
@@ -106,6 +110,7 @@ def test_a_kill_on_the_savepoint_path_then_restart_and_restore(
             "job.parallelism=2",
             "checkpoint.interval=100ms",
             "job.batch_size=256",
+            f"app.sink={sink}",
         ],
     )
     reference_run(run, pv_count.PROOF, tmp_path / "reference")
