@@ -1,6 +1,7 @@
 """The ``aiostream-ckpt`` command line.
 
-Exit codes: 0 the job finished (or was stopped cleanly), 1 the job failed,
+Exit codes of ``run``: 0 the job finished, stopped with a savepoint or was
+cancelled (stopped cleanly), 1 the job failed,
 2 a bad start: a usage, config or app error, or a directory another running job
 owns (one line on stderr naming the cause, or the owner).
 """
@@ -272,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
             summary["savepoint"] = str(daemon.savepoints.final_savepoint.path)
         summary_line.append(orjson.dumps(summary).decode())
         gc.collect()  # finalize clients' cyclic garbage while the loop still runs (see tune_gc)
-        return 0 if result.status in (JobStatus.FINISHED, JobStatus.CANCELED) else 1
+        return 0 if result.status.ended_well else 1
 
     import uvloop
 

@@ -65,8 +65,20 @@ def request(
         return status, raw.decode(errors="replace")
 
 
+#: ``savepoint trigger|stop|dispose`` exit codes: what happened to the savepoint.
+EXIT_DONE = 0  # taken (and for stop: the job stopped with its output committed); disposed of
+EXIT_REFUSED = 1  # refused (token, job not running, bad request, in use): nothing changed
+EXIT_NO_ANSWER = 2  # no daemon there, or no answer: the outcome is not known
+EXIT_SAVEPOINT_FAILED = 3  # the savepoint failed; the job goes on
+EXIT_STOP_INCOMPLETE = 4  # stop: the savepoint was taken, the stop did not end as it should
+
+
 def savepoint_main(args: argparse.Namespace) -> int:
-    """``savepoint trigger|stop|dispose``: 0 done, 1 refused or failed, 2 unreachable."""
+    """``savepoint trigger|stop|dispose``; the exit code says what happened (``EXIT_*``).
+
+    A stop is answered once the job has ended: 0 means the savepoint is
+    complete, the job stopped and the savepoint's output is committed.
+    """
     url = (args.url or default_url()).rstrip("/")
     token = args.token or os.environ.get(TOKEN_ENV)
     body: dict[str, Any]
@@ -77,17 +89,49 @@ def savepoint_main(args: argparse.Namespace) -> int:
     else:
         path = "/savepoints" if args.action == "trigger" else "/job/stop-with-savepoint"
         body = {"directory": str(args.dir)} if args.dir else {}
+    import urllib.error
+
     try:
         status, answer = request("POST", url + path, token=token, body=body)
-    except OSError as exc:
+    except urllib.error.URLError as exc:
         print(f"aiostream-ckpt: error: cannot reach the daemon at {url}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_NO_ANSWER
+    except OSError as exc:
+        print(
+            f"aiostream-ckpt: error: the daemon at {url} did not answer the savepoint "
+            f"{args.action} ({exc}); what happened is not known: see its log and savepoint.dir",
+            file=sys.stderr,
+        )
+        return EXIT_NO_ANSWER
     if status == 200 and isinstance(answer, dict):
         print(orjson.dumps(answer).decode())
-        return 0
+        if args.action == "stop":
+            return stop_outcome(answer)
+        return EXIT_DONE
     message = answer.get("error") if isinstance(answer, dict) else answer
     print(f"aiostream-ckpt: savepoint {args.action} failed ({status}): {message}", file=sys.stderr)
-    return 1
+    if status == 500 and args.action != "dispose":
+        return EXIT_SAVEPOINT_FAILED
+    return EXIT_REFUSED
+
+
+def stop_outcome(answer: dict[str, Any]) -> int:
+    """0 when the stop ended as asked, else 4 with what did not (the savepoint is usable)."""
+    job, committed = answer.get("job"), answer.get("output_committed")
+    if job in ("stopped_with_savepoint", "finished") and committed:
+        return EXIT_DONE
+    why = (
+        f"the job is {job}"
+        if job not in ("stopped_with_savepoint", "finished")
+        else "its output up to the savepoint was not confirmed committed (a restore from the "
+        "savepoint commits it)"
+    )
+    print(
+        f"aiostream-ckpt: savepoint {answer.get('id')} is complete at {answer.get('path')}, "
+        f"but the stop did not end as it should: {why}; see the daemon's log",
+        file=sys.stderr,
+    )
+    return EXIT_STOP_INCOMPLETE
 
 
 def daemon_address_file(env: Mapping[str, str] | None = None) -> Path | None:

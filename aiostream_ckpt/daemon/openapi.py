@@ -75,6 +75,7 @@ SPEC: dict[str, Any] = {
                             "running",
                             "restarting",
                             "finished",
+                            "stopped_with_savepoint",
                             "canceled",
                             "failed",
                         ],
@@ -288,6 +289,28 @@ SPEC: dict[str, Any] = {
                 },
                 "required": ["id", "path"],
             },
+            "StoppedWithSavepoint": {
+                "allOf": [
+                    {"$ref": "#/components/schemas/Savepoint"},
+                    {
+                        "type": "object",
+                        "properties": {
+                            "job": {
+                                "type": "string",
+                                "enum": [
+                                    "stopped_with_savepoint",
+                                    "finished",
+                                    "canceled",
+                                    "failed",
+                                    "stopping",
+                                ],
+                            },
+                            "output_committed": {"type": "boolean"},
+                        },
+                        "required": ["job", "output_committed"],
+                    },
+                ]
+            },
         },
     },
     "paths": {
@@ -399,11 +422,16 @@ SPEC: dict[str, Any] = {
         },
         "/job/stop-with-savepoint": {
             "post": {
-                "summary": "Take a savepoint, then stop the job (the daemon exits 0)",
+                "summary": "Take a savepoint, stop the job, answer once it ended (the daemon "
+                "exits 0)",
                 "security": [{"bearer": []}],
                 "requestBody": _SAVEPOINT_BODY,
                 "responses": {
-                    "200": _ok("Savepoint complete; the job is stopping", "Savepoint"),
+                    "200": _ok(
+                        "Savepoint complete; how the job ended ('stopping' if it had not "
+                        "within 60 s) and whether its output up to the savepoint is committed",
+                        "StoppedWithSavepoint",
+                    ),
                     "400": _ERROR,
                     "401": _UNAUTHORIZED,
                     "409": _NOT_RUNNING,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from aiohttp import web
 
 from aiostream_ckpt import failpoints
 from aiostream_ckpt.daemon.openapi import SPEC
+from aiostream_ckpt.daemon.peers import client_pid
 from aiostream_ckpt.daemon.savepoint_disposal import SavepointDisposalError
 from aiostream_ckpt.daemon.savepoints import JobNotRunningError, SavepointService
 from aiostream_ckpt.daemon.settings import is_loopback
@@ -149,8 +151,33 @@ def build_app(
             return _error(404 if exc.not_found else 409 if exc.in_use else 400, str(exc))
 
     async def stop_with_savepoint(request: web.Request) -> web.Response:
+        """Answer once the job has ended: with the savepoint, how the job ended, the commit.
+
+        A daemon that is PID 1 (a container) then outlives the client that
+        asked (:mod:`.peers`): its exit would kill a ``docker exec``'d client.
+        """
         directory = await _directory(request)
-        return _json((await control.savepoints.stop_with_savepoint(directory)).to_json())
+        savepoints = control.savepoints
+        result = await savepoints.stop_with_savepoint(directory)
+        savepoints.answering(True)
+        try:
+            ended = await savepoints.wait_ended()
+            resp = _json(
+                {
+                    **result.to_json(),
+                    "job": ended.value if ended is not None else "stopping",
+                    "output_committed": savepoints.final_committed,
+                }
+            )
+            if os.getpid() == 1:
+                pid = _client_pid(request)
+                if pid is not None:
+                    savepoints.outlive(pid)
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        finally:
+            savepoints.answering(False)
 
     async def cancel(request: web.Request) -> web.Response:
         log.info("cancel requested over REST")
@@ -210,6 +237,17 @@ async def _directory(request: web.Request) -> str | None:
     if directory is not None and (not isinstance(directory, str) or not directory):
         raise web.HTTPBadRequest(text="directory must be a non-empty string")
     return directory
+
+
+def _client_pid(request: web.Request) -> int | None:
+    """Return the pid of the local process that sent ``request`` (None: not found, remote)."""
+    transport = request.transport
+    if transport is None:
+        return None
+    peer, local = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+    if not peer or not local or not is_loopback(str(peer[0])):
+        return None
+    return client_pid((str(peer[0]), int(peer[1])), (str(local[0]), int(local[1])))
 
 
 async def _dispose_target(request: web.Request) -> str:

@@ -20,6 +20,7 @@ which the cancellation discards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import secrets
@@ -30,6 +31,7 @@ from typing import Any
 
 from aiostream_ckpt.checkpoint.coordinator import CheckpointCoordinator
 from aiostream_ckpt.daemon.metrics import JobStats
+from aiostream_ckpt.daemon.peers import outlive
 from aiostream_ckpt.daemon.savepoint_disposal import (
     SavepointDisposalError,
     dispose_directory,
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: How long a graceful stop waits for the sinks to act on a completed checkpoint.
 COMMIT_WAIT_SECONDS = 10.0
+#: How long the answer to a stop-with-savepoint waits for the job to have ended.
+STOP_ANSWER_WAIT_SECONDS = 60.0
+#: How long a daemon that is PID 1 outlives the clients that asked it to stop.
+CLIENT_EXIT_GRACE_SECONDS = 5.0
 
 
 class JobNotRunningError(AiostreamError):
@@ -78,6 +84,14 @@ class SavepointService:
         self.final_savepoint: SavepointResult | None = None
         #: the savepoints this daemon took, by id (``dispose`` finds them by it)
         self._taken: dict[int, Path] = {}
+        #: the stop-with-savepoint's output is committed (the sinks confirmed it)
+        self.final_committed = False
+        #: how the job ended, once it has (the answer to a stop waits for it)
+        self._ended: asyncio.Future[JobStatus] | None = None
+        #: stop answers being written, and the clients to outlive (see :mod:`.peers`)
+        self._answering = 0
+        self._answered = asyncio.Event()
+        self._clients: set[int] = set()
 
     def _coordinator(self) -> CheckpointCoordinator:
         run = self._runner.run_state
@@ -145,7 +159,7 @@ class SavepointService:
                 result.checkpoint_id,
                 result.path,
             )
-            self._runner.cancel()
+            self._runner.cancel(JobStatus.STOPPED_WITH_SAVEPOINT)
             return result
 
     async def _commit_savepoint(
@@ -165,7 +179,55 @@ class SavepointService:
         except Exception as exc:  # still exact: a restore from it commits the output
             log.error("stop-with-savepoint: %s; its output stays pre-committed", exc)
             return
-        await self._wait_committed(result.checkpoint_id)
+        self.final_committed = await self._wait_committed(result.checkpoint_id)
+
+    # -- the answer to a stop, and the client that asked -----------------------------
+
+    def _ended_future(self) -> asyncio.Future[JobStatus]:
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
+        return self._ended
+
+    def job_ended(self, status: JobStatus) -> None:
+        """Note how the job ended (the daemon, once the runner returned)."""
+        ended = self._ended_future()
+        if not ended.done():
+            ended.set_result(status)
+
+    async def wait_ended(self) -> JobStatus | None:
+        """Return how the job ended; None if it is still stopping after the answer's wait."""
+        try:
+            async with asyncio.timeout(STOP_ANSWER_WAIT_SECONDS):
+                return await asyncio.shield(self._ended_future())
+        except TimeoutError:
+            return None
+
+    def answering(self, started: bool) -> None:
+        """Count a stop's answer in (``started``) or out: the daemon waits for them."""
+        self._answering += 1 if started else -1
+        if self._answering == 0:
+            self._answered.set()
+        else:
+            self._answered.clear()
+
+    def outlive(self, pid: int) -> None:
+        """Have the daemon wait for process ``pid`` to exit before it exits (see :mod:`.peers`)."""
+        self._clients.add(pid)
+
+    async def wait_clients(self, grace: float = CLIENT_EXIT_GRACE_SECONDS) -> None:
+        """Let the stop answers go out, then outlive the clients that asked (within ``grace``)."""
+        if self._answering:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._answered.wait(), grace)
+        if self._clients:
+            left = await outlive(self._clients, grace)
+            if left:
+                log.warning(
+                    "clients %s that asked the job to stop are still running after %.0f s; "
+                    "exiting (they end with it)",
+                    left,
+                    grace,
+                )
 
     async def dispose(self, target: str) -> dict[str, Any]:
         """Remove the savepoint ``target`` (its path or id) and the copies it holds.
@@ -255,11 +317,12 @@ class SavepointService:
         done = [cid for cid, status in outcomes.items() if status == "completed"]
         return max(done) if done else None
 
-    async def _wait_committed(self, checkpoint_id: int) -> None:
+    async def _wait_committed(self, checkpoint_id: int) -> bool:
         """Give the tasks time to commit checkpoint ``checkpoint_id``'s output before cancelling.
 
         With worker processes the sinks are theirs: what counts is each worker's
-        confirmation, not that the main process sent the notification.
+        confirmation, not that the main process sent the notification. Returns
+        whether every task confirmed it.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + COMMIT_WAIT_SECONDS
@@ -267,6 +330,7 @@ class SavepointService:
         while loop.time() < deadline:
             committed = run.last_committed()
             if committed is not None and committed >= checkpoint_id:
-                return
+                return True
             await asyncio.sleep(0.01)
         log.warning("shutdown: sinks did not confirm checkpoint %d in time", checkpoint_id)
+        return False

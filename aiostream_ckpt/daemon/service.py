@@ -107,6 +107,10 @@ class JobDaemon:
                 )
                 return await self.runner.run()
             finally:
+                # a stop-with-savepoint's answer says how the job ended: let it go out,
+                # and outlive the client that asked when this process is PID 1
+                self.savepoints.job_ended(self.runner.run_state.status)
+                await self.savepoints.wait_clients()
                 address.withdraw(self.address_file, pid)
                 if self._shutdown is not None:
                     self._shutdown.cancel()

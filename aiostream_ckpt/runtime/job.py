@@ -55,12 +55,29 @@ log = logging.getLogger(__name__)
 
 
 class JobStatus(Enum):
+    """What the job is doing, or how it ended.
+
+    ``finished``: its input ended (bounded sources) and its output is
+    committed (Flink's FINISHED). ``stopped_with_savepoint``: a
+    stop-with-savepoint ended it, its output committed up to the savepoint, to
+    be resumed from it (Flink also reports FINISHED then, its tasks having
+    finished; here its input has not ended, so it says what happened).
+    ``canceled``: cancelled (``POST /job/cancel``, a signal): the newest
+    checkpoint is where a resume starts.
+    """
+
     CREATED = "created"
     RUNNING = "running"
     RESTARTING = "restarting"
     FINISHED = "finished"
+    STOPPED_WITH_SAVEPOINT = "stopped_with_savepoint"
     CANCELED = "canceled"
     FAILED = "failed"
+
+    @property
+    def ended_well(self) -> bool:
+        """Whether the job ended as asked (the CLI exits 0): not failed, not still running."""
+        return self in (JobStatus.FINISHED, JobStatus.STOPPED_WITH_SAVEPOINT, JobStatus.CANCELED)
 
 
 @dataclass
@@ -157,11 +174,21 @@ class JobRunner:
         self._on_started = on_started
         self.restore_points = RestorePoints(self.storage, self.config.restore_from)
         self._cancel = asyncio.Event()
+        #: how a cancelled run ended (see :meth:`cancel`)
+        self._stopped_as = JobStatus.CANCELED
         #: ids used so far in this process (savepoints leave no chk-N directory behind)
         self._next_id_floor = 1
 
-    def cancel(self) -> None:
-        """Stop the job (e.g. on SIGTERM); the checkpoints stay for a later resume."""
+    def cancel(self, status: JobStatus = JobStatus.CANCELED) -> None:
+        """Stop the job (e.g. on SIGTERM); the checkpoints stay for a later resume.
+
+        ``status`` says how it ended unless it reaches its end first
+        (``stopped_with_savepoint`` for a stop-with-savepoint); the first
+        stop's word stays (a cancel after a stop-with-savepoint does not undo
+        its savepoint).
+        """
+        if not self._cancel.is_set():
+            self._stopped_as = status
         self._cancel.set()
 
     # -- restore point ----------------------------------------------------------------
@@ -279,7 +306,7 @@ class JobRunner:
                 await self.clock.sleep(delay)
                 run.attempt += 1
                 continue
-            run.status = JobStatus.FINISHED if finished else JobStatus.CANCELED
+            run.status = JobStatus.FINISHED if finished else self._stopped_as
             last = await asyncio.to_thread(self.storage.latest_valid)
             return JobResult(run.status, strategy.restarts, last.checkpoint_id if last else None)
 

@@ -42,7 +42,7 @@ def stop_with_savepoint(tmp_path: Path, parallelism: int) -> tuple[Path, int]:
         assert status == 200, sp
         assert d.wait() == 0, d.stderr[-3000:]
         summary = d.summary()
-        assert summary["status"] == "canceled" and summary["savepoint"] == sp["path"]
+        assert summary["status"] == "stopped_with_savepoint" and summary["savepoint"] == sp["path"]
         assert f"savepoint {sp['id']} stored at {sp['path']}" in d.stderr
     return Path(sp["path"]), int(sp["id"])
 

@@ -65,7 +65,7 @@ def _stop_both_with_savepoints(tmp_path: Path, files: list[Path]) -> list[str]:
         for d in (a, b):
             assert d.wait(120) == 0, d.stderr[-3000:]
             summary: dict[str, Any] = d.summary()
-            assert summary["status"] == "canceled" and "savepoint" in summary, summary
+            assert summary["status"] == "stopped_with_savepoint" and "savepoint" in summary, summary
             savepoints.append(summary["savepoint"])
     return savepoints
 

@@ -291,8 +291,10 @@ async def test_bad_savepoint_body_is_400(running: Running) -> None:
 async def test_stop_with_savepoint_then_status(running: Running) -> None:
     status, sp = await post(running, "/job/stop-with-savepoint", headers=AUTH)
     assert status == 200 and (Path(sp["path"]) / "_metadata").exists()
+    # answered once the job ended: how it ended, and that its output is committed
+    assert sp["job"] == "stopped_with_savepoint" and sp["output_committed"] is True
     result = await asyncio.wait_for(running.job, 10)
-    assert result.status is JobStatus.CANCELED
+    assert result.status is JobStatus.STOPPED_WITH_SAVEPOINT
     assert running.daemon.savepoints.final_savepoint is not None
     # no checkpoint may complete after a stop-with-savepoint's savepoint
     assert result.last_checkpoint is None or result.last_checkpoint < sp["id"]

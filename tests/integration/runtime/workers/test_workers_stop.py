@@ -56,7 +56,7 @@ def test_stop_with_savepoint_exits_once_the_workers_committed(tmp_path: Path) ->
         status, sp = d.request("POST", "/job/stop-with-savepoint", token=TOKEN)
         assert status == 200, sp
         assert d.wait() == 0, d.stderr[-3000:]
-        assert d.summary()["status"] == "canceled"
+        assert d.summary()["status"] == "stopped_with_savepoint"
     # the savepoint's output was committed in the workers before the main process exited
     assert not staged(tmp_path / "out"), "pre-committed output left staged after the stop"
     chk = read_checkpoint(Path(sp["path"]))
